@@ -1,0 +1,34 @@
+# Two entry points (see README): `make demo` and `make test`. Each sets itself up in .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.qkv-installed
+
+.PHONY: install demo test test-slow bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned to the local CPU wheel, so nothing can pull a CUDA build
+	$(PIP) install torch==2.13.0
+	$(PY) -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') and '+cu' not in v else f'wrong torch {v}')"
+	$(PIP) install -e '.[test]'
+	$(PY) -c "import qkv, pytest, hypothesis"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/qkv demo
+
+test: install
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+bench: install
+	$(PY) benchmarks/attention.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,5 @@
+"""qkv — transformer encoders built around self-attention."""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

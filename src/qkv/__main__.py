@@ -1,0 +1,3 @@
+from qkv.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,15 @@
+"""Neural-network building blocks: similarities, masks, the attention core, layers."""
+
+from qkv.nn.attend import AttendOutput, attend
+from qkv.nn.attention import AttentionOutput, MultiHeadAttention
+from qkv.nn.similarity import SIMILARITIES, build_similarity, register_similarity
+
+__all__ = [
+    "attend",
+    "AttendOutput",
+    "MultiHeadAttention",
+    "AttentionOutput",
+    "SIMILARITIES",
+    "build_similarity",
+    "register_similarity",
+]
