@@ -1,0 +1,254 @@
+"""Streaming readers for corpus files: plain text and JSONL, optionally gzip-compressed.
+
+Files are read as bytes, one line at a time with a bounded read (``readline(max_doc_bytes + 1)``),
+so memory stays bounded by ``max_doc_bytes`` whatever the file holds — a 50 MB line is either a
+clear :class:`DocumentTooLongError` (``long_docs="error"``, the default) or streamed as consecutive
+documents of at most ``max_doc_bytes`` cut at whitespace (``long_docs="split"``). Decoding happens
+per line so that an invalid byte is reported with its file, line and byte offset (of the
+decompressed stream for ``.gz``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from qkv.data.errors import (
+    CorpusDecodeError,
+    CorpusError,
+    CorpusFormatError,
+    DocumentTooLongError,
+)
+
+__all__ = ["CorpusOptions", "Document", "iter_file_documents", "file_format", "DEFAULT_MAX_DOC_BYTES"]
+
+DEFAULT_MAX_DOC_BYTES = 4 << 20  # 4 MiB: far above real documents, far below a memory problem
+_WHITESPACE = (b" ", b"\t", b"\f", b"\v", b"\r")
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class CorpusOptions:
+    """How corpus files are read.
+
+    Attributes:
+        doc_sep: ``"line"`` — every non-blank line is a document; ``"blank"`` — documents are runs
+            of non-blank lines separated by blank lines (joined with ``"\\n"``). Plain text only.
+        text_field: the JSONL field that holds the text.
+        label_field: optional JSONL field holding a label (``None``: no labels).
+        encoding_errors: ``"strict"`` raises :class:`CorpusDecodeError` on invalid UTF-8;
+            ``"replace"`` substitutes U+FFFD and goes on.
+        max_doc_bytes: the longest document (in UTF-8 bytes) read in one piece.
+        long_docs: ``"error"`` — a longer document is a :class:`DocumentTooLongError`;
+            ``"split"`` — plain-text documents are streamed as consecutive pieces of at most
+            ``max_doc_bytes``, cut at whitespace. A JSONL line must always fit ``max_doc_bytes``.
+    """
+
+    doc_sep: Literal["line", "blank"] = "line"
+    text_field: str = "text"
+    label_field: str | None = None
+    encoding_errors: Literal["strict", "replace"] = "strict"
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
+    long_docs: Literal["error", "split"] = "error"
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("doc_sep", self.doc_sep, ("line", "blank")),
+            ("encoding_errors", self.encoding_errors, ("strict", "replace")),
+            ("long_docs", self.long_docs, ("error", "split")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        if not isinstance(self.max_doc_bytes, int) or self.max_doc_bytes < 16:
+            raise ValueError(f"max_doc_bytes must be an int >= 16, got {self.max_doc_bytes!r}")
+        if not self.text_field:
+            raise ValueError("text_field must be a non-empty string")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: its text, an optional label, and where it came from (``file:line``)."""
+
+    text: str
+    label: str | None = None
+    source: str = ""
+
+
+def file_format(path: Path) -> Literal["text", "jsonl"]:
+    """``"jsonl"`` for ``*.jsonl`` / ``*.jsonl.gz``, else ``"text"``."""
+    name = path.name.lower()
+    name = name.removesuffix(".gz")
+    return "jsonl" if name.endswith(".jsonl") else "text"
+
+
+def _open(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def _cut(buf: bytes, limit: int) -> int:
+    """Where to cut ``buf`` (longer than ``limit``) so the first piece is ≤ ``limit`` bytes:
+    after the last whitespace, else at a UTF-8 character boundary."""
+    ws = max(buf.rfind(w, 0, limit) for w in _WHITESPACE)
+    if ws > 0:
+        return ws + 1
+    cut = limit
+    while cut > 0 and (buf[cut] & 0xC0) == 0x80:  # never split a multi-byte character
+        cut -= 1
+    return cut or limit
+
+
+def _strip_newline(data: bytes) -> bytes:
+    if data.endswith(b"\n"):
+        data = data[:-1]
+        if data.endswith(b"\r"):
+            data = data[:-1]
+    return data
+
+
+def _raw_lines(fh: BinaryIO, path: Path, opts: CorpusOptions,
+               split: bool) -> Iterator[tuple[int, int, bytes]]:
+    """Yield ``(line_no, byte_offset, bytes)`` per line (newline stripped); with ``split``, a line
+    longer than ``max_doc_bytes`` is yielded as several pieces (same line number)."""
+    limit, offset, line_no = opts.max_doc_bytes, 0, 0
+    while True:
+        start = offset
+        data = fh.readline(limit + 1)
+        if not data:
+            return
+        line_no += 1
+        offset += len(data)
+        if line_no == 1 and data.startswith(_BOM):
+            data, start = data[len(_BOM):], start + len(_BOM)
+        if data.endswith(b"\n") or len(data) <= limit:
+            yield line_no, start, _strip_newline(data)
+            continue
+        if not split:
+            raise DocumentTooLongError(
+                f"{path}, line {line_no} (byte offset {start}): a document longer than "
+                f"max_doc_bytes={limit} bytes. Raise the limit (max_doc_bytes / --max-doc-bytes), or, for "
+                "plain text, stream it as consecutive pieces with long_docs='split' (--long-docs split)."
+            )
+        buf, ended = data, False
+        while True:  # stream the long line; the buffer never exceeds 2 * limit + 1 bytes
+            if ended:
+                buf = _strip_newline(buf)
+            while len(buf) > limit:
+                cut = _cut(buf, limit)
+                yield line_no, start, buf[:cut]
+                start, buf = start + cut, buf[cut:]
+            if ended:
+                if buf:
+                    yield line_no, start, buf
+                break
+            more = fh.readline(limit + 1)
+            offset += len(more)
+            buf += more
+            ended = not more or more.endswith(b"\n")
+
+
+def _decode(data: bytes, path: Path, line_no: int, offset: int, errors: str) -> str:
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as e:
+        where = "of the decompressed data " if path.name.lower().endswith(".gz") else ""
+        raise CorpusDecodeError(
+            f"{path}: not valid UTF-8 at byte offset {offset + e.start} {where}(line {line_no}): "
+            f"{e.reason}, bytes {data[e.start:e.start + 4]!r}. Convert the file to UTF-8 (e.g. iconv), or "
+            "pass encoding_errors='replace' (--encoding-errors replace) to read it with U+FFFD in place "
+            "of the bad bytes."
+        ) from None
+
+
+def _text_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[Document]:
+    split = opts.long_docs == "split"
+    if opts.doc_sep == "line":
+        for line_no, offset, data in _raw_lines(fh, path, opts, split):
+            text = _decode(data, path, line_no, offset, opts.encoding_errors).strip()
+            if text:
+                yield Document(text, None, f"{path}:{line_no}")
+        return
+    lines: list[str] = []
+    size, first = 0, 0
+    for line_no, offset, data in _raw_lines(fh, path, opts, split):
+        text = _decode(data, path, line_no, offset, opts.encoding_errors).strip()
+        if not text:
+            if lines:
+                yield Document("\n".join(lines), None, f"{path}:{first}")
+            lines, size = [], 0
+            continue
+        if lines and size + len(data) + 1 > opts.max_doc_bytes:
+            if not split:
+                raise DocumentTooLongError(
+                    f"{path}, document starting at line {first}: longer than max_doc_bytes="
+                    f"{opts.max_doc_bytes} bytes (blank-line separated documents). Raise the limit "
+                    "(max_doc_bytes / --max-doc-bytes) or pass long_docs='split' (--long-docs split)."
+                )
+            yield Document("\n".join(lines), None, f"{path}:{first}")
+            lines, size = [], 0
+        if not lines:
+            first = line_no
+        lines.append(text)
+        size += len(data) + 1
+    if lines:
+        yield Document("\n".join(lines), None, f"{path}:{first}")
+
+
+def _jsonl_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[Document]:
+    field, label_field = opts.text_field, opts.label_field
+    for line_no, offset, data in _raw_lines(fh, path, opts, split=False):
+        line = _decode(data, path, line_no, offset, opts.encoding_errors).strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CorpusFormatError(
+                f"{path}, line {line_no}: not valid JSON ({e.msg} at column {e.colno}). Every non-blank "
+                f"line of a .jsonl file must be one JSON object with a {field!r} field."
+            ) from None
+        if not isinstance(obj, dict):
+            raise CorpusFormatError(
+                f"{path}, line {line_no}: expected a JSON object with a {field!r} field, got "
+                f"{type(obj).__name__}"
+            )
+        if field not in obj:
+            keys = ", ".join(map(repr, list(obj)[:10])) or "none"
+            raise CorpusFormatError(
+                f"{path}, line {line_no}: the JSON object has no {field!r} field (its fields: {keys}). "
+                "Choose the field with text_field=... (--text-field)."
+            )
+        text = obj[field]
+        if not isinstance(text, str):
+            raise CorpusFormatError(
+                f"{path}, line {line_no}: field {field!r} must be a string, got {type(text).__name__}"
+            )
+        label = None
+        if label_field is not None:
+            if label_field not in obj:
+                raise CorpusFormatError(f"{path}, line {line_no}: no label field {label_field!r}")
+            label = str(obj[label_field])
+        text = text.strip()
+        if text:
+            yield Document(text, label, f"{path}:{line_no}")
+
+
+def iter_file_documents(path: Path, opts: CorpusOptions) -> Iterator[Document]:
+    """Stream the documents of one corpus file (format from its name, see :func:`file_format`).
+
+    Raises:
+        CorpusDecodeError, DocumentTooLongError, CorpusFormatError: see :class:`CorpusOptions`.
+        CorpusError: an unreadable file or a broken ``.gz``.
+    """
+    reader = _jsonl_documents if file_format(path) == "jsonl" else _text_documents
+    try:
+        with _open(path) as fh:
+            yield from reader(fh, path, opts)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise CorpusError(f"{path}: not a readable gzip file ({e})") from None
+    except (IsADirectoryError, PermissionError) as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
