@@ -99,7 +99,7 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
 def _explicit_block(q, k, v, similarity, bias, mask, dropout_p):
     scores = similarity.scores(q, k)  # (B,H,t,S)
     if bias is not None:
-        scores = scores + bias
+        scores = scores + bias.to(scores.dtype)  # as on the sdpa path: the bias follows q's dtype
     weights = masked_softmax(scores, mask)  # (B,H,t,S)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (B,H,t,S)(B,H,S,E) -> (B,H,t,E)
