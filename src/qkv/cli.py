@@ -22,7 +22,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
+    _add_convert(sub)
+    from qkv.training.cli import add_pretrain_parser
+
+    add_pretrain_parser(sub)
+    from qkv.analysis.cli import add_analysis_parsers
+
+    add_analysis_parsers(sub)
     return parser
+
+
+def _add_convert(sub) -> None:
+    convert = sub.add_parser(
+        "convert",
+        help="convert a checkpoint folder: Hugging Face BERT <-> qkv",
+        description="Convert a model folder. A Hugging Face BERT folder (config.json + "
+        "model.safetensors or pytorch_model.bin) becomes a qkv folder; a qkv folder (qkv.json + "
+        "model.safetensors) becomes a folder that transformers' from_pretrained loads. The "
+        "tokenizer travels along.",
+    )
+    convert.add_argument("src", help="the folder to read")
+    convert.add_argument("dst", help="the folder to write (replaced file by file if it exists)")
+    convert.add_argument("--to", choices=("qkv", "hf"), default=None,
+                         help="output format (default: the other one than src's)")
+    convert.set_defaults(func=_convert)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from qkv.models.errors import CheckpointError
+    from qkv.models.io import convert
+
+    try:
+        out = convert(args.src, args.dst, to=args.to)
+    except CheckpointError as e:
+        print(f"qkv convert: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

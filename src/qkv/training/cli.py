@@ -1,0 +1,130 @@
+"""``qkv pretrain``: parse → :class:`TrainConfig` → :func:`pretrain`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["add_pretrain_parser", "config_from_args"]
+
+_D = None  # marks "not given": every option defaults to None so that --resume can tell what was set
+
+# (flag, field, type, help) — defaults come from TrainConfig and are shown in --help
+_OPTIONS = [
+    ("--preset", "preset", str, "model preset: tiny, mini, small, base"),
+    ("--eval-corpus", "eval_corpus", str, "held-out corpus spec(s), comma-separated (default: the "
+     "named test split, else a deterministic --eval-fraction of the documents)"),
+    ("--eval-fraction", "eval_fraction", float, "share of documents held out when no split is named"),
+    ("--tokenizer", "tokenizer", str, "reuse the tokenizer in this folder/file instead of training one"),
+    ("--vocab-size", "vocab_size", int, "WordPiece vocabulary size of a trained tokenizer"),
+    ("--max-len", "max_len", int, "block length in tokens, [CLS]/[SEP] included"),
+    ("--doc-sep", "doc_sep", str, "plain text files: 'line' (one document per line) or 'blank' "
+     "(documents separated by blank lines)"),
+    ("--text-field", "text_field", str, "JSONL field holding the text"),
+    ("--encoding-errors", "encoding_errors", str, "'strict' (stop at invalid UTF-8, naming file and "
+     "byte offset) or 'replace'"),
+    ("--max-doc-bytes", "max_doc_bytes", int, "longest document read in one piece, in UTF-8 bytes"),
+    ("--long-docs", "long_docs", str, "a longer document: 'error' or 'split' (plain text, cut at whitespace)"),
+    ("--steps", "steps", int, "optimiser steps"),
+    ("--batch-size", "batch_size", int, "blocks per process per micro-batch"),
+    ("--grad-accum", "grad_accum", int, "micro-batches per optimiser step"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
+    ("--warmup-steps", "warmup_steps", int, "linear warm-up steps"),
+    ("--schedule", "schedule", str, "after warm-up: linear, cosine or constant"),
+    ("--clip-norm", "clip_norm", float, "gradient clipping norm"),
+    ("--select-rate", "select_rate", float, "share of tokens selected for prediction"),
+    ("--mask-rate", "mask_rate", float, "share of selected tokens replaced by [MASK]"),
+    ("--random-rate", "random_rate", float, "share of selected tokens replaced by a random token"),
+    ("--eval-every", "eval_every", int, "evaluate every N steps (and at the end)"),
+    ("--eval-batches", "eval_batches", int, "held-out batches per evaluation"),
+    ("--eval-batch-size", "eval_batch_size", int, "held-out batch size"),
+    ("--save-every", "save_every", int, "checkpoint every N steps (and at the end)"),
+    ("--seed", "seed", int, "seed of weights, data order, masks and dropout"),
+    ("--device", "device", str, "auto, cpu or cuda"),
+    ("--log-every", "log_every", int, "log training metrics every N steps"),
+]
+
+
+def add_pretrain_parser(sub) -> None:
+    from qkv.training.config import TrainConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    p = sub.add_parser(
+        "pretrain",
+        help="masked-language-model pretraining on a corpus",
+        description="Pretrain a BERT-style masked-LM encoder. Trains a WordPiece tokenizer (or reuses "
+        "one), tokenises the corpus once into a cached memory-mapped array, trains with dynamic masking, "
+        "evaluates on held-out text, and writes a run folder (metrics.jsonl, curve.png, checkpoints, "
+        "the final model loadable with qkv.load). Under `torchrun --nproc_per_node=K` it trains on K "
+        "processes. SIGINT/SIGTERM save a checkpoint and exit; --resume continues bit-identically.",
+    )
+    p.add_argument("--corpus", action="append", default=None, metavar="SPEC",
+                   help="training text: a file (.txt, .jsonl, .gz), a folder, or dataset:NAME[:SPLIT] "
+                   "with NAME in 20newsgroups, reuters8, reuters52, pydoc, kjv; repeatable")
+    p.add_argument("--out", required=True, help="the run folder")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--config", help="a JSON file of TrainConfig fields (command-line options override it)")
+    p.add_argument("--model", metavar="JSON", help='ModelConfig overrides as JSON, e.g. \'{"norm": "pre"}\'')
+    for flag, name, typ, text in _OPTIONS:
+        p.add_argument(flag, dest=name, type=typ, default=_D, help=f"{text} (default: {defaults[name]})")
+    p.add_argument("--whole-word", dest="whole_word", action="store_true", default=_D,
+                   help="whole-word masking: select all pieces of a word or none")
+    p.add_argument("--cased", dest="lowercase", action="store_false", default=_D,
+                   help="do not lower-case when training the tokenizer")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=_D,
+                   help="no progress bar")
+    p.set_defaults(func=_run)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The run's :class:`TrainConfig`: stored (resume) or file config, overlaid with given options."""
+    from qkv.training.config import TrainConfig
+    from qkv.training.rundir import read_run
+
+    base: dict = {}
+    if args.resume:
+        base = read_run(Path(args.out))["train_config"]
+    elif args.config:
+        base = json.loads(Path(args.config).read_text(encoding="utf-8"))
+    given = {name: getattr(args, name) for _, name, _, _ in _OPTIONS}
+    given.update(whole_word=args.whole_word, lowercase=args.lowercase, progress=args.progress)
+    given = {k: v for k, v in given.items() if v is not None}
+    if "eval_corpus" in given:
+        given["eval_corpus"] = tuple(s for s in given["eval_corpus"].split(",") if s)
+    if args.corpus:
+        given["corpus"] = tuple(args.corpus)
+    if args.model:
+        given["model"] = json.loads(args.model)
+    data = {**base, **given, "out": args.out}
+    if "corpus" not in data:
+        raise ValueError("--corpus is required (a file, a folder or dataset:NAME[:SPLIT])")
+    return TrainConfig.from_dict(data)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from qkv.data.errors import CorpusError
+    from qkv.training.loop import TrainingError, pretrain
+    from qkv.training.rundir import RunError
+
+    try:
+        cfg = config_from_args(args)
+        result = pretrain(cfg, resume=args.resume)
+    except (CorpusError, RunError, TrainingError, ValueError, json.JSONDecodeError) as e:
+        print(f"qkv pretrain: error: {e}", file=sys.stderr)
+        return 1
+    if result.status != "complete":
+        print(f"interrupted after step {result.steps_done}; checkpoint saved. Continue with:\n"
+              f"  qkv pretrain --out {result.out} --resume")
+        return 130
+    ev = result.final_eval or {}
+    if ev:
+        print(f"held-out: loss {ev['eval_loss']:.4f}, perplexity {ev['perplexity']:.1f}, "
+              f"masked-token accuracy {ev['accuracy']:.4f} (most-frequent-token baseline "
+              f"{ev['most_frequent_accuracy']:.4f}) over {ev['masked_tokens']} masked tokens")
+    print(f"run folder: {result.out}  (curve: {result.out / 'curve.png'}, metrics: "
+          f"{result.out / 'metrics.jsonl'}, model: qkv.load('{result.out}'))")
+    return 0

@@ -1,0 +1,141 @@
+"""The pretraining configuration: one frozen, JSON-serialisable dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from qkv.training.optim import SCHEDULES
+
+__all__ = ["TrainConfig", "RESUME_MAY_CHANGE"]
+
+#: Fields that may differ between a run and its resumption (they do not change the numbers).
+RESUME_MAY_CHANGE = ("device", "progress", "log_every")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a masked-LM pretraining run depends on.
+
+    Attributes:
+        corpus: training corpus specs (files, folders, ``dataset:NAME[:SPLIT]``).
+        out: the run folder.
+        preset: model preset (``tiny``, ``mini``, ``small``, ``base``).
+        model: overrides of the preset's :class:`qkv.config.ModelConfig` fields.
+        eval_corpus: held-out corpus specs; default the named test split, else ``eval_fraction``.
+        eval_fraction: share of documents held out when no split is named.
+        tokenizer: folder or file of an existing tokenizer; ``None`` trains a WordPiece one.
+        vocab_size, lowercase: for a trained tokenizer.
+        max_len: block length in tokens, ``[CLS]``/``[SEP]`` included.
+        doc_sep, text_field, encoding_errors, max_doc_bytes, long_docs: how corpus files are read
+            (see ``docs/data.md``).
+        steps: optimiser steps.
+        batch_size: blocks per process per micro-batch.
+        grad_accum: micro-batches per optimiser step.
+        lr, weight_decay, warmup_steps, schedule, clip_norm: optimisation.
+        select_rate, mask_rate, random_rate, whole_word: masking.
+        eval_every: evaluate every N steps (and at the end); eval_batches caps the held-out batches.
+        save_every: checkpoint every N steps (and at the end).
+        seed: seeds the initial weights, the data order, the masks and dropout.
+        device: ``auto``, ``cpu`` or ``cuda``.
+    """
+
+    corpus: tuple[str, ...]
+    out: str
+    preset: str = "mini"
+    model: dict[str, Any] = field(default_factory=dict)
+    eval_corpus: tuple[str, ...] | None = None
+    eval_fraction: float = 0.05
+    tokenizer: str | None = None
+    vocab_size: int = 8192
+    lowercase: bool = True
+    max_len: int = 128
+    doc_sep: str = "line"
+    text_field: str = "text"
+    encoding_errors: str = "strict"
+    max_doc_bytes: int = 4 * 1024 * 1024
+    long_docs: str = "error"
+    steps: int = 1000
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 100
+    schedule: str = "linear"
+    clip_norm: float = 1.0
+    select_rate: float = 0.15
+    mask_rate: float = 0.8
+    random_rate: float = 0.1
+    whole_word: bool = False
+    eval_every: int = 200
+    eval_batches: int = 20
+    eval_batch_size: int = 64
+    save_every: int = 200
+    seed: int = 0
+    device: str = "auto"
+    progress: bool = True
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        if isinstance(self.corpus, str):
+            object.__setattr__(self, "corpus", (self.corpus,))
+        object.__setattr__(self, "corpus", tuple(str(c) for c in self.corpus))
+        if self.eval_corpus is not None:
+            ev = (self.eval_corpus,) if isinstance(self.eval_corpus, str) else self.eval_corpus
+            object.__setattr__(self, "eval_corpus", tuple(str(c) for c in ev))
+        object.__setattr__(self, "out", str(self.out))
+        if not self.corpus:
+            raise ValueError("corpus is empty: give at least one file, folder or dataset:NAME")
+        for name in ("steps", "batch_size", "grad_accum", "eval_every", "save_every", "eval_batches",
+                     "eval_batch_size", "vocab_size", "log_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int ≥ 1")
+        if not isinstance(self.max_len, int) or self.max_len < 3:
+            raise ValueError(f"max_len={self.max_len!r} must be an int ≥ 3")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps!r} must be an int ≥ 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} is not allowed; allowed: {', '.join(SCHEDULES)}")
+        for name in ("lr", "clip_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay={self.weight_decay!r} must be ≥ 0")
+        if not 0 < self.eval_fraction < 1:
+            raise ValueError(f"eval_fraction={self.eval_fraction!r} must be in (0, 1)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is not allowed; allowed: auto, cpu, cuda")
+        if not isinstance(self.model, dict):
+            raise ValueError(f"model overrides must be a dict of ModelConfig fields, got {self.model!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["corpus"] = list(self.corpus)
+        out["eval_corpus"] = list(self.eval_corpus) if self.eval_corpus is not None else None
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}; allowed: {', '.join(sorted(names))}")
+        data = dict(data)
+        data["corpus"] = tuple(data["corpus"])
+        if data.get("eval_corpus") is not None:
+            data["eval_corpus"] = tuple(data["eval_corpus"])
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def diff(self, other: TrainConfig, *, ignore: tuple[str, ...] = RESUME_MAY_CHANGE) -> list[str]:
+        """Lines ``field: this → other`` for every field that differs (except ``ignore``)."""
+        a, b = self.to_dict(), other.to_dict()
+        return [f"{k}: {a[k]!r} → {b[k]!r}" for k in a if k not in ignore and a[k] != b[k]]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)

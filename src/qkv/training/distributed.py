@@ -1,0 +1,75 @@
+"""Process-group set-up for ``torchrun``: rank, world size, device, and sum-reductions.
+
+Under ``torchrun --nproc_per_node=K`` the environment carries ``RANK``, ``WORLD_SIZE`` and
+``LOCAL_RANK``; we initialise ``torch.distributed`` with gloo on CPU and NCCL on CUDA. A plain
+``python`` run is a world of one and never touches ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistInfo", "setup", "teardown", "all_sum", "resolve_device", "DEVICES"]
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: ``rank`` of ``world_size``, its ``device``; rank 0 writes files."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``"auto"`` → CUDA when available else CPU; ``"cuda"`` without a GPU is an error."""
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; allowed: {', '.join(DEVICES)}")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for, but torch sees no CUDA device; use cpu or auto")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(device: str = "auto") -> DistInfo:
+    """Initialise the process group when launched by torchrun; otherwise a world of one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    if world > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return DistInfo(rank, world, local_rank, dev)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over all ranks (``t`` itself in a world of one)."""
+    if dist.is_available() and dist.is_initialized():
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t

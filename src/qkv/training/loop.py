@@ -1,0 +1,246 @@
+"""Masked-language-model pretraining: the explicit loop, in one function.
+
+``pretrain(config)`` resolves the data (every input error raised here, before any training),
+creates the run folder atomically, builds the model, then runs
+
+    for step in range(start, steps):
+        micro-batches → forward → loss normalised by the global masked-token count → backward
+        clip → AdamW step → schedule step → log → (evaluate) → (checkpoint)
+
+Everything random is seeded from ``(seed, step)`` — block order, masks, dropout — so a run
+resumed from a checkpoint repeats the uninterrupted run bit for bit, and K processes with batch b
+compute what one process with batch K·b computes (the loss is normalised by the masked-token
+count over all ranks and micro-batches, not per rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qkv.config import ModelConfig
+from qkv.data.corpus import CorpusOptions
+from qkv.data.masking import IGNORE_INDEX, MaskingConfig
+from qkv.data.pipeline import prepare_pretraining_data
+from qkv.models.builders import build_masked_lm
+from qkv.training import distributed as qdist
+from qkv.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from qkv.training.config import TrainConfig
+from qkv.training.metrics import append_metrics, evaluate, plot_curve
+from qkv.training.optim import build_optimizer, build_scheduler
+from qkv.training.rundir import RunError, check_out_dir, create_run_dir, read_run, truncate_metrics, update_run
+
+__all__ = ["pretrain", "PretrainResult", "TrainingError"]
+
+
+class TrainingError(RuntimeError):
+    """Training stopped (e.g. a non-finite loss); the last good checkpoint is kept."""
+
+
+@dataclass
+class PretrainResult:
+    """What a finished (or interrupted) run reports."""
+
+    out: Path
+    steps_done: int
+    status: str  # "complete" or "interrupted"
+    final_eval: dict | None
+    train_loss: float | None
+
+
+def _seed_for(seed: int, step: int, micro: int, rank: int) -> int:
+    return (seed * 1_000_003 + step * 1009 + micro * 31 + rank * 7919) % (2**63 - 1)
+
+
+def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
+    overrides = dict(cfg.model)
+    overrides.setdefault("vocab_size", vocab_size)
+    if overrides["vocab_size"] != vocab_size:
+        raise ValueError(f"model vocab_size={overrides['vocab_size']} differs from the tokenizer's {vocab_size}")
+    mc = ModelConfig.preset(cfg.preset, **overrides)
+    if mc.max_len < cfg.max_len:
+        raise ValueError(f"max_len={cfg.max_len} exceeds the model's position table ({mc.max_len})")
+    return mc
+
+
+def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
+    out = Path(cfg.out)
+    tokenizer = cfg.tokenizer
+    if resume:
+        meta = read_run(out)
+        stored = TrainConfig.from_dict(meta["train_config"])
+        diff = stored.diff(cfg)
+        if diff:
+            raise RunError(f"--resume: {out} was started with a different configuration:\n  " + "\n  ".join(diff))
+        tokenizer = str(out / "tokenizer.json")
+    elif info.distributed and not info.is_main:
+        torch.distributed.barrier()  # rank 0 trains the tokenizer and creates the run folder first
+        tokenizer = str(out / "tokenizer.json")
+    options = CorpusOptions(doc_sep=cfg.doc_sep, text_field=cfg.text_field, encoding_errors=cfg.encoding_errors,
+                            max_doc_bytes=cfg.max_doc_bytes, long_docs=cfg.long_docs)
+    data = prepare_pretraining_data(
+        list(cfg.corpus), options=options, eval_corpus=list(cfg.eval_corpus) if cfg.eval_corpus else None,
+        eval_fraction=cfg.eval_fraction, seed=cfg.seed, tokenizer=tokenizer, vocab_size=cfg.vocab_size,
+        lowercase=cfg.lowercase, max_len=cfg.max_len, progress=cfg.progress and info.is_main)
+    model_config = _model_config(cfg, data.tokenizer.vocab_size)
+    if resume:
+        stored_mc = ModelConfig.from_dict(meta["model_config"])
+        if stored_mc != model_config or meta["tokenizer"] != data.tokenizer.fingerprint():
+            a, b = stored_mc.to_dict(), model_config.to_dict()
+            lines = [f"{k}: {a[k]!r} → {b[k]!r}" for k in a if a[k] != b[k]]
+            if meta["tokenizer"] != data.tokenizer.fingerprint():
+                lines.append(f"tokenizer: {meta['tokenizer'][:12]} → {data.tokenizer.fingerprint()[:12]}")
+            raise RunError(f"--resume: model or tokenizer differ from {out}:\n  " + "\n  ".join(lines))
+    elif info.is_main:
+        meta = {"format": "qkv-run", "status": "running", "train_config": cfg.to_dict(),
+                "model_config": model_config.to_dict(), "tokenizer": data.tokenizer.fingerprint(),
+                "data": data.summary()}
+        create_run_dir(out, meta, data.tokenizer)
+        if info.distributed:
+            torch.distributed.barrier()
+    return data, model_config
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint after the current step and exits."""
+
+    def __init__(self):
+        self.hit = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.hit = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler):
+    micro = [batches.batch(step * cfg.grad_accum + m).to(info.device) for m in range(cfg.grad_accum)]
+    counts = [(b.labels != IGNORE_INDEX).sum() for b in micro]
+    n_global = qdist.all_sum(torch.stack(counts).sum().double().cpu()).item()
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for m, b in enumerate(micro):
+        torch.manual_seed(_seed_for(cfg.seed, step, m, info.rank))  # dropout
+        sync = contextlib.nullcontext() if (not info.distributed or m == cfg.grad_accum - 1) else ddp.no_sync()
+        with sync:
+            out = ddp(b.input_ids, b.attention_mask, labels=b.labels)
+            n = counts[m].item()
+            # DDP averages gradients over ranks: scale so the sum is the global token mean
+            (out.loss * (n * info.world_size / max(n_global, 1.0))).backward()
+        loss_sum += out.loss.detach().double().cpu() * n
+    loss = (qdist.all_sum(loss_sum) / max(n_global, 1.0)).item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm).item()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    tokens = qdist.all_sum(sum(b.attention_mask.sum() for b in micro).double().cpu()).item()
+    return loss, grad_norm, tokens
+
+
+def pretrain(cfg: TrainConfig, *, resume: bool = False) -> PretrainResult:
+    """Run (or resume) masked-LM pretraining as ``cfg`` says; see the module docstring."""
+    info = qdist.setup(cfg.device)
+    out = Path(cfg.out)
+    try:
+        if info.is_main:
+            check_out_dir(out, resume=resume)
+        data, model_config = _prepare(cfg, resume, info)
+        torch.manual_seed(cfg.seed)
+        model = build_masked_lm(model_config).to(info.device)
+        model.train()
+        ddp = model
+        if info.distributed:
+            ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device] if info.device.type == "cuda" else None)
+        optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps, schedule=cfg.schedule)
+        start = 0
+        ckpt = latest_checkpoint(out) if resume else None
+        if ckpt is not None:
+            start = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)["step"]
+        if info.is_main:
+            truncate_metrics(out, start)
+        masking = MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
+        batches = data.train_batches(cfg.batch_size, masking=masking, seed=cfg.seed, rank=info.rank,
+                                     world_size=info.world_size)
+        # a global eval batch of eval_batch_size, so the held-out sample does not depend on the world size
+        eval_bs = max(1, cfg.eval_batch_size // info.world_size)
+        eval_batches = data.eval_batches(eval_bs, masking=masking, rank=info.rank,
+                                         world_size=info.world_size)
+        return _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start)
+    finally:
+        qdist.teardown()
+
+
+def _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start) -> PretrainResult:
+    from tqdm.auto import tqdm
+
+    metrics_path = out / "metrics.jsonl"
+    bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and info.is_main), unit="step",
+               dynamic_ncols=True)
+    final_eval, loss, status, step = None, None, "complete", start
+    window_tokens, window_start = 0.0, time.perf_counter()
+
+    def checkpoint(step_done: int) -> None:
+        if info.is_main:
+            save_checkpoint(out, step=step_done, model=model, optimizer=optimizer, scheduler=scheduler,
+                            trainer_state={"seed": cfg.seed, "data_position": step_done * cfg.grad_accum})
+
+    with _StopFlag() as stop:
+        for step in range(start, cfg.steps):
+            loss, grad_norm, tokens = _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler)
+            done = step + 1
+            if not torch.isfinite(torch.tensor(loss)):
+                last = latest_checkpoint(out)
+                raise TrainingError(f"non-finite loss ({loss}) at step {done}; stopped without saving. "
+                                    f"Last good checkpoint: {last or 'none'}. Lower --lr or raise --warmup-steps.")
+            window_tokens += tokens
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                elapsed = time.perf_counter() - window_start
+                tps = window_tokens / max(elapsed, 1e-9)
+                window_tokens, window_start = 0.0, time.perf_counter()
+                if info.is_main:
+                    append_metrics(metrics_path, {"step": done, "loss": loss, "lr": scheduler.get_last_lr()[0],
+                                                  "grad_norm": grad_norm, "tokens_per_s": tps})
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
+            bar.update(1)
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                final_eval = evaluate(model, eval_batches, device=info.device, max_batches=cfg.eval_batches)
+                if info.is_main:
+                    append_metrics(metrics_path, {"step": done, **final_eval})
+                    bar.write(f"step {done}: held-out loss {final_eval['eval_loss']:.4f}, "
+                              f"accuracy {final_eval['accuracy']:.4f}")
+            stopping = bool(qdist.all_sum(torch.tensor(float(stop.hit))).item())
+            if done % cfg.save_every == 0 or done == cfg.steps or stopping:
+                checkpoint(done)
+            if stopping and done < cfg.steps:
+                status = "interrupted"
+                break
+    bar.close()
+    steps_done = step + 1 if cfg.steps > start else start
+    if info.is_main:
+        plot_curve(metrics_path, out / "curve.png", title=f"{cfg.preset} on {', '.join(cfg.corpus)}")
+        if status == "complete":
+            from qkv.models.io import save
+
+            tok = read_tokenizer_backend(out)
+            save(model, out, tokenizer=tok)
+        update_run(out, status=status, steps_done=steps_done, final_eval=final_eval)
+    return PretrainResult(out, steps_done, status, final_eval, loss)
+
+
+def read_tokenizer_backend(out: Path):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(out / "tokenizer.json"))
