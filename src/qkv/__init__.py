@@ -2,4 +2,25 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "load", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
+           "build_masked_lm", "load_tokenizer"]
+
+# Public names imported on first use, so that ``import qkv`` stays light (no torch until needed).
+_LAZY = {
+    "load": "qkv.models.io",
+    "save": "qkv.models.io",
+    "export_hf": "qkv.models.io",
+    "convert": "qkv.models.io",
+    "load_tokenizer": "qkv.models.io",
+    "ModelConfig": "qkv.config",
+    "build_encoder": "qkv.models.builders",
+    "build_masked_lm": "qkv.models.builders",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'qkv' has no attribute {name!r}")

@@ -2,6 +2,8 @@
 
 from qkv.nn.attend import AttendOutput, attend
 from qkv.nn.attention import AttentionOutput, MultiHeadAttention
+from qkv.nn.encoder import Embeddings, Encoder, EncoderOutput
+from qkv.nn.layer import ACTIVATIONS, FeedForward, LayerOutput, TransformerLayer
 from qkv.nn.similarity import SIMILARITIES, build_similarity, register_similarity
 
 __all__ = [
@@ -12,4 +14,11 @@ __all__ = [
     "SIMILARITIES",
     "build_similarity",
     "register_similarity",
+    "ACTIVATIONS",
+    "FeedForward",
+    "LayerOutput",
+    "TransformerLayer",
+    "Embeddings",
+    "Encoder",
+    "EncoderOutput",
 ]

@@ -1,0 +1,184 @@
+"""Frozen, serialisable configurations: :class:`ModelConfig`, its presets and JSON round-trip.
+
+A config holds only plain values (ints, floats, strings, bools, a dict of similarity keyword
+arguments). Modules never read it: the builders in :mod:`qkv.models.builders` do. Every field is
+checked in ``__post_init__``; a bad value raises ``ValueError`` naming the field, the value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ModelConfig", "PRESETS", "NORMS"]
+
+#: Where the LayerNorm sits: after each residual sum (BERT, the textbook) or before each sublayer.
+NORMS = ("post", "pre")
+_BERT_VOCAB = 30522
+
+#: Named sizes. ``tiny`` uses small *distinct* sizes so that a swapped axis fails a test.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=19,
+                 type_vocab_size=4),
+    "mini": dict(vocab_size=_BERT_VOCAB, d_model=256, n_heads=4, d_ff=1024, n_layers=4, max_len=512),
+    "small": dict(vocab_size=_BERT_VOCAB, d_model=512, n_heads=8, d_ff=2048, n_layers=6, max_len=512),
+    "base": dict(vocab_size=_BERT_VOCAB, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=512),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to build an encoder or a masked-LM model (defaults: BERT-base).
+
+    Attributes:
+        vocab_size: token vocabulary V.
+        d_model: model width C.
+        n_heads: attention heads H (must divide ``d_model``).
+        d_ff: hidden width of the feed-forward network.
+        n_layers: number of transformer layers.
+        max_len: longest sequence accepted (size of a learned position table).
+        type_vocab_size: number of segment (token type) ids; 0 = no segment embeddings.
+        activation: feed-forward non-linearity, one of :data:`qkv.nn.layer.ACTIVATIONS`.
+        norm: ``"post"`` (BERT) or ``"pre"`` LayerNorm placement.
+        dropout: dropout on embeddings and on each sublayer output before the residual sum.
+        attention_dropout: dropout on attention weights. Keep 0 (the default): any other value
+            forces the quadratic math path instead of the fused kernel while training.
+        similarity: score function name (see :data:`qkv.nn.similarity.SIMILARITIES`).
+        similarity_kwargs: extra keyword arguments for the similarity (e.g. ``temperature``).
+        qkv_proj: learn the Q/K/V maps (``False``: attend on the inputs themselves).
+        out_proj: learn the output map after the heads are merged.
+        attention_bias: biases in the attention maps.
+        attention_path: ``"auto"`` (fused SDPA when possible), ``"sdpa"``, ``"explicit"``,
+            ``"chunked"``.
+        chunk_size: queries per block on the chunked path (``None``: sized automatically).
+        position: position scheme, one of :data:`qkv.nn.positional.POSITIONS`.
+        position_qk_only: add input positions to the query and key maps only, not the values.
+        max_distance: largest relative distance distinguished (relative, T5 buckets).
+        num_buckets: number of T5 relative-position buckets.
+        rope_base: base of the rotary frequencies.
+        layer_norm_eps: LayerNorm epsilon (BERT: 1e-12).
+        pad_token_id: id of the padding token (its embedding row starts at zero, gets no grad).
+        initializer_range: standard deviation of the normal weight initialisation.
+    """
+
+    vocab_size: int = _BERT_VOCAB
+    d_model: int = 768
+    n_heads: int = 12
+    d_ff: int = 3072
+    n_layers: int = 12
+    max_len: int = 512
+    type_vocab_size: int = 2
+    activation: str = "gelu"
+    norm: str = "post"
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    similarity: str = "scaled_dot"
+    similarity_kwargs: dict[str, Any] = field(default_factory=dict)
+    qkv_proj: bool = True
+    out_proj: bool = True
+    attention_bias: bool = True
+    attention_path: str = "auto"
+    chunk_size: int | None = None
+    position: str = "learned"
+    position_qk_only: bool = False
+    max_distance: int = 128
+    num_buckets: int = 32
+    rope_base: float = 10000.0
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
+                     "max_distance", "num_buckets"):
+            _check_int(name, getattr(self, name), low=1)
+        _check_int("type_vocab_size", self.type_vocab_size, low=0)
+        _check_int("pad_token_id", self.pad_token_id, low=0)
+        if self.chunk_size is not None:
+            _check_int("chunk_size", self.chunk_size, low=1)
+        if self.pad_token_id >= self.vocab_size:
+            raise ValueError(f"pad_token_id={self.pad_token_id} must be < vocab_size={self.vocab_size}")
+        if self.d_model % self.n_heads:
+            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
+            raise ValueError(
+                f"n_heads={self.n_heads} does not divide d_model={self.d_model}; allowed: {divisors}"
+            )
+        from qkv.nn.attend import PATHS
+        from qkv.nn.layer import ACTIVATIONS
+        from qkv.nn.positional import POSITIONS
+        from qkv.nn.similarity import SIMILARITIES
+
+        for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS),
+                              ("attention_path", PATHS), ("position", POSITIONS),
+                              ("similarity", tuple(sorted(SIMILARITIES)))):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+                raise ValueError(f"{name}={value!r} must be a number in [0, 1)")
+        for name in ("rope_base", "layer_norm_eps", "initializer_range"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name}={value!r} must be a positive number")
+        for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if not isinstance(self.similarity_kwargs, dict):
+            raise ValueError(f"similarity_kwargs must be a dict, got {self.similarity_kwargs!r}")
+        if self.position_qk_only and self.position not in ("sinusoidal", "learned"):
+            raise ValueError(
+                f"position_qk_only=True needs an input encoding; position={self.position!r} is not "
+                "one; allowed with it: sinusoidal, learned"
+            )
+
+    @property
+    def d_head(self) -> int:
+        """Width of one attention head, ``d_model // n_heads``."""
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """The preset ``name`` (``tiny``, ``mini``, ``small``, ``base``) with fields overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
+        return cls.from_dict({**PRESETS[name], **overrides})
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain ``dict`` of every field (JSON-serialisable)."""
+        out = dataclasses.asdict(self)
+        out["similarity_kwargs"] = dict(self.similarity_kwargs)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Build from a ``dict``; unknown keys are an error naming them and the allowed ones."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; allowed: {', '.join(names)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | Path) -> ModelConfig:
+        """Parse JSON text, or read it from a path."""
+        if isinstance(text, Path):
+            text = text.read_text(encoding="utf-8")
+        return cls.from_dict(json.loads(text))
+
+
+def _check_int(name: str, value: Any, *, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}={value!r} must be an int ≥ {low}")

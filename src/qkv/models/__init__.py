@@ -1,0 +1,23 @@
+"""Models built from a :class:`~qkv.config.ModelConfig`: builders, the masked-LM model, checkpoint
+folders in and out (qkv and Hugging Face BERT)."""
+
+from qkv.models.builders import build_encoder, build_masked_lm, build_model, init_weights
+from qkv.models.errors import CheckpointError
+from qkv.models.io import convert, export_hf, load, load_tokenizer, save
+from qkv.models.mlm import MaskedLM, MaskedLMHead, MaskedLMOutput
+
+__all__ = [
+    "build_encoder",
+    "build_masked_lm",
+    "build_model",
+    "init_weights",
+    "CheckpointError",
+    "convert",
+    "export_hf",
+    "load",
+    "load_tokenizer",
+    "save",
+    "MaskedLM",
+    "MaskedLMHead",
+    "MaskedLMOutput",
+]

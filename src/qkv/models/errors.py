@@ -1,0 +1,10 @@
+"""Errors raised while reading or writing checkpoints."""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder or file that cannot be loaded as asked; the message names the file,
+    the tensor or field, and the expected versus found value."""

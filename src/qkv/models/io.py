@@ -1,0 +1,283 @@
+"""Model folders in and out: ``load``, ``save``, ``export_hf``, ``convert`` and the tokenizer.
+
+Two folder formats:
+
+* **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder",
+  "config": {…ModelConfig…}}``) and ``model.safetensors`` with qkv tensor names.
+* **Hugging Face BERT**: ``config.json`` with ``model_type: bert`` and ``model.safetensors`` or
+  ``pytorch_model.bin``; the latter is read only with ``torch.load(weights_only=True)``, which
+  refuses any pickle that would run code.
+
+Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` attaches the tokenizer as
+``model.tokenizer`` (a ``tokenizers.Tokenizer``) and :func:`save` / :func:`export_hf` write it
+back. Writes are atomic: files go to a temporary folder beside the target, which is then renamed
+into place (or, when the target exists, each file is renamed over the old one, config last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from qkv.config import ModelConfig
+from qkv.models import hf
+from qkv.models.builders import build_model
+from qkv.models.errors import CheckpointError
+
+__all__ = ["load", "save", "export_hf", "convert", "load_tokenizer", "read_weights", "CheckpointError"]
+
+QKV_CONFIG = "qkv.json"
+HF_CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+HF_PICKLE = "pytorch_model.bin"
+FORMAT_VERSION = 1
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Tensors of a ``.safetensors`` file, or of a PyTorch pickle read with ``weights_only=True``.
+
+    Raises:
+        CheckpointError: unreadable file, or a pickle that would execute code (refused).
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(path)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, AttributeError, EOFError) as e:
+        raise CheckpointError(
+            f"{path}: refused — not a plain tensor checkpoint; loading it would need to run code "
+            f"from the pickle, which qkv never does (torch.load(weights_only=True) said: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, Tensor)
+                                             for k, v in data.items()):
+        raise CheckpointError(f"{path}: expected a dict of name → tensor, found {type(data).__name__}")
+    return data
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not readable JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _check_state(state: dict[str, Tensor], model: nn.Module, source: Path) -> None:
+    expected = model.state_dict()
+    for name, t in expected.items():
+        if name not in state:
+            raise CheckpointError(f"{source}: missing tensor {name!r} (expected shape {tuple(t.shape)})")
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, "
+                                  f"expected {tuple(t.shape)} from {QKV_CONFIG}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise CheckpointError(f"{source}: unexpected tensor(s) {extra[:5]} for the config in {QKV_CONFIG}; "
+                              "the config disagrees with the weights")
+
+
+def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
+    """Load a qkv model folder or a Hugging Face BERT folder.
+
+    Args:
+        path: the folder.
+        **overrides: :class:`ModelConfig` fields to change (e.g. ``attention_dropout=0.0`` for
+            fast fine-tuning; BERT checkpoints carry 0.1, which forces the slow attention path
+            while training).
+
+    Returns:
+        A :class:`qkv.models.mlm.MaskedLM` when the checkpoint has a masked-LM head, else a
+        :class:`qkv.nn.encoder.Encoder`, in eval mode, with ``.config`` and ``.tokenizer``
+        (``None`` when the folder has none).
+
+    Raises:
+        CheckpointError: not a checkpoint folder; missing, mis-shaped or unexpected tensors; a
+            config that disagrees with the weights; a pickle that would run code.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a folder")
+    if (folder / QKV_CONFIG).is_file():
+        meta = _read_json(folder / QKV_CONFIG)
+        if meta.get("format") != "qkv" or meta.get("kind") not in ("masked_lm", "encoder"):
+            raise CheckpointError(f"{folder / QKV_CONFIG}: expected format 'qkv' and kind 'masked_lm' or "
+                                  f"'encoder', found {meta.get('format')!r} / {meta.get('kind')!r}")
+        try:
+            config = ModelConfig.from_dict({**meta.get("config", {}), **overrides})
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{folder / QKV_CONFIG}: {e}") from e
+        masked_lm = meta["kind"] == "masked_lm"
+        source = folder / WEIGHTS
+        if not source.is_file():
+            raise CheckpointError(f"{folder}: missing {WEIGHTS}")
+        state = read_weights(source)
+        model = build_model(config, masked_lm=masked_lm, init=False)
+        _check_state(state, model, source)
+    elif (folder / HF_CONFIG).is_file():
+        hf_config = _read_json(folder / HF_CONFIG)
+        if hf_config.get("model_type") != "bert":
+            raise CheckpointError(f"{folder / HF_CONFIG}: not a BERT checkpoint (model_type is "
+                                  f"{hf_config.get('model_type')!r}, expected 'bert')")
+        source = next((folder / n for n in (WEIGHTS, HF_PICKLE) if (folder / n).is_file()), None)
+        if source is None:
+            raise CheckpointError(f"{folder}: no weights; expected {WEIGHTS} or {HF_PICKLE}, found "
+                                  f"{sorted(p.name for p in folder.iterdir())}")
+        tensors = read_weights(source)
+        masked_lm = hf.has_mlm_head(tensors)
+        config = hf.config_from_hf(hf_config, source=str(folder / HF_CONFIG))
+        state = hf.state_dict_from_hf(tensors, config, masked_lm=masked_lm, source=str(source))
+        if overrides:
+            config = config.replace(**overrides)
+        model = build_model(config, masked_lm=masked_lm, init=False)
+    else:
+        raise CheckpointError(f"{folder}: not a qkv or BERT checkpoint folder; expected {QKV_CONFIG} or "
+                              f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
+    model.load_state_dict(state, strict=True)
+    model.tokenizer = load_tokenizer(folder)
+    return model.eval()
+
+
+def load_tokenizer(folder: str | os.PathLike):
+    """The folder's tokenizer (``tokenizer.json``, else a WordPiece ``vocab.txt``), or ``None``."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if not (folder / "vocab.txt").is_file():
+        return None
+    settings = {}
+    if (folder / "tokenizer_config.json").is_file():
+        settings = _read_json(folder / "tokenizer_config.json")
+    tok = Tokenizer(WordPiece.from_file(str(folder / "vocab.txt"), unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=bool(settings.get("do_lower_case", True)))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    if cls is not None and sep is not None:
+        tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
+    tok.decoder = decoders.WordPiece()
+    return tok
+
+
+def _write_tokenizer(tokenizer, folder: Path, *, hf_config: bool, max_len: int) -> None:
+    if tokenizer is None:
+        return
+    tokenizer.save(str(folder / "tokenizer.json"))
+    state = json.loads(tokenizer.to_str())
+    if state.get("model", {}).get("type") == "WordPiece":
+        vocab = sorted(tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])
+        (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
+    if hf_config:
+        lower = bool((state.get("normalizer") or {}).get("lowercase", True))
+        settings = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower, "model_max_length": max_len}
+        (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+
+def _publish(tmp: Path, dest: Path, config_name: str) -> None:
+    """Move the finished folder ``tmp`` to ``dest`` atomically (file by file, config last)."""
+    if not dest.exists():
+        os.replace(tmp, dest)
+        return
+    if not dest.is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{dest}: exists and is not a folder")
+    names = sorted(p.name for p in tmp.iterdir())
+    names.sort(key=lambda n: n == config_name)  # config last: a reader sees old or new, never half
+    for name in names:
+        os.replace(tmp / name, dest / name)
+    tmp.rmdir()
+
+
+def _write_folder(dest: Path, config_name: str, fill) -> None:
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _publish(tmp, dest, config_name)
+
+
+def _model_parts(model: nn.Module) -> tuple[ModelConfig, bool]:
+    from qkv.models.mlm import MaskedLM
+    from qkv.nn.encoder import Encoder
+
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig) or not isinstance(model, (MaskedLM, Encoder)):
+        raise ValueError("expected a qkv MaskedLM or Encoder with a .config (build it with "
+                         f"qkv.models.builders or qkv.load), got {type(model).__name__}")
+    return config, isinstance(model, MaskedLM)
+
+
+def save(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
+    """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer (the given one,
+    else ``model.tokenizer`` if set). Atomic. Returns the folder."""
+    config, masked_lm = _model_parts(model)
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    meta = {"format": "qkv", "version": FORMAT_VERSION, "kind": "masked_lm" if masked_lm else "encoder",
+            "config": config.to_dict()}
+
+    def fill(tmp: Path) -> None:
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        _write_tokenizer(tokenizer, tmp, hf_config=False, max_len=config.max_len)
+        (tmp / QKV_CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+    _write_folder(Path(path), QKV_CONFIG, fill)
+    return Path(path)
+
+
+def export_hf(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
+    """Write a folder that ``transformers.BertForMaskedLM`` (masked-LM model) or ``BertModel``
+    (encoder) ``from_pretrained`` loads. Atomic. Returns the folder.
+
+    Raises:
+        CheckpointError: the model uses options BERT cannot express (named in the message).
+    """
+    config, masked_lm = _model_parts(model)
+    hf_config = hf.config_to_hf(config, masked_lm=masked_lm)
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+
+    def fill(tmp: Path) -> None:
+        tensors = hf.state_dict_to_hf(model.state_dict(), config, masked_lm=masked_lm)
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        _write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
+        (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2), encoding="utf-8")
+
+    _write_folder(Path(path), HF_CONFIG, fill)
+    return Path(path)
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None) -> Path:
+    """Convert a checkpoint folder: Hugging Face BERT → qkv, or qkv → Hugging Face BERT.
+
+    Args:
+        src: a qkv or Hugging Face BERT folder.
+        dst: the folder to write.
+        to: ``"qkv"`` or ``"hf"``; default: the other format than ``src``'s.
+    """
+    if to not in (None, "qkv", "hf"):
+        raise ValueError(f"to={to!r} is not allowed; allowed: qkv, hf")
+    if to is None:
+        to = "hf" if (Path(src) / QKV_CONFIG).is_file() else "qkv"
+    model = load(src)
+    return export_hf(model, dst) if to == "hf" else save(model, dst)

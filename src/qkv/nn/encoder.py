@@ -1,0 +1,191 @@
+"""The encoder: token + position + segment embeddings, then a stack of transformer layers.
+
+Legend: B batch, T length, C model width, H heads, V vocabulary.
+
+Modules here take plain arguments; :func:`qkv.models.builders.build_encoder` assembles them from
+a :class:`qkv.config.ModelConfig`. The default path is fast: no attention weights are formed
+(fused ``scaled_dot_product_attention``), an all-real padding mask is dropped so the kernel runs
+unmasked, and absent segment ids add one embedding row instead of a lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Embeddings", "Encoder", "EncoderOutput"]
+
+
+@dataclass
+class EncoderOutput:
+    """Result of :class:`Encoder`.
+
+    Attributes:
+        last_hidden_state: ``(B,T,C)`` output of the last layer (after the final norm, pre-LN).
+        hidden_states: when requested, ``n_layers + 1`` tensors ``(B,T,C)``: the embedding output
+            and every layer's output (the last equals ``last_hidden_state``); else ``None``.
+        attentions: when requested, one ``(B,H,T,T)`` tensor of exact attention weights per
+            layer; else ``None``.
+    """
+
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+class Embeddings(nn.Module):
+    """Token + position + segment embeddings, then LayerNorm and dropout (BERT's order).
+
+    Args:
+        vocab_size: V.
+        d_model: C.
+        type_vocab_size: number of segment ids (0: no segment embeddings).
+        positions: module ``length -> (T,C)`` added to the token embeddings, or ``None``.
+        pad_token_id: row of the token table that starts at zero and gets no gradient.
+        layer_norm_eps: LayerNorm epsilon.
+        dropout: dropout after the LayerNorm.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        *,
+        type_vocab_size: int = 2,
+        positions: nn.Module | None = None,
+        pad_token_id: int | None = 0,
+        layer_norm_eps: float = 1e-12,
+        dropout: float = 0.1,
+    ):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_token_id)
+        self.positions = positions
+        self.segments = nn.Embedding(type_vocab_size, d_model) if type_vocab_size > 0 else None
+        self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """``(B,T)`` ids (and optional ``(B,T)`` segment ids) → ``(B,T,C)``."""
+        x = self.tokens(input_ids)  # (B,T) -> (B,T,C)
+        if self.positions is not None:
+            x = x + self.positions(input_ids.shape[1])  # (B,T,C) + (T,C)
+        if self.segments is not None:
+            if token_type_ids is None:
+                x = x + self.segments.weight[0]  # (B,T,C) + (C,): every token in segment 0
+            else:
+                x = x + self.segments(token_type_ids)  # (B,T) -> (B,T,C)
+        return self.dropout(self.norm(x))
+
+
+class Encoder(nn.Module):
+    """Embeddings, ``n_layers`` transformer layers, an optional final norm (pre-LN).
+
+    Args:
+        embeddings: an :class:`Embeddings`.
+        layers: the transformer layers (see :class:`qkv.nn.layer.TransformerLayer`).
+        max_len: longest sequence accepted.
+        final_norm: applied to the last layer's output (pre-LN stacks), or ``None``.
+        qk_positions: module ``length -> (T,C)`` passed to every layer as ``qk_pos`` (positions
+            added to the query and key inputs only), or ``None``.
+    """
+
+    def __init__(
+        self,
+        embeddings: Embeddings,
+        layers: list[nn.Module],
+        *,
+        max_len: int,
+        final_norm: nn.Module | None = None,
+        qk_positions: nn.Module | None = None,
+    ):
+        super().__init__()
+        self.embeddings = embeddings
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+        self.qk_positions = qk_positions
+        self.max_len = max_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embeddings.tokens.num_embeddings
+
+    def _check(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None):
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be an integer tensor (B, T), got {got}")
+        B, T = input_ids.shape
+        if T > self.max_len:
+            raise ValueError(
+                f"sequence length {T} exceeds max_len={self.max_len} (the size of the position "
+                "table); truncate the input or build a model with a larger max_len"
+            )
+        if input_ids.numel():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(
+                    f"input_ids must lie in [0, vocab_size={self.vocab_size}); found values in "
+                    f"[{lo}, {hi}]"
+                )
+        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if t is not None and tuple(t.shape) != (B, T):
+                raise ValueError(f"{name} must have shape (B, T) = ({B}, {T}), got {tuple(t.shape)}")
+        segments = self.embeddings.segments
+        if token_type_ids is not None and token_type_ids.numel():
+            n = 0 if segments is None else segments.num_embeddings
+            lo, hi = int(token_type_ids.min()), int(token_type_ids.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(f"token_type_ids must lie in [0, type_vocab_size={n}); found [{lo}, {hi}]")
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> EncoderOutput:
+        """Encode a batch.
+
+        Args:
+            input_ids: ``(B,T)`` token ids in ``[0, V)``.
+            attention_mask: ``(B,T)``, 1/True = real token, 0/False = padding (keys only are
+                masked: outputs at padded positions are defined but meaningless).
+            token_type_ids: ``(B,T)`` segment ids (default: all 0).
+            output_hidden_states: return the embedding output and every layer's output.
+            output_attentions: return every layer's exact ``(B,H,T,T)`` attention weights
+                (slower: the explicit attention path).
+
+        Returns:
+            :class:`EncoderOutput`.
+
+        Raises:
+            ValueError: ids outside the vocabulary, a sequence longer than ``max_len``, or
+                mis-shaped masks.
+        """
+        self._check(input_ids, attention_mask, token_type_ids)
+        padding_mask = None
+        if attention_mask is not None:
+            padding_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+            if bool(padding_mask.all()):
+                padding_mask = None  # nothing to mask: keep the unmasked fused kernel
+        T = input_ids.shape[1]
+        qk_pos = self.qk_positions(T) if self.qk_positions is not None else None  # (T,C)
+        x = self.embeddings(input_ids, token_type_ids)  # (B,T,C)
+        hidden = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for i, layer in enumerate(self.layers):
+            out = layer(x, padding_mask, need_weights=output_attentions, qk_pos=qk_pos)
+            x = out.output
+            if self.final_norm is not None and i == len(self.layers) - 1:
+                x = self.final_norm(x)
+            if hidden is not None:
+                hidden.append(x)
+            if attentions is not None:
+                attentions.append(out.attention_weights)
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden) if hidden is not None else None,
+            attentions=tuple(attentions) if attentions is not None else None,
+        )

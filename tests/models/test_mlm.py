@@ -1,0 +1,102 @@
+"""Masked-LM model: tied decoder, sparse = dense prediction, parameter counts against transformers."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv.config import ModelConfig
+from qkv.models.builders import build_encoder, build_masked_lm
+from qkv.models.mlm import IGNORE_INDEX, MaskedLMOutput
+
+B, T = 5, 7
+
+
+def _model(**overrides):
+    torch.manual_seed(0)
+    return build_masked_lm(ModelConfig.preset("tiny", **overrides)).eval()
+
+
+def _batch(cfg, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, cfg.vocab_size, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 4:] = 0
+    labels = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    labels[torch.rand(B, T, generator=g) > 0.3] = IGNORE_INDEX
+    labels[1, 4:] = IGNORE_INDEX
+    labels[0, 0] = 5  # at least one labelled position
+    return ids, mask, labels
+
+
+def test_decoder_is_tied_to_word_embeddings():
+    m = _model()
+    assert m.decoder_weight is m.encoder.embeddings.tokens.weight
+    names = [n for n, _ in m.named_parameters()]
+    assert not any("decoder" in n for n in names)
+
+
+def test_logits_without_labels_follow_the_head_formula():
+    m = _model()
+    ids, mask, _ = _batch(m.config)
+    out = m(ids, mask)
+    assert isinstance(out, MaskedLMOutput) and out.loss is None
+    assert out.logits.shape == (B, T, m.config.vocab_size)
+    h = m.encoder(ids, mask).last_hidden_state
+    t = F.layer_norm(F.gelu(h @ m.head.dense.weight.T + m.head.dense.bias), (m.config.d_model,),
+                     m.head.norm.weight, m.head.norm.bias, eps=m.config.layer_norm_eps)
+    want = t @ m.encoder.embeddings.tokens.weight.T + m.head.bias
+    torch.testing.assert_close(out.logits, want, atol=1e-5, rtol=1e-5)
+
+
+def test_sparse_prediction_equals_dense():
+    m = _model()
+    ids, mask, labels = _batch(m.config)
+    picked = labels != IGNORE_INDEX
+    sparse = m(ids, mask, labels=labels)
+    assert sparse.logits.shape == (int(picked.sum()), m.config.vocab_size)
+    m.zero_grad()
+    sparse.loss.backward()
+    g_sparse = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.sparse_prediction = False
+    dense = m(ids, mask, labels=labels)
+    assert dense.logits.shape == (B, T, m.config.vocab_size)
+    torch.testing.assert_close(sparse.loss, dense.loss, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(sparse.logits, dense.logits[picked], atol=1e-6, rtol=1e-6)
+    m.zero_grad()
+    dense.loss.backward()
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(g_sparse[n], p.grad, atol=1e-6, rtol=1e-5, msg=n)
+    want = F.cross_entropy(dense.logits[picked], labels[picked])
+    torch.testing.assert_close(dense.loss, want, atol=1e-6, rtol=1e-6)
+
+
+def test_labels_shape_is_checked():
+    m = _model()
+    ids, mask, labels = _batch(m.config)
+    with pytest.raises(ValueError, match=r"labels must have the shape of input_ids \(5, 7\), got \(5, 6\)"):
+        m(ids, mask, labels=labels[:, :6])
+
+
+def test_hidden_states_and_attentions_pass_through():
+    m = _model()
+    ids, mask, labels = _batch(m.config)
+    out = m(ids, mask, labels=labels, output_hidden_states=True, output_attentions=True)
+    assert len(out.hidden_states) == m.config.n_layers + 1
+    assert out.attentions[0].shape == (B, m.config.n_heads, T, T)
+
+
+def _count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_base_parameter_counts_equal_transformers_bert():
+    transformers = pytest.importorskip("transformers")
+    cfg = ModelConfig.preset("base")
+    with torch.device("meta"):
+        encoder = build_encoder(cfg)
+        mlm = build_masked_lm(cfg)
+        bert = transformers.BertModel(transformers.BertConfig(), add_pooling_layer=False)
+        bert_mlm = transformers.BertForMaskedLM(transformers.BertConfig())
+    assert _count(encoder) == _count(bert)
+    assert _count(mlm) == _count(bert_mlm)
+    assert _count(bert_mlm) > 109_000_000  # really BERT-base
