@@ -1,0 +1,237 @@
+"""Capture every layer's hidden states and every head's exact attention weights, batch by batch.
+
+Legend: N contexts (model inputs), B contexts in a batch, T padded length, L layers, H heads,
+C model width. Layer 0 of ``hidden_states`` is the embedding output.
+
+Everything is read from the model's output dataclass (``hidden_states``, ``attentions``) — no hooks,
+no state kept on modules. Memory is bounded by the batch: :func:`iter_captures` yields one
+:class:`Capture` at a time and keeps nothing.
+
+**Texts longer than the window.** A text is first tokenised without special tokens. If it has more
+than ``max_len - 2`` pieces, the policy ``long_text`` decides:
+
+* ``"window"`` (the default for corpus analysis): split it into consecutive, non-overlapping windows
+  of ``max_len - 2`` pieces, each wrapped in ``[CLS] … [SEP]`` and analysed as its own context;
+  document-level statistics (the label probe) average over all windows of the document.
+  ``max_windows_per_doc`` keeps only the first windows of very long documents.
+* ``"truncate"``: keep the first window only.
+* ``"error"`` (the default for ``qkv inspect``): raise :class:`AnalysisInputError` naming the text,
+  its length in pieces and the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from qkv.analysis.inputs import AnalysisInputError, TextTokenizer
+
+__all__ = ["Contexts", "Capture", "model_window", "tokenize_corpus", "forward", "iter_captures"]
+
+LONG_TEXT_POLICIES = ("window", "truncate", "error")
+
+
+@dataclass
+class Contexts:
+    """A tokenised corpus: one entry per model input (window).
+
+    Attributes:
+        ids: N arrays ``(T_i,)`` of token ids, each ``[CLS] … [SEP]``.
+        whole_word: N boolean arrays ``(T_i,)``: the token is a complete word (False on specials).
+        doc: ``(N,)`` index of the document each context comes from.
+        n_docs: number of documents read (including any that gave no tokens).
+        max_len: the window length used (including the two special tokens).
+    """
+
+    ids: list[np.ndarray]
+    whole_word: list[np.ndarray]
+    doc: np.ndarray
+    n_docs: int
+    max_len: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.ids], dtype=np.int64)  # (N,)
+
+
+@dataclass
+class Capture:
+    """One batch of contexts with everything the model computed for it.
+
+    Attributes:
+        context: ``(B,)`` indices into :class:`Contexts`.
+        input_ids: ``(B,T)`` token ids, padded with the pad id.
+        mask: ``(B,T)`` True at real tokens.
+        hidden_states: ``(L+1,B,T,C)`` float32; index 0 is the embedding output.
+        attentions: ``(L,B,H,T,T)`` float32 exact attention weights (rows: queries, columns: keys),
+            or ``None`` when not requested.
+    """
+
+    context: np.ndarray
+    input_ids: np.ndarray
+    mask: np.ndarray
+    hidden_states: np.ndarray
+    attentions: np.ndarray | None
+
+
+def model_window(model) -> int | None:
+    """The model's position-table size: qkv ``config.max_len`` / ``max_len``, or HF's name."""
+    for obj in (getattr(model, "config", None), model, getattr(model, "encoder", None)):
+        for name in ("max_len", "max_position_embeddings"):
+            value = getattr(obj, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def _encoder_of(model):
+    """A qkv masked-LM model's encoder (no vocabulary projection needed); any other model itself."""
+    try:
+        from qkv.nn.encoder import Encoder
+    except ImportError:  # pragma: no cover - the encoder package is part of qkv
+        return model
+    enc = getattr(model, "encoder", None)
+    return enc if isinstance(enc, Encoder) else model
+
+
+def tokenize_corpus(
+    texts: Sequence[str],
+    tokenizer: TextTokenizer,
+    *,
+    max_len: int,
+    long_text: str = "window",
+    max_windows_per_doc: int | None = None,
+) -> Contexts:
+    """Tokenise texts into model inputs of at most ``max_len`` tokens (see the module docstring).
+
+    Raises:
+        AnalysisInputError: an empty corpus, no tokens at all, a bad policy, or (with
+            ``long_text="error"``) a text longer than the window.
+    """
+    if long_text not in LONG_TEXT_POLICIES:
+        raise AnalysisInputError(f"long_text must be one of {LONG_TEXT_POLICIES}, got {long_text!r}")
+    if max_len < 3:
+        raise AnalysisInputError(f"max_len must be at least 3 ([CLS] x [SEP]), got {max_len}")
+    if len(texts) == 0:
+        raise AnalysisInputError("the corpus is empty: no documents to analyse")
+    room = max_len - 2
+    ids: list[np.ndarray] = []
+    whole: list[np.ndarray] = []
+    doc: list[int] = []
+    for d, text in enumerate(texts):
+        pieces, words = tokenizer.encode(text)
+        if not pieces:
+            continue
+        if len(pieces) > room and long_text == "error":
+            preview = text[:40].replace("\n", " ")
+            raise AnalysisInputError(
+                f"text {d} ({preview!r}…) has {len(pieces)} word pieces, more than the window of "
+                f"{max_len} tokens allows ({room} + [CLS] + [SEP]); shorten it, or use "
+                f"long_text='truncate' or 'window'"
+            )
+        starts = range(0, len(pieces), room)
+        if long_text == "truncate":
+            starts = starts[:1]
+        elif max_windows_per_doc is not None:
+            starts = starts[:max_windows_per_doc]
+        for s in starts:
+            chunk = pieces[s : s + room]
+            ids.append(np.array([tokenizer.cls_id, *chunk, tokenizer.sep_id], dtype=np.int64))
+            whole.append(np.array([False, *words[s : s + room], False], dtype=bool))
+            doc.append(d)
+    if not ids:
+        raise AnalysisInputError(f"the corpus of {len(texts)} documents gives no tokens at all")
+    return Contexts(ids, whole, np.array(doc, dtype=np.int64), len(texts), max_len)
+
+
+def forward(
+    model,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None = None,
+    *,
+    attentions: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward pass; returns stacked hidden states and attention weights.
+
+    Args:
+        input_ids: ``(B,T)`` int64.
+        mask: ``(B,T)`` bool, True at real tokens.
+        token_type_ids: ``(B,T)`` int64 or ``None`` (all zeros).
+
+    Returns:
+        ``hidden (L+1,B,T,C)`` and ``attn (L,B,H,T,T)`` (``None`` if not requested).
+    """
+    if token_type_ids is None:
+        token_type_ids = torch.zeros_like(input_ids)
+    with torch.inference_mode():
+        out = _encoder_of(model)(
+            input_ids,
+            attention_mask=mask,
+            token_type_ids=token_type_ids,
+            output_hidden_states=True,
+            output_attentions=attentions,
+        )
+    hs = getattr(out, "hidden_states", None)
+    if not hs:
+        raise AnalysisInputError(
+            f"the model's output ({type(out).__name__}) carries no hidden_states; "
+            "it must return them when called with output_hidden_states=True"
+        )
+    hidden = torch.stack([h.float() for h in hs])  # L+1 × (B,T,C) -> (L+1,B,T,C)
+    attn = None
+    if attentions:
+        at = getattr(out, "attentions", None)
+        if not at:
+            raise AnalysisInputError(
+                f"the model's output ({type(out).__name__}) carries no attentions; "
+                "it must return them when called with output_attentions=True"
+            )
+        attn = torch.stack([a.float() for a in at])  # L × (B,H,T,T) -> (L,B,H,T,T)
+    return hidden, attn
+
+
+def _batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Context indices grouped into batches of similar length (longest first: less padding)."""
+    order = np.argsort(-lengths, kind="stable")
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def iter_captures(
+    model, contexts: Contexts, *, batch_size: int = 16, pad_id: int = 0, attentions: bool = True
+) -> Iterator[Capture]:
+    """Run the model over all contexts in batches, yielding one :class:`Capture` per batch.
+
+    Only one batch's tensors are alive at a time, so memory is bounded by ``batch_size`` ×
+    ``max_len`` whatever the corpus size.
+    """
+    if batch_size < 1:
+        raise AnalysisInputError(f"batch_size must be ≥ 1, got {batch_size}")
+    window = model_window(model)
+    if window is not None and contexts.max_len > window:
+        raise AnalysisInputError(
+            f"contexts of up to {contexts.max_len} tokens do not fit the model's window of {window}"
+        )
+    lengths = contexts.lengths
+    for idx in _batches(lengths, batch_size):
+        t = int(lengths[idx].max())
+        input_ids = np.full((len(idx), t), pad_id, dtype=np.int64)  # (B,T)
+        mask = np.zeros((len(idx), t), dtype=bool)  # (B,T)
+        for row, c in enumerate(idx):
+            n = lengths[c]
+            input_ids[row, :n] = contexts.ids[c]
+            mask[row, :n] = True
+        hidden, attn = forward(model, torch.from_numpy(input_ids), torch.from_numpy(mask), attentions=attentions)
+        yield Capture(
+            context=idx,
+            input_ids=input_ids,
+            mask=mask,
+            hidden_states=hidden.numpy(),
+            attentions=None if attn is None else attn.numpy(),
+        )

@@ -1,0 +1,187 @@
+"""What the analysis reads: a model folder (through :func:`qkv.load`), its tokenizer, and a corpus.
+
+Corpora are read by the data package (:mod:`qkv.data.corpus`); the analysis sees :class:`Documents`
+— texts with optional labels — and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "AnalysisInputError",
+    "Documents",
+    "TextTokenizer",
+    "load_model",
+    "load_tokenizer",
+    "read_corpus",
+]
+
+
+class AnalysisInputError(ValueError):
+    """Bad input to the analysis: a model folder, corpus or text it cannot use."""
+
+
+# ----------------------------------------------------------------------------------------- model
+
+
+def load_model(path: str | Path):
+    """Load a model folder with :func:`qkv.load` (a qkv folder or a Hugging Face BERT folder).
+
+    Returns the model in eval mode.
+
+    Raises:
+        AnalysisInputError: the folder is missing or ``qkv.load`` cannot load it (message names it).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise AnalysisInputError(f"model folder {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise AnalysisInputError(f"model path {str(path)!r} is not a folder")
+    try:
+        loader = importlib.import_module("qkv").load
+    except (ImportError, AttributeError) as exc:
+        raise AnalysisInputError(f"qkv.load is not available in this installation: {exc}") from exc
+    try:
+        model = loader(path)
+    except Exception as exc:  # the loader's own message is the useful part
+        raise AnalysisInputError(f"cannot load a model from {str(path)!r}: {exc}") from exc
+    model.eval()
+    return model
+
+
+# ------------------------------------------------------------------------------------- tokenizer
+
+
+@dataclass
+class TextTokenizer:
+    """A WordPiece tokenizer (``tokenizers`` library) with BERT's special tokens.
+
+    Attributes:
+        backend: the ``tokenizers.Tokenizer``; truncation and padding are switched off.
+        cls_id, sep_id, pad_id: ids of ``[CLS]``, ``[SEP]``, ``[PAD]``.
+    """
+
+    backend: object
+    cls_id: int
+    sep_id: int
+    pad_id: int
+
+    def encode(self, text: str) -> tuple[list[int], list[bool]]:
+        """Token ids of ``text`` without special tokens, and for each token whether it is a whole
+        word (the only piece of its word)."""
+        enc = self.backend.encode(text, add_special_tokens=False)
+        words = enc.word_ids
+        counts: dict[int, int] = {}
+        for w in words:
+            if w is not None:
+                counts[w] = counts.get(w, 0) + 1
+        whole = [w is not None and counts[w] == 1 for w in words]
+        return list(enc.ids), whole
+
+    def id_to_token(self, i: int) -> str:
+        tok = self.backend.id_to_token(int(i))
+        return tok if tok is not None else f"<{i}>"
+
+
+def load_tokenizer(path: str | Path, model=None) -> TextTokenizer:
+    """The tokenizer of a model: ``model.tokenizer`` (attached by :func:`qkv.load`) when present,
+    else the folder's ``tokenizer.json``, else BERT's ``vocab.txt``.
+
+    Raises:
+        AnalysisInputError: no tokenizer, or one without ``[CLS]``/``[SEP]``/``[PAD]``.
+    """
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    backend = getattr(model, "tokenizer", None)
+    if backend is not None:
+        backend = Tokenizer.from_str(backend.to_str())  # a copy: switching truncation off stays local
+    elif (path / "tokenizer.json").is_file():
+        backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+    elif (path / "vocab.txt").is_file():
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        lower = True
+        cfg = path / "tokenizer_config.json"
+        if cfg.is_file():
+            lower = bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
+        backend = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lower)
+    else:
+        raise AnalysisInputError(
+            f"model folder {str(path)!r} has no tokenizer: expected tokenizer.json or vocab.txt"
+        )
+    backend.no_truncation()
+    backend.no_padding()
+    ids = {}
+    for name in ("[CLS]", "[SEP]", "[PAD]"):
+        i = backend.token_to_id(name)
+        if i is None:
+            raise AnalysisInputError(f"tokenizer in {str(path)!r} has no {name} token")
+        ids[name] = i
+    return TextTokenizer(backend, ids["[CLS]"], ids["[SEP]"], ids["[PAD]"])
+
+
+# ---------------------------------------------------------------------------------------- corpus
+
+
+@dataclass
+class Documents:
+    """Texts to analyse, with a label per text where the corpus has labels."""
+
+    texts: list[str]
+    labels: list[str] | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.labels is not None and len(self.labels) != len(self.texts):
+            raise ValueError(f"{len(self.labels)} labels for {len(self.texts)} texts")
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def read_corpus(specs: str | list[str], *, max_docs: int | None = None, seed: int = 0) -> Documents:
+    """Read corpus specs with :mod:`qkv.data.corpus` into :class:`Documents`.
+
+    A spec is a file or folder (plain text, ``.jsonl``, ``.gz``) or ``dataset:NAME[:SPLIT]``
+    (``20newsgroups``, ``reuters8``, ``reuters52``, ``pydoc``, ``kjv``; see ``qkv.data``). With
+    ``max_docs`` a seeded uniform sample of that many documents is kept while streaming (reservoir
+    sampling: memory bounded by ``max_docs``; the named files are sorted by class, so the first N
+    would be one class), in corpus order.
+
+    Raises:
+        AnalysisInputError: a missing file, an unknown dataset, an unreadable file, no documents.
+    """
+    from qkv.data.corpus import open_corpus
+    from qkv.data.errors import CorpusError
+
+    specs = [specs] if isinstance(specs, (str, Path)) else list(specs)
+    if max_docs is not None and max_docs < 1:
+        raise AnalysisInputError(f"max_docs must be ≥ 1, got {max_docs}")
+    rng = random.Random(seed)
+    kept: list[tuple[int, str, str | None]] = []
+    try:
+        for n, doc in enumerate(open_corpus([str(s) for s in specs]).documents()):
+            item = (n, doc.text, doc.label)
+            if max_docs is None or len(kept) < max_docs:
+                kept.append(item)
+            else:
+                j = rng.randint(0, n)  # Algorithm R: keep each document with probability max_docs/(n+1)
+                if j < max_docs:
+                    kept[j] = item
+    except CorpusError as exc:
+        raise AnalysisInputError(f"corpus {', '.join(map(str, specs))}: {exc}") from exc
+    if not kept:
+        raise AnalysisInputError(f"corpus {', '.join(map(str, specs))} holds no documents (empty)")
+    kept.sort()
+    labels = [lab for _, _, lab in kept]
+    return Documents(
+        [t for _, t, _ in kept],
+        labels if all(lab is not None for lab in labels) else None,
+        " + ".join(map(str, specs)),
+    )

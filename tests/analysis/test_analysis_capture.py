@@ -1,0 +1,77 @@
+"""Batched capture: windows for long texts, clear errors, outputs equal to an unbatched pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts
+
+from qkv.analysis.capture import forward, iter_captures, tokenize_corpus
+from qkv.analysis.inputs import AnalysisInputError
+
+
+def test_long_texts_are_split_into_windows_with_special_tokens(tiny_tokenizer):
+    text = pydoc_texts(1)[0]
+    pieces, _ = tiny_tokenizer.encode(text)
+    assert len(pieces) > 3 * MAX_LEN
+    ctx = tokenize_corpus([text, "short one"], tiny_tokenizer, max_len=MAX_LEN)
+    room = MAX_LEN - 2
+    n_windows = -(-len(pieces) // room)
+    assert len(ctx) == n_windows + 1
+    assert (ctx.doc == [0] * n_windows + [1]).all()
+    assert all(len(x) <= MAX_LEN for x in ctx.ids)
+    assert all(x[0] == tiny_tokenizer.cls_id and x[-1] == tiny_tokenizer.sep_id for x in ctx.ids)
+    body = np.concatenate([x[1:-1] for x in ctx.ids[:n_windows]])
+    assert body.tolist() == pieces  # nothing lost, nothing repeated
+    assert not any(w[0] or w[-1] for w in ctx.whole_word)  # specials are never "words"
+
+    trunc = tokenize_corpus([text], tiny_tokenizer, max_len=MAX_LEN, long_text="truncate")
+    assert len(trunc) == 1 and trunc.ids[0][1:-1].tolist() == pieces[:room]
+    capped = tokenize_corpus([text], tiny_tokenizer, max_len=MAX_LEN, max_windows_per_doc=2)
+    assert len(capped) == 2
+
+
+def test_bad_corpus_input_gives_clear_errors(tiny_tokenizer):
+    text = pydoc_texts(1)[0]
+    with pytest.raises(AnalysisInputError, match=r"text 0 .* word pieces, more than the window of 40"):
+        tokenize_corpus([text], tiny_tokenizer, max_len=MAX_LEN, long_text="error")
+    with pytest.raises(AnalysisInputError, match="empty"):
+        tokenize_corpus([], tiny_tokenizer, max_len=MAX_LEN)
+    with pytest.raises(AnalysisInputError, match="no tokens"):
+        tokenize_corpus(["", "   "], tiny_tokenizer, max_len=MAX_LEN)
+    with pytest.raises(AnalysisInputError, match="long_text must be one of"):
+        tokenize_corpus(["a"], tiny_tokenizer, max_len=MAX_LEN, long_text="wrap")
+
+
+def test_batched_padded_capture_equals_one_text_at_a_time(tiny_hf_model, tiny_tokenizer):
+    texts = [t[:300] for t in pydoc_texts(12)]
+    ctx = tokenize_corpus(texts, tiny_tokenizer, max_len=MAX_LEN)
+    assert len(set(ctx.lengths.tolist())) > 1  # padding happens
+    seen = []
+    for cap in iter_captures(tiny_hf_model, ctx, batch_size=5, pad_id=tiny_tokenizer.pad_id):
+        b, t = cap.input_ids.shape
+        assert b <= 5
+        assert cap.hidden_states.shape == (N_LAYERS + 1, b, t, 24)
+        assert cap.attentions.shape == (N_LAYERS, b, N_HEADS, t, t)
+        for row, c in enumerate(cap.context):
+            n = len(ctx.ids[c])
+            ids = torch.from_numpy(ctx.ids[c])[None]
+            ref_h, ref_a = forward(tiny_hf_model, ids, torch.ones_like(ids, dtype=torch.bool))
+            np.testing.assert_allclose(cap.hidden_states[:, row, :n], ref_h[:, 0].numpy(), atol=1e-5)
+            np.testing.assert_allclose(cap.attentions[:, row, :, :n, :n], ref_a[:, 0].numpy(), atol=1e-5)
+            assert cap.attentions[:, row, :, :n, n:].max(initial=0) < 1e-6  # no weight on padding
+            seen.append(int(c))
+    assert sorted(seen) == list(range(len(ctx)))
+
+
+def test_a_model_without_attentions_in_its_output_is_a_clear_error(tiny_tokenizer):
+    class NoAttention(torch.nn.Module):
+        def forward(self, input_ids, **kwargs):
+            from types import SimpleNamespace
+
+            return SimpleNamespace(hidden_states=(torch.zeros(*input_ids.shape, 4),), attentions=None)
+
+    ctx = tokenize_corpus(["a b c"], tiny_tokenizer, max_len=MAX_LEN)
+    with pytest.raises(AnalysisInputError, match="no attentions"):
+        next(iter_captures(NoAttention(), ctx))

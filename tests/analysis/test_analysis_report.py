@@ -1,0 +1,106 @@
+"""End to end: analyse a tiny random BERT over real text, write the report; the CLI on a model folder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts, qkv_load_unavailable
+
+from qkv.analysis import AnalyzeOptions, Documents, analyze, write_report
+from qkv.analysis.heads import HEAD_METRICS
+
+FAST = {"max_len": MAX_LEN, "token_sample": 600, "probe_top_tokens": 10, "max_word_types": 60, "batch_size": 8}
+
+
+def _docs(n=24):
+    texts = [t[:700] for t in pydoc_texts(n)]
+    return Documents(texts, ["even" if i % 2 == 0 else "odd" for i in range(n)], "pydoc")
+
+
+def test_analyze_api_returns_all_statistics_and_writes_a_self_contained_report(
+    tiny_hf_model, tiny_tokenizer, tmp_path
+):
+    r = analyze(tiny_hf_model, tiny_tokenizer, _docs(), AnalyzeOptions(**FAST), model_name="tiny")
+    ls, hs = r.layers, r.heads
+    assert (r.n_layers, r.n_heads, r.d_model) == (N_LAYERS, N_HEADS, 24)
+    for name in ("anisotropy", "self_similarity", "intra_similarity", "mean_norm"):
+        v = getattr(ls, name)
+        assert v.shape == (N_LAYERS + 1,) and np.isfinite(v).all(), name
+    assert ls.cka.shape == (N_LAYERS + 1, N_LAYERS + 1)
+    np.testing.assert_allclose(np.diag(ls.cka), 1.0)
+    assert set(ls.probes) == {"token", "position", "label"}
+    for p in ls.probes.values():
+        assert p.accuracy.shape == (N_LAYERS + 1,) and ((0 <= p.accuracy) & (p.accuracy <= 1)).all()
+    assert ls.probes["token"].accuracy[0] > 0.9  # the embedding layer knows its token
+    for name in HEAD_METRICS:
+        assert hs.metric(name).shape == (N_LAYERS, N_HEADS)
+    assert 0 < hs.entropy.mean() < hs.uniform_entropy + 1e-6
+    assert ls.n_word_types > 0 and r.n_contexts > len(_docs())  # long texts were windowed
+
+    paths = write_report(r, tmp_path / "rep")
+    for key in ("layers", "probes", "cka", "heads", "heads_by_layer"):
+        assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = paths["html"].read_text()
+    assert page.count("data:image/png;base64,") == 5
+    for remote in ('src="http', "href=\"http", "<link", "<script src", "@import", "url("):
+        assert remote not in page
+    data = json.loads(paths["json"].read_text())
+    assert data["layers"]["anisotropy"] == pytest.approx(ls.anisotropy.tolist())
+    assert np.array(data["heads"]["cls_share"]).shape == (N_LAYERS, N_HEADS)
+    md = paths["md"].read_text()
+    assert "![" in md and "| layer |" in md
+
+
+def test_analyze_errors_clearly_on_an_empty_corpus(tiny_hf_model, tiny_tokenizer):
+    from qkv.analysis import AnalysisInputError
+
+    with pytest.raises(AnalysisInputError, match="empty"):
+        analyze(tiny_hf_model, tiny_tokenizer, Documents([]), AnalyzeOptions(**FAST))
+    with pytest.raises(AnalysisInputError, match="single context"):
+        analyze(tiny_hf_model, tiny_tokenizer, Documents(["one short text"]), AnalyzeOptions(**FAST))
+    with pytest.raises(AnalysisInputError, match="exceeds the model's window"):
+        analyze(tiny_hf_model, tiny_tokenizer, _docs(), AnalyzeOptions(**{**FAST, "max_len": 64}))
+
+
+@pytest.mark.skipif(qkv_load_unavailable() is not None, reason=str(qkv_load_unavailable()))
+def test_cli_analyze_and_inspect_on_a_model_folder(tiny_hf_folder, tiny_hf_model, tiny_tokenizer, tmp_path, capsys):
+    from qkv.cli import main
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(t.replace("\n", " ") for t in _docs().texts), encoding="utf-8")
+    out = tmp_path / "report"
+    rc = main(["analyze", str(tiny_hf_folder), "--corpus", str(corpus), "--out", str(out),
+               "--max-len", str(MAX_LEN), "--token-sample", "600", "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    for name in ("report.html", "report.md", "analysis.json", "cka.png", "heads.png", "layers.png"):
+        assert (out / name).stat().st_size > 0
+    # qkv.load's model and transformers' give the same statistics on the same corpus
+    data = json.loads((out / "analysis.json").read_text())
+    ref = analyze(tiny_hf_model, tiny_tokenizer, Documents(corpus.read_text().splitlines()),
+                  AnalyzeOptions(max_len=MAX_LEN, token_sample=600))
+    np.testing.assert_allclose(data["heads"]["entropy"], ref.heads.entropy, rtol=1e-4)
+    np.testing.assert_allclose(data["layers"]["anisotropy"], ref.layers.anisotropy, rtol=1e-4, atol=1e-6)
+
+    rc = main(["inspect", str(tiny_hf_folder), "the cat sat on the mat", "--pair", "it slept",
+               "--out", str(tmp_path / "ins")])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "ins" / "viewer.html").is_file()
+    assert sorted(p.name for p in (tmp_path / "ins").glob("attention_layer_*.png")) == [
+        f"attention_layer_{i}.png" for i in range(1, N_LAYERS + 1)]
+
+    capsys.readouterr()
+    assert main(["analyze", str(tmp_path / "no-such-model"), "--corpus", str(corpus), "--out",
+                 str(tmp_path / "x"), "--quiet"]) == 1
+    assert "no-such-model" in capsys.readouterr().err
+    (tmp_path / "not-a-model").mkdir()
+    assert main(["inspect", str(tmp_path / "not-a-model"), "text", "--out", str(tmp_path / "x")]) == 1
+    assert "cannot load a model" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert main(["analyze", str(tiny_hf_folder), "--corpus", str(empty), "--out", str(tmp_path / "y"),
+                 "--max-len", str(MAX_LEN), "--quiet"]) == 1
+    assert "empty" in capsys.readouterr().err
+    assert main(["inspect", str(tiny_hf_folder), " ".join(pydoc_texts(1)), "--out", str(tmp_path / "z")]) == 1
+    assert "window" in capsys.readouterr().err

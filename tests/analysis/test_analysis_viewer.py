@@ -1,0 +1,146 @@
+"""``inspect``: one text's attention, the PNG heatmaps, and the offline viewer driven in headless
+Chromium (Debian ``chromium`` + ``chromium-driver``, Python ``selenium``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import shutil
+
+import numpy as np
+import pytest
+from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts
+
+from qkv.analysis import AnalysisInputError, inspect_text, write_inspection
+from qkv.analysis.viewer_html import dequantize_attention, quantize_attention
+
+MIN_WEIGHT = 0.02  # the viewer's default line threshold
+
+
+@pytest.fixture(scope="module")
+def inspection(tiny_hf_model, tiny_tokenizer):
+    return inspect_text(tiny_hf_model, tiny_tokenizer, "the cat sat on the mat because it was tired",
+                        "then it slept")
+
+
+def test_inspect_returns_every_attention_map(inspection, tiny_tokenizer):
+    ins = inspection
+    t = len(ins.tokens)
+    assert ins.tokens[0] == "[CLS]" and ins.tokens.count("[SEP]") == 2
+    assert ins.attentions.shape == (N_LAYERS, N_HEADS, t, t)
+    assert ins.hidden_states.shape == (N_LAYERS + 1, t, 24)
+    np.testing.assert_allclose(ins.attentions.sum(-1), 1.0, atol=1e-5)
+    assert ins.token_type_ids.tolist() == [0] * (ins.tokens.index("[SEP]") + 1) + [1] * (
+        t - ins.tokens.index("[SEP]") - 1)
+    assert ins.special == [tok in ("[CLS]", "[SEP]") for tok in ins.tokens]
+
+
+def test_inspect_long_text_is_an_error_unless_truncated(tiny_hf_model, tiny_tokenizer):
+    long = pydoc_texts(1)[0]
+    with pytest.raises(AnalysisInputError, match=f"more than the model's window of {MAX_LEN}"):
+        inspect_text(tiny_hf_model, tiny_tokenizer, long)
+    ins = inspect_text(tiny_hf_model, tiny_tokenizer, long, long_text="truncate")
+    assert len(ins.tokens) == MAX_LEN and ins.tokens[-1] == "[SEP]"
+    with pytest.raises(AnalysisInputError, match="empty"):
+        inspect_text(tiny_hf_model, tiny_tokenizer, "   ")
+
+
+def test_viewer_weights_survive_quantisation(inspection):
+    back = dequantize_attention(quantize_attention(inspection.attentions))
+    np.testing.assert_allclose(back, inspection.attentions, atol=1e-5)
+
+
+def test_written_files_are_offline(inspection, tmp_path):
+    paths = write_inspection(inspection, tmp_path, title="tiny")
+    for layer in range(1, N_LAYERS + 1):
+        assert paths[f"layer_{layer}"].read_bytes()[:4] == b"\x89PNG"
+    assert paths["overview"].read_bytes()[:4] == b"\x89PNG"
+    page = paths["viewer"].read_text()
+    for remote in ('src="http', 'href="http', "<link", "<script src", "@import", "url("):
+        assert remote not in page
+
+
+def _chromium():
+    """(chromium binary, chromedriver) or a skip reason."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not browser or not driver:
+        return None, "headless Chromium absent: apt-get install -y chromium chromium-driver"
+    if importlib.util.find_spec("selenium") is None:
+        return None, "selenium is not installed: pip install selenium"
+    return (browser, driver), None
+
+
+def test_viewer_in_headless_chromium(inspection, tmp_path):
+    found, reason = _chromium()
+    if found is None:
+        pytest.skip(reason)
+    from PIL import Image
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    page = write_inspection(inspection, tmp_path / "ins")["viewer"]
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = found[0]
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run",
+                f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600"):
+        opts.add_argument(arg)
+    drv = webdriver.Chrome(service=Service(executable_path=found[1]), options=opts)
+    try:
+        drv.get(page.as_uri())
+        attn = dequantize_attention(quantize_attention(inspection.attentions))  # the numbers in the page
+        layer, head, q = 1, 2, 3
+        Select(drv.find_element(By.ID, "layer")).select_by_value(str(layer))
+        Select(drv.find_element(By.ID, "head")).select_by_value(str(head))
+        # no hover: every line of the head above the threshold
+        n_all = len(drv.find_elements(By.CSS_SELECTOR, "#lines line.attn"))
+        assert n_all == int((attn[layer, head] >= MIN_WEIGHT).sum())
+
+        left = drv.find_element(By.CSS_SELECTOR, f'g.tok[data-side="left"][data-i="{q}"]')
+        ActionChains(drv).move_to_element(left).perform()
+        lines = drv.find_elements(By.CSS_SELECTOR, "#lines line.attn")
+        want = {j for j in range(attn.shape[-1]) if attn[layer, head, q, j] >= MIN_WEIGHT}
+        assert {int(x.get_attribute("data-to")) for x in lines} == want and len(lines) == len(want)
+        assert {x.get_attribute("data-from") for x in lines} == {str(q)}
+        assert {x.get_attribute("data-head") for x in lines} == {str(head)}
+        for x in lines:
+            j = int(x.get_attribute("data-to"))
+            assert float(x.get_attribute("data-weight")) == pytest.approx(attn[layer, head, q, j], abs=1e-4)
+        lit = drv.find_elements(By.CSS_SELECTOR, 'g.tok.highlight[data-side="right"]')
+        assert {int(g.get_attribute("data-i")) for g in lit} == want
+        assert "active" in left.get_attribute("class")
+        assert inspection.tokens[q] in drv.find_element(By.ID, "info").text
+
+        # what attends to the key token k, over all heads in colours
+        Select(drv.find_element(By.ID, "head")).select_by_value("all")
+        k = 0
+        right = drv.find_element(By.CSS_SELECTOR, f'g.tok[data-side="right"][data-i="{k}"]')
+        ActionChains(drv).move_to_element(right).perform()
+        lines = drv.find_elements(By.CSS_SELECTOR, "#lines line.attn")
+        assert {x.get_attribute("data-to") for x in lines} == {str(k)}
+        assert len(lines) == int((attn[layer, :, :, k] >= MIN_WEIGHT).sum())
+        assert len({x.get_attribute("stroke") for x in lines}) > 1  # one colour per head
+        assert len(drv.find_elements(By.CSS_SELECTOR, "#legend span")) == N_HEADS
+
+        # model view: one thumbnail per layer x head; a click selects it
+        thumbs = drv.find_elements(By.CSS_SELECTOR, "#modelview canvas.thumb")
+        assert len(thumbs) == N_LAYERS * N_HEADS
+        drv.execute_script("arguments[0].scrollIntoView()", thumbs[-1])
+        thumbs[-1].click()
+        assert Select(drv.find_element(By.ID, "layer")).first_selected_option.get_attribute("value") == str(N_LAYERS - 1)
+        assert Select(drv.find_element(By.ID, "head")).first_selected_option.get_attribute("value") == str(N_HEADS - 1)
+        assert "selected" in thumbs[-1].get_attribute("class")
+        assert drv.execute_script("return window.qkvViewer.state.layer") == N_LAYERS - 1
+
+        drv.execute_script("window.scrollTo(0, 0)")
+        shot = Image.open(io.BytesIO(drv.get_screenshot_as_png())).convert("RGB")
+        colours = shot.getcolors(maxcolors=1 << 20)
+        assert colours is not None and len(colours) > 20  # not blank
+        assert max(c for c, _ in colours) < 0.98 * shot.width * shot.height
+        assert not [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        drv.quit()
