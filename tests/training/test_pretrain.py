@@ -212,3 +212,20 @@ def test_torchrun_two_ranks_match_one_process_with_double_batch(tmp_path):
         for key in ("loss", "eval_loss", "accuracy"):
             if key in ra:
                 assert abs(ra[key] - rb[key]) < 1e-5, (ra, rb)
+
+
+def test_unigram_bias_starts_at_the_best_context_free_prediction():
+    import numpy as np
+
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_masked_lm
+    from qkv.training.loop import init_unigram_bias
+
+    tokens = np.array([5, 5, 5, 6, 7, 7], dtype=np.uint16)
+    model = build_masked_lm(ModelConfig.preset("tiny"))
+    init_unigram_bias(model, tokens, 97)
+    b = model.head.bias.detach().double()
+    # differences of the bias are differences of log (count + 1)
+    assert abs((b[5] - b[6]).item() - np.log(4 / 2)) < 1e-6
+    assert abs((b[7] - b[8]).item() - np.log(3 / 1)) < 1e-6
+    assert abs(b.mean().item()) < 1e-6

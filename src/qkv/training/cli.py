@@ -73,6 +73,8 @@ def add_pretrain_parser(sub) -> None:
         p.add_argument(flag, dest=name, type=typ, default=_D, help=f"{text} (default: {defaults[name]})")
     p.add_argument("--whole-word", dest="whole_word", action="store_true", default=_D,
                    help="whole-word masking: select all pieces of a word or none")
+    p.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false", default=_D,
+                   help="start the output bias at zero instead of the log unigram frequencies")
     p.add_argument("--cased", dest="lowercase", action="store_false", default=_D,
                    help="do not lower-case when training the tokenizer")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=_D,
@@ -91,7 +93,8 @@ def config_from_args(args: argparse.Namespace):
     elif args.config:
         base = json.loads(Path(args.config).read_text(encoding="utf-8"))
     given = {name: getattr(args, name) for _, name, _, _ in _OPTIONS}
-    given.update(whole_word=args.whole_word, lowercase=args.lowercase, progress=args.progress)
+    given.update(whole_word=args.whole_word, lowercase=args.lowercase, progress=args.progress,
+                 unigram_bias=args.unigram_bias)
     given = {k: v for k, v in given.items() if v is not None}
     if "eval_corpus" in given:
         given["eval_corpus"] = tuple(s for s in given["eval_corpus"].split(",") if s)

@@ -36,6 +36,9 @@ class TrainConfig:
         grad_accum: micro-batches per optimiser step.
         lr, weight_decay, warmup_steps, schedule, clip_norm: optimisation.
         select_rate, mask_rate, random_rate, whole_word: masking.
+        unigram_bias: start the output bias at the log unigram frequencies of the training tokens,
+            so that training starts from the best context-free prediction instead of spending its
+            first hundreds of steps learning token frequencies.
         eval_every: evaluate every N steps (and at the end); eval_batches caps the held-out batches.
         save_every: checkpoint every N steps (and at the end).
         seed: seeds the initial weights, the data order, the masks and dropout.
@@ -69,6 +72,7 @@ class TrainConfig:
     mask_rate: float = 0.8
     random_rate: float = 0.1
     whole_word: bool = False
+    unigram_bias: bool = True
     eval_every: int = 200
     eval_batches: int = 20
     eval_batch_size: int = 64

@@ -68,6 +68,16 @@ def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     return mc
 
 
+def init_unigram_bias(model, tokens, vocab_size: int, *, max_tokens: int = 20_000_000) -> None:
+    """Set the masked-LM output bias to ``log p(token)`` (add-one smoothed) over the training tokens."""
+    import numpy as np
+
+    counts = np.bincount(np.asarray(tokens[:max_tokens], dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    logp = np.log((counts + 1.0) / (counts.sum() + vocab_size))
+    with torch.no_grad():
+        model.head.bias.copy_(torch.from_numpy(logp - logp.mean()).to(model.head.bias.dtype))
+
+
 def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
     out = Path(cfg.out)
     tokenizer = cfg.tokenizer
@@ -158,8 +168,10 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False) -> PretrainResult:
             check_out_dir(out, resume=resume)
         data, model_config = _prepare(cfg, resume, info)
         torch.manual_seed(cfg.seed)
-        model = build_masked_lm(model_config).to(info.device)
-        model.train()
+        model = build_masked_lm(model_config)
+        if cfg.unigram_bias:
+            init_unigram_bias(model, data.train_cache.tokens, model_config.vocab_size)
+        model = model.to(info.device).train()
         ddp = model
         if info.distributed:
             ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device] if info.device.type == "cuda" else None)
