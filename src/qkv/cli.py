@@ -26,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--attention", action="store_true", help="run the attention-core showcase instead")
     demo.add_argument("--out", default="runs/demo", help="run folder (default runs/demo; a previous "
                       "demo run there is replaced)")
-    demo.add_argument("--minutes", type=float, default=7.0, help="training time to size the run for "
-                      "(default 7; data preparation and evaluation come on top)")
+    demo.add_argument("--minutes", type=float, default=9.0, help="training time to size the run for "
+                      "(default 9; data preparation, about a minute the first time, comes on top)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
     _add_convert(sub)
@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     from qkv.analysis.cli import add_analysis_parsers
 
     add_analysis_parsers(sub)
+    from qkv.embeddings.cli import add_embedding_parsers
+
+    add_embedding_parsers(sub)
     return parser
 
 

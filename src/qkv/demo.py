@@ -129,7 +129,7 @@ def run_attention_demo(seed: int = 0) -> dict[str, float]:
 
 
 def calibrate_steps(*, budget_s: float, batch_size: int, max_len: int, vocab_size: int,
-                    preset: str = "mini", min_steps: int = 150, max_steps: int = 3000) -> tuple[int, float]:
+                    preset: str = "mini", min_steps: int = 150, max_steps: int = 5000) -> tuple[int, float]:
     """How many training steps fit ``budget_s`` on this machine: time a few steps of the same model
     and batch shape on random tokens. Returns ``(steps, seconds per step)``."""
     from qkv.config import ModelConfig
@@ -154,7 +154,7 @@ def calibrate_steps(*, budget_s: float, batch_size: int, max_len: int, vocab_siz
     return max(min_steps, min(max_steps, int(budget_s / per_step))), per_step
 
 
-def run_pretrain_demo(out: str = "runs/demo", *, budget_s: float = 420.0, seed: int = 0) -> dict:
+def run_pretrain_demo(out: str = "runs/demo", *, budget_s: float = 540.0, seed: int = 0) -> dict:
     """Pretrain ``mini`` on the 20 Newsgroups training split, evaluate on its test split.
 
     The number of steps is sized so that training takes about ``budget_s`` seconds here (measured
@@ -174,7 +174,7 @@ def run_pretrain_demo(out: str = "runs/demo", *, budget_s: float = 420.0, seed: 
             raise ValueError(f"{out} holds something that is not a qkv run; remove it or pick --out")
         print(f"removing the previous demo run in {out}")
         shutil.rmtree(out_path)
-    batch, max_len, vocab = 32, 128, 8192
+    batch, max_len, vocab = 16, 128, 8192  # small batches: more updates in the same time
     t0 = time.perf_counter()
     steps, per_step = calibrate_steps(budget_s=budget_s, batch_size=batch, max_len=max_len, vocab_size=vocab)
     print(f"qkv demo: pretraining mini (4 layers × 256, 4 heads) on 20 Newsgroups (train split), "
@@ -184,7 +184,7 @@ def run_pretrain_demo(out: str = "runs/demo", *, budget_s: float = 420.0, seed: 
         corpus=("dataset:20newsgroups:train",), eval_corpus=("dataset:20newsgroups:test",), out=out,
         preset="mini", vocab_size=vocab, max_len=max_len, batch_size=batch, steps=steps, lr=1e-3,
         warmup_steps=max(10, steps // 20), schedule="linear", eval_every=max(50, steps // 5),
-        eval_batches=16, eval_batch_size=64, save_every=max(50, steps // 5), seed=seed, log_every=10,
+        eval_batches=8, eval_batch_size=64, save_every=max(50, steps // 5), seed=seed, log_every=10,
     )
     result = pretrain(cfg)
     ev = result.final_eval
