@@ -98,6 +98,18 @@ def test_bad_input_stops_before_training_and_leaves_no_run_folder(tmp_path):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     cases["not utf-8"] = dict(corpus=(str(bad),))
+    huge = tmp_path / "huge.txt"
+    with open(huge, "w") as fh:  # a 50 MB single line
+        for _ in range(50):
+            fh.write("word " * 209_715)
+        fh.write("\n")
+    cases["50 MB line"] = dict(corpus=(str(huge),))
+    jl = tmp_path / "bad.jsonl"
+    jl.write_text('{"text": "fine"}\n{not json}\n')
+    cases["bad json"] = dict(corpus=(str(jl),))
+    nofield = tmp_path / "nofield.jsonl"
+    nofield.write_text('{"body": "no text field"}\n')
+    cases["missing field"] = dict(corpus=(str(nofield),))
     for name, change in cases.items():
         out = tmp_path / f"run-{name.replace(' ', '')}"
         with pytest.raises(ValueError) as e:
@@ -119,6 +131,8 @@ def test_unwritable_output_and_foreign_run_folder(tmp_path):
     f.write_text("x")
     with pytest.raises(RunError, match="not an empty folder"):
         pretrain(TrainConfig(out=str(f), steps=2, **TINY))
+    with pytest.raises(RunError, match="is a file, not a folder"):
+        pretrain(TrainConfig(out=str(f / "run"), steps=2, **TINY))
     out = tmp_path / "run"
     pretrain(TrainConfig(out=str(out), steps=3, **TINY))
     with pytest.raises(RunError, match="already holds a run"):

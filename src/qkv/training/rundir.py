@@ -48,6 +48,8 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
     probe = parent
     while not probe.exists():
         probe = probe.parent
+    if not probe.is_dir():
+        raise RunError(f"cannot create the run folder {out}: {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise RunError(f"cannot write the run folder {out}: {probe} is not writable")
 
