@@ -15,6 +15,11 @@ Legend: B batch, H heads, T query length, S key length, D head dim (q, k), E val
 ``path="auto"`` picks sdpa when the similarity has a dot-product form and weights are not wanted,
 otherwise explicit when the score tensor is small and chunked when it is not.
 
+An offset bias (:class:`~qkv.nn.blockwise.OffsetBias`: relative, T5, ALiBi positions) is never made
+dense on the sdpa path: :func:`~qkv.nn.blockwise.offset_attention` runs it on the flash kernel,
+learned-table gradient included. ``"auto"`` sends a small learned one to the explicit path (faster
+there), and one with a causal mask, a mask over queries or dropout to the chunked path.
+
 Masks: boolean, broadcastable to ``(B,H,T,S)``, True = may attend. A query whose keys are all
 masked gets an output of zeros and weights of zeros on every path — never NaN.
 """
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from qkv.nn.blockwise import OffsetBias, offset_attention, offset_fast_ok
 from qkv.nn.masks import check_mask
 
 __all__ = ["attend", "AttendOutput", "PATHS", "DEFAULT_BUDGET"]
@@ -134,12 +140,20 @@ def _sdpa(q, k, v, similarity, bias, mask, causal, dropout_p):
     return out
 
 
+def _checkpointed_block(q, k, v, similarity, bias, start, stop, mask, dropout_p):
+    """:func:`_explicit_block` that makes its own bias rows, so that checkpointing keeps none."""
+    return _explicit_block(q, k, v, similarity, _bias_rows(bias, start, stop), mask, dropout_p)
+
+
 def _chunked(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk):
     B, H, T, _ = q.shape
     S = k.shape[2]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or any(
-        p.requires_grad for p in similarity.parameters()))
+        p.requires_grad for p in similarity.parameters()) or bool(getattr(bias, "requires_grad", False)))
     outs: list[Tensor] = []
+    # Without autograd, blocks are written into one preallocated output: keeping thousands of small
+    # block tensors alive between large temporaries fragments the heap (RSS grew ~1 MiB per block).
+    out_all = None if grad else v.new_empty(B, H, T, v.shape[3])  # (B,H,T,E)
     weight_blocks: list[Tensor] = []
     weights = None
     if need_weights and not grad:
@@ -148,18 +162,23 @@ def _chunked(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, c
         stop = min(T, start + chunk)
         qc = q[:, :, start:stop]  # (B,H,t,D)
         m = _block_mask(mask, causal, start, stop, T, S, q.device)
-        b = _bias_rows(bias, start, stop)
         if grad and not need_weights:
-            out, _ = checkpoint(_explicit_block, qc, k, v, similarity, b, m, dropout_p, use_reentrant=False)
+            out, _ = checkpoint(_checkpointed_block, qc, k, v, similarity, bias, start, stop, m, dropout_p,
+                                use_reentrant=False)
         else:
-            out, w = _explicit_block(qc, k, v, similarity, b, m, dropout_p)
+            out, w = _explicit_block(qc, k, v, similarity, _bias_rows(bias, start, stop), m, dropout_p)
             if weights is not None:
                 weights[:, :, start:stop] = w
             elif need_weights:
                 weight_blocks.append(w)
-        outs.append(out)
+        if out_all is not None:
+            out_all[:, :, start:stop] = out  # (B,H,t,E) into rows [start, stop) of (B,H,T,E)
+        else:
+            outs.append(out)
     if weight_blocks:
         weights = torch.cat(weight_blocks, dim=2)  # blocks of (B,H,t,S) -> (B,H,T,S)
+    if out_all is not None:
+        return out_all, weights
     return torch.cat(outs, dim=2), weights  # blocks of (B,H,t,E) -> (B,H,T,E)
 
 
@@ -214,6 +233,15 @@ def attend(
     has_dot = getattr(similarity, "has_dot_form", False)
     cost = int(getattr(similarity, "cost_per_score", 1))
     small = B * H * T * S * cost <= budget
+    if isinstance(bias, OffsetBias) and path in ("auto", "sdpa") and has_dot and not need_weights:
+        # flash kernel, no (H,T,S) tensor; "auto" keeps small learned biases on the explicit path,
+        # which is faster there than the kernel plus the table-gradient passes
+        explicit_is_cheaper = path == "auto" and small and bias.requires_grad
+        if offset_fast_ok(q, v, bias, mask, causal, dropout_p) and not explicit_is_cheaper:
+            out = offset_attention(q, k, v, similarity=similarity, bias=bias, mask=mask, budget=budget)
+            return AttendOutput(out)
+        if path == "auto" and (bias.requires_grad or H * T * S > budget):
+            path = "explicit" if small else "chunked"  # neither SDPA's math path nor a dense mask
     if path == "auto":
         path = "sdpa" if (has_dot and not need_weights) else ("explicit" if small else "chunked")
     if path == "sdpa":

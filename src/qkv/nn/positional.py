@@ -1,0 +1,348 @@
+"""Position information in three slots (DESIGN.md §2), selected by name.
+
+Legend: B batch, H heads, T query length, S key length, D head dim, C model width,
+L = T+S-1 offsets.
+
+Self-attention is permutation-equivariant; these modules tell it word order through one of:
+
+* **added to the input** — ``sinusoidal`` (fixed, Vaswani et al. 2017) or ``learned`` (a table of
+  ``max_len`` rows): ``forward(T) -> (T, C)`` added to the token embeddings; or, with
+  ``qk_only``, added only where queries and keys are computed, never to the values;
+* **a transform of q and k** — ``rope`` (RoFormer, Su et al.): each head's q and k rotated by an
+  angle proportional to their position, so that qᵀk depends on the offset only;
+* **an additive score bias** of the offset ``d = j - i`` — ``relative`` (a learned scalar per
+  head and clipped offset), ``t5`` (T5's log-spaced buckets), ``alibi`` (a fixed linear penalty
+  with geometric head slopes). They return an :class:`~qkv.nn.blockwise.OffsetBias`, which
+  :func:`~qkv.nn.attend.attend` runs on the fused kernel without an ``(H,T,S)`` tensor.
+
+:func:`build_positions` turns a name into :class:`PositionSlots`; an encoder adds ``input`` to its
+embeddings (or passes it to each layer as ``qk_pos``) and asks the slots for a new q/k transform
+and score bias per layer. See docs/positions.md for the formulas and when to use each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from qkv.nn.blockwise import OffsetBias
+
+__all__ = [
+    "POSITIONS",
+    "PositionSlots",
+    "build_positions",
+    "SinusoidalPositions",
+    "LearnedPositions",
+    "RelativePositionBias",
+    "T5RelativeBias",
+    "ALiBiBias",
+    "RotaryEmbedding",
+    "sinusoid_table",
+    "t5_buckets",
+    "alibi_slopes",
+    "offsets",
+]
+
+POSITIONS = ("none", "sinusoidal", "learned", "relative", "t5", "alibi", "rope")
+_ABSOLUTE = ("sinusoidal", "learned")
+
+
+def offsets(q_len: int, k_len: int, device=None) -> Tensor:
+    """``(T+S-1,)`` every offset ``d = j - i`` of key j from query i, from ``-(T-1)`` to ``S-1``."""
+    return torch.arange(-(q_len - 1), k_len, device=device)
+
+
+# ---------------------------------------------------------------- added to the input
+
+
+def sinusoid_table(length: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """``(T, C)`` float64: ``PE[p, 2i] = sin(p / base^(2i/C))``, ``PE[p, 2i+1] = cos(p / base^(2i/C))``."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]  # (T,1)
+    two_i = (torch.arange(d_model) // 2 * 2).to(torch.float64)  # (C,) 0,0,2,2,4,4,…
+    angle = pos / base ** (two_i / d_model)  # (T,1)/(C,) -> (T,C)
+    return torch.where(torch.arange(d_model) % 2 == 0, angle.sin(), angle.cos())
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal encodings (Vaswani et al. 2017); any length (rows beyond the cache are
+    computed on the fly). A buffer, not a parameter, and not saved in the state dict.
+
+    Args:
+        max_len: rows kept ready. d_model: C. base: the wavelength base (10000).
+    """
+
+    def __init__(self, max_len: int, d_model: int, base: float = 10000.0):
+        super().__init__()
+        _check_positive(max_len=max_len, d_model=d_model)
+        self.max_len, self.d_model, self.base = max_len, d_model, base
+        self.register_buffer("table", sinusoid_table(max_len, d_model, base).float(), persistent=False)
+        self._made_for = (self.table.dtype, self.table.device)
+
+    def forward(self, length: int) -> Tensor:
+        """``(T, C)`` encodings of positions ``0 … T-1`` in the module's dtype and device."""
+        table = self.table
+        if (table.dtype, table.device) != self._made_for:  # after .to(): recompute, never re-round
+            self.table = table = sinusoid_table(self.max_len, self.d_model, self.base).to(table)
+            self._made_for = (table.dtype, table.device)
+        if length > table.shape[0]:
+            return sinusoid_table(length, self.d_model, self.base).to(table)
+        return table[:length]
+
+    def extra_repr(self) -> str:
+        return f"max_len={self.max_len}, d_model={self.d_model}"
+
+
+class LearnedPositions(nn.Module):
+    """A trainable table of ``max_len`` rows, ``weight (max_len, C)`` (BERT's position embeddings).
+
+    Raises ``ValueError`` for a sequence longer than ``max_len``.
+    """
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        _check_positive(max_len=max_len, d_model=d_model)
+        self.weight = nn.Parameter(torch.empty(max_len, d_model).normal_(std=0.02))
+
+    def forward(self, length: int) -> Tensor:
+        """``(T, C)`` rows ``0 … T-1``."""
+        if length > self.weight.shape[0]:
+            raise ValueError(
+                f"sequence length {length} exceeds the learned position table's max_len="
+                f"{self.weight.shape[0]}; raise max_len or use a relative encoding "
+                "(relative, t5, alibi, rope), which accept any length"
+            )
+        return self.weight[:length]
+
+
+# ---------------------------------------------------------------- additive score biases
+
+
+class RelativePositionBias(nn.Module):
+    """A learned scalar per head for each offset, clipped at ±``max_distance`` (Shaw et al. 2018;
+    the textbook's π per offset): ``bias[h,i,j] = weight[clip(j-i, -M, M) + M, h]``.
+
+    ``weight`` is ``(2M+1, H)``. ``forward(T, S)`` returns an :class:`OffsetBias`.
+    """
+
+    def __init__(self, n_heads: int, max_distance: int = 128):
+        super().__init__()
+        _check_positive(n_heads=n_heads, max_distance=max_distance)
+        self.max_distance = max_distance
+        self.weight = nn.Parameter(torch.empty(2 * max_distance + 1, n_heads).normal_(std=0.02))
+
+    def forward(self, q_len: int, k_len: int) -> OffsetBias:
+        m = self.max_distance
+        index = offsets(q_len, k_len, self.weight.device).clamp(-m, m) + m  # (L,)
+        return OffsetBias(self.weight.t(), index, q_len, k_len)  # table (H, 2M+1)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.weight.shape[1]}, max_distance={self.max_distance}"
+
+
+def t5_buckets(offset: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's bidirectional bucket of each ``offset = key - query`` (Raffel et al. 2020).
+
+    Half the buckets for each sign (positive offsets get ``+num_buckets/2``); within a half, the
+    first ``num_buckets/4`` distances have a bucket each, larger ones share log-spaced buckets up
+    to ``max_distance``, and everything beyond shares the last bucket.
+    """
+    n = num_buckets // 2
+    exact = n // 2
+    sign = (offset > 0).long() * n
+    dist = offset.abs()
+    log_ratio = torch.log(dist.clamp(min=1).double() / exact) / math.log(max_distance / exact)
+    large = (exact + (log_ratio * (n - exact)).long()).clamp(max=n - 1)
+    return sign + torch.where(dist < exact, dist, large)
+
+
+class T5RelativeBias(nn.Module):
+    """T5's bucketed relative bias: a learned scalar per head and bucket, ``weight (buckets, H)``.
+
+    ``forward(T, S)`` returns an :class:`OffsetBias`.
+    """
+
+    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__()
+        _check_positive(n_heads=n_heads, max_distance=max_distance)
+        if num_buckets < 4 or num_buckets % 2:
+            raise ValueError(f"num_buckets must be an even number ≥ 4, got {num_buckets}")
+        if max_distance <= num_buckets // 4:
+            raise ValueError(
+                f"max_distance={max_distance} must exceed the exact range num_buckets/4={num_buckets // 4}"
+            )
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.weight = nn.Parameter(torch.empty(num_buckets, n_heads).normal_(std=0.02))
+
+    def forward(self, q_len: int, k_len: int) -> OffsetBias:
+        index = t5_buckets(offsets(q_len, k_len, self.weight.device), self.num_buckets, self.max_distance)
+        return OffsetBias(self.weight.t(), index, q_len, k_len)  # table (H, buckets)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.weight.shape[1]}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's head slopes (Press et al. 2022), float64 ``(H,)``.
+
+    For ``n`` a power of two: ``2^(-8/n)``, ``2^(-16/n)``, …, ``2^(-8)``. Otherwise the paper's
+    rule: the slopes of the largest power of two ``m < n``, then every other slope of ``2m``.
+    """
+    _check_positive(n_heads=n_heads)
+
+    def powers(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (k + 1) / n) for k in range(n)]
+
+    m = 2 ** int(math.floor(math.log2(n_heads)))
+    slopes = powers(m) if m == n_heads else powers(m) + powers(2 * m)[0::2][: n_heads - m]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+class ALiBiBias(nn.Module):
+    """ALiBi, bidirectional: a fixed ``bias[h,i,j] = -slope_h · |j - i|`` (no parameters).
+
+    ``forward(T, S)`` returns an :class:`OffsetBias`.
+    """
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads).float(), persistent=False)  # (H,)
+
+    def forward(self, q_len: int, k_len: int) -> OffsetBias:
+        d = offsets(q_len, k_len, self.slopes.device)  # (L,)
+        values = -self.slopes[:, None] * d.abs().to(self.slopes.dtype)  # (H,1)*(L,) -> (H,L)
+        return OffsetBias(values, torch.arange(d.numel(), device=d.device), q_len, k_len)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.slopes.numel()}"
+
+
+# ---------------------------------------------------------------- transform of q and k
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoFormer, Su et al. 2021) of each head's q and k.
+
+    Dimension pairs ``(i, i + D/2)`` of a vector at position p turn by the angle
+    ``p · base^(-2i/D)`` ("rotate-half" pairing; RoFormer's interleaved pairs up to a fixed
+    permutation of the head dims). Norms are kept and ``rot(q, m)ᵀ rot(k, n)`` depends on
+    ``m - n`` only. Queries are aligned with the last keys when ``S > T``.
+    """
+
+    def __init__(self, d_head: int, base: float = 10000.0):
+        super().__init__()
+        _check_positive(d_head=d_head)
+        if d_head % 2:
+            raise ValueError(f"rope needs an even head dim, got d_head={d_head}")
+        if not base > 0:
+            raise ValueError(f"rope base must be > 0, got {base}")
+        self.d_head, self.base = d_head, base
+        self._cache: tuple | None = None
+
+    def _cos_sin(self, start: int, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """``(T,D)`` cosines and signed sines ``[-sin, sin]`` of the angles (float64, then cast)."""
+        key = (start, length, like.dtype, like.device)
+        if self._cache is None or self._cache[0] != key:
+            half = self.d_head // 2
+            inv_freq = self.base ** (-torch.arange(half, dtype=torch.float64) * 2 / self.d_head)  # (D/2,)
+            angle = torch.arange(start, start + length, dtype=torch.float64)[:, None] * inv_freq  # (T,D/2)
+            cos, sin = angle.cos(), angle.sin()
+            self._cache = (key, torch.cat([cos, cos], -1).to(like), torch.cat([-sin, sin], -1).to(like))
+        return self._cache[1], self._cache[2]
+
+    def rotate(self, x: Tensor, start: int = 0) -> Tensor:
+        """``x (…,T,D)`` at positions ``start … start+T-1``, rotated."""
+        cos, signed_sin = self._cos_sin(start, x.shape[-2], x)  # (T,D) each
+        half_turn = x.roll(self.d_head // 2, dims=-1)  # [x2, x1]
+        return torch.addcmul(x * cos, half_turn, signed_sin)  # [x1 cos - x2 sin, x2 cos + x1 sin]
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """``q (B,H,T,D)``, ``k (B,H,S,D)`` → rotated ``(q, k)``."""
+        if q.shape[-1] != self.d_head or k.shape[-1] != self.d_head:
+            raise ValueError(f"rope was built for d_head={self.d_head}, got {q.shape[-1]} and {k.shape[-1]}")
+        return self.rotate(q, k.shape[-2] - q.shape[-2]), self.rotate(k, 0)
+
+    def extra_repr(self) -> str:
+        return f"d_head={self.d_head}, base={self.base}"
+
+
+# ---------------------------------------------------------------- slots and the builder
+
+
+@dataclass
+class PositionSlots:
+    """What a position encoding contributes to an encoder.
+
+    Attributes:
+        input: module ``length -> (T, C)`` added to the token embeddings — or, when ``qk_only``,
+            given to every layer's attention as ``qk_pos`` (added to the inputs of the query and
+            key maps, not the values) — or ``None``.
+        qk_only: see ``input``.
+        qk_transform_factory: makes one q/k transform (``None``: no transform).
+        score_bias_factory: makes one score-bias module (``None``: no bias).
+    """
+
+    input: nn.Module | None
+    qk_only: bool
+    qk_transform_factory: Callable[[], nn.Module] | None = None
+    score_bias_factory: Callable[[], nn.Module] | None = None
+
+    def make_qk_transform(self) -> nn.Module | None:
+        """A new module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors for one layer, or ``None``."""
+        return self.qk_transform_factory() if self.qk_transform_factory is not None else None
+
+    def make_score_bias(self) -> nn.Module | None:
+        """A new module ``(T, S) -> bias`` (an :class:`OffsetBias`) for one layer, or ``None``."""
+        return self.score_bias_factory() if self.score_bias_factory is not None else None
+
+
+def build_positions(name: str, *, d_model: int, n_heads: int, max_len: int, qk_only: bool = False,
+                    max_distance: int = 128, num_buckets: int = 32, rope_base: float = 10000.0) -> PositionSlots:
+    """The slots of position encoding ``name`` (one of :data:`POSITIONS`).
+
+    Args:
+        name: ``none``, ``sinusoidal``, ``learned``, ``relative``, ``t5``, ``alibi`` or ``rope``.
+        d_model: C. n_heads: H (must divide C). max_len: rows of the absolute tables.
+        qk_only: absolute encodings only — add them where q and k are computed, not to the values.
+        max_distance: clip distance of ``relative``; end of the log buckets of ``t5``.
+        num_buckets: buckets of ``t5``. rope_base: the angle base of ``rope``.
+
+    Raises:
+        ValueError: an unknown name, ``qk_only`` with a non-absolute encoding, bad sizes.
+    """
+    if name not in POSITIONS:
+        raise ValueError(f"unknown position encoding {name!r}; allowed: {', '.join(POSITIONS)}")
+    if qk_only and name not in _ABSOLUTE:
+        raise ValueError(
+            f"qk_only=True adds an absolute encoding to the query/key inputs; it needs one of "
+            f"{', '.join(_ABSOLUTE)}, got {name!r} (relative encodings act on q, k or scores already)"
+        )
+    _check_positive(d_model=d_model, n_heads=n_heads, max_len=max_len)
+    if d_model % n_heads:
+        raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
+    d_head = d_model // n_heads
+    if name == "sinusoidal":
+        return PositionSlots(SinusoidalPositions(max_len, d_model), qk_only)
+    if name == "learned":
+        return PositionSlots(LearnedPositions(max_len, d_model), qk_only)
+    if name == "rope":
+        RotaryEmbedding(d_head, rope_base)  # validate now, not at the first layer
+        return PositionSlots(None, False, qk_transform_factory=lambda: RotaryEmbedding(d_head, rope_base))
+    factories = {
+        "relative": lambda: RelativePositionBias(n_heads, max_distance),
+        "t5": lambda: T5RelativeBias(n_heads, num_buckets, max_distance),
+        "alibi": lambda: ALiBiBias(n_heads),
+    }
+    if name in factories:
+        factories[name]()  # validate now
+        return PositionSlots(None, False, score_bias_factory=factories[name])
+    return PositionSlots(None, False)
+
+
+def _check_positive(**values) -> None:
+    for key, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key} must be a positive int, got {value!r}")
