@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "load", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
-           "build_masked_lm", "load_tokenizer"]
+           "build_masked_lm", "load_tokenizer", "embed"]
 
 # Public names imported on first use, so that ``import qkv`` stays light (no torch until needed).
 _LAZY = {
@@ -15,6 +15,7 @@ _LAZY = {
     "ModelConfig": "qkv.config",
     "build_encoder": "qkv.models.builders",
     "build_masked_lm": "qkv.models.builders",
+    "embed": "qkv.embeddings.embedder",
 }
 
 

@@ -1,0 +1,270 @@
+"""``qkv embed``, ``qkv index``, ``qkv search``, ``qkv train-embeddings``, ``qkv eval-embeddings``:
+parse, one library call, print where the result went. Errors print one line and exit 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["add_embedding_parsers"]
+
+
+def _embed_options(p: argparse.ArgumentParser, *, empty_default: str = "skip") -> None:
+    g = p.add_argument_group("embedding options")
+    g.add_argument("--pooling", choices=("mean", "cls", "max", "mean_sqrt_len"), default=None,
+                   help="default: what the model folder declares (embedding.json, sentence-transformers "
+                   "config), else mean")
+    g.add_argument("--layers", type=int, nargs="+", default=None, metavar="I",
+                   help="hidden-state index(es), averaged: -1 last (default), 0 embedding output, "
+                   "e.g. --layers -4 -3 -2 -1")
+    g.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw vector lengths")
+    g.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
+    g.add_argument("--max-len", type=int, default=None,
+                   help="window length in tokens incl. [CLS]/[SEP] (default: the folder's, else the model's)")
+    g.add_argument("--stride", type=int, default=None,
+                   help="tokens between window starts (default: 3/4 of the window: a quarter overlaps)")
+    g.add_argument("--truncate", action="store_true",
+                   help="keep only the first window of a long document (reported) instead of averaging all")
+    g.add_argument("--empty", choices=("skip", "error", "zero"), default=empty_default,
+                   help=f"empty documents: leave out (ids show which), fail, or a zero vector "
+                   f"(default {empty_default})")
+    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def _input_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("input options")
+    g.add_argument("--input-format", choices=("text", "jsonl"), default=None,
+                   help="default: jsonl for *.jsonl[.gz], else text (one document per line)")
+    g.add_argument("--text-field", default="text", help="JSONL field holding the text (default text)")
+    g.add_argument("--id-field", default="id",
+                   help="JSONL field holding the id (default id; else the line number)")
+    g.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict",
+                   help="invalid UTF-8: fail with its line and offset (default), or read U+FFFD")
+
+
+def add_embedding_parsers(sub) -> None:
+    """Add the embedding subcommands to ``sub`` (an argparse subparsers object)."""
+    e = sub.add_parser("embed", help="document vectors of a text/JSONL file or stdin",
+                       description="Embed every document of INPUT (a text file, one document per line; "
+                       "JSONL with a text field; .gz of either; or - for stdin) with MODEL (a qkv folder, "
+                       "run, or Hugging Face BERT folder) and write --out: .npy (float32 rows in input "
+                       "order), .jsonl (id + vector) or .parquet (needs pyarrow). Streams in chunks; the "
+                       "output appears only when complete. See docs/embeddings.md.")
+    e.add_argument("model", help="model folder")
+    e.add_argument("input", help="input file, or - for standard input")
+    e.add_argument("--out", required=True, help="output file: .npy, .jsonl or .parquet")
+    e.add_argument("--chunk-size", type=int, default=4096, help="documents per length-grouped chunk")
+    _input_options(e)
+    _embed_options(e)
+    e.set_defaults(func=_embed)
+
+    i = sub.add_parser("index", help="embed a corpus into a search index folder",
+                       description="Embed CORPUS (a file as for qkv embed, -, a folder, or "
+                       "dataset:NAME[:SPLIT]) with MODEL into the folder --out (vectors, ids, texts, model "
+                       "reference); query it with qkv search.")
+    i.add_argument("model", help="model folder")
+    i.add_argument("corpus", help="file, -, folder or dataset:NAME[:SPLIT]")
+    i.add_argument("--out", required=True, help="index folder (created; must not hold anything)")
+    _input_options(i)
+    _embed_options(i)
+    i.set_defaults(func=_index)
+
+    s = sub.add_parser("search", help="top-k documents of an index for a query",
+                       description="Embed QUERY with the index's model and options and print the K most "
+                       "cosine-similar documents.")
+    s.add_argument("index", help="index folder made by qkv index")
+    s.add_argument("query", nargs="+", help="query text(s)")
+    s.add_argument("-k", type=int, default=10, help="results per query (default 10)")
+    s.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    s.add_argument("--device", default=None)
+    s.set_defaults(func=_search)
+
+    t = sub.add_parser("train-embeddings", help="contrastive training (SimCSE or same-label) of an encoder",
+                       description="Train MODEL (a qkv run or folder, or a Hugging Face BERT folder) for "
+                       "document embeddings: unsupervised SimCSE (each text twice through dropout is the "
+                       "positive pair) or supervised (documents with the same label are positives), "
+                       "in-batch negatives, and write a model folder that qkv embed uses.")
+    t.add_argument("model", help="starting model folder")
+    t.add_argument("--corpus", action="append", required=True, metavar="SPEC",
+                   help="training text: file, folder or dataset:NAME[:SPLIT] (repeatable)")
+    t.add_argument("--out", required=True, help="model folder to write (must not hold anything)")
+    t.add_argument("--objective", choices=("simcse", "supervised"), default="simcse")
+    t.add_argument("--label-field", default=None, help="JSONL field with the label (supervised, files)")
+    t.add_argument("--text-field", default="text")
+    t.add_argument("--max-docs", type=int, default=None, help="seeded random sample of this many documents")
+    for flag, typ, default, text in (("--temperature", float, 0.05, "softmax temperature τ"),
+                                     ("--steps", int, 300, "optimiser steps"),
+                                     ("--batch-size", int, 32, "documents per batch (in-batch negatives)"),
+                                     ("--lr", float, 3e-5, "peak learning rate (linear warm-up and decay)"),
+                                     ("--max-len", int, 128, "training window in tokens (texts are cut)"),
+                                     ("--dropout", float, None, "dropout (default: the model's own)"),
+                                     ("--seed", int, 0, "random seed")):
+        t.add_argument(flag, type=typ, default=default, help=f"{text} (default {default})")
+    t.add_argument("--pooling", choices=("mean", "cls", "max", "mean_sqrt_len"), default="mean")
+    t.add_argument("--layers", type=int, nargs="+", default=[-1], metavar="I")
+    t.add_argument("--device", default=None)
+    t.add_argument("--no-progress", dest="progress", action="store_false")
+    t.set_defaults(func=_train)
+
+    v = sub.add_parser("eval-embeddings", help="k-NN, logistic regression and MAP against TF-IDF",
+                       description="Evaluate MODEL(s) on the test split of --dataset: k-NN accuracy and "
+                       "logistic-regression accuracy (trained on the train split's vectors), retrieval MAP "
+                       "(same label = relevant), next to a TF-IDF baseline computed in the same run. Prints "
+                       "a table and writes it as JSON.")
+    v.add_argument("model", nargs="+", help="model folder(s)")
+    v.add_argument("--dataset", required=True,
+                   help="reuters8, 20newsgroups, reuters52, or a JSONL file with text, label[, split]")
+    v.add_argument("--out", default=None, help="JSON result (default: eval-embeddings-DATASET.json)")
+    v.add_argument("--max-train", type=int, default=None, help="subsample the train split (stated in output)")
+    v.add_argument("--max-test", type=int, default=None, help="subsample the test split (stated in output)")
+    v.add_argument("--k", type=int, default=10, help="neighbours for k-NN (default 10)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--max-len", type=int, default=None, help="window length (default: the model folder's)")
+    v.add_argument("--batch-size", type=int, default=32)
+    v.add_argument("--device", default=None)
+    v.add_argument("--no-progress", dest="progress", action="store_false")
+    v.set_defaults(func=_eval)
+
+
+def _fail(command: str, exc: BaseException) -> int:
+    print(f"qkv {command}: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def _embedder_kwargs(args) -> dict:
+    return dict(pooling=args.pooling, layers=args.layers, normalize=args.normalize,
+                batch_size=args.batch_size, max_len=args.max_len, stride=args.stride,
+                truncate=args.truncate, empty=args.empty, progress=args.progress, device=args.device)
+
+
+def _records(args, spec: str):
+    from qkv.embeddings.streams import read_records
+
+    if spec != "-" and (spec.startswith("dataset:") or Path(spec).is_dir()):
+        from qkv.data.corpus import open_corpus
+
+        corpus = open_corpus(spec, text_field=args.text_field, encoding_errors=args.encoding_errors)
+        return ((d.source, d.text) for d in corpus.documents())
+    return read_records(spec, fmt=args.input_format, text_field=args.text_field, id_field=args.id_field,
+                        encoding_errors=args.encoding_errors)
+
+
+def _report(stats, empty_ids, mode: str) -> str:
+    parts = [f"{stats.documents} documents, {stats.tokens} tokens, {stats.windows} windows"]
+    if stats.long_documents:
+        parts.append(f"{stats.long_documents} longer than one window "
+                     + (f"(truncated: {stats.truncated})" if stats.truncated else "(windows averaged)"))
+    if stats.empty:
+        what = {"skip": "left out", "zero": "zero vectors"}[mode]
+        parts.append(f"{stats.empty} empty documents {what} (ids {', '.join(map(str, empty_ids))}"
+                     f"{' …' if stats.empty > len(empty_ids) else ''})")
+    return "; ".join(parts)
+
+
+def _embed(args) -> int:
+    from qkv.data.errors import CorpusError
+    from qkv.embeddings.embedder import Embedder
+    from qkv.embeddings.errors import EmbeddingError
+    from qkv.embeddings.streams import open_writer, output_format
+
+    try:
+        output_format(args.out)  # an unknown format fails before the model is loaded
+        embedder = Embedder(args.model, chunk_size=args.chunk_size, **_embedder_kwargs(args))
+        with open_writer(args.out, embedder.dim) as writer:
+            for ids, vectors in embedder.embed_stream(_records(args, args.input)):
+                writer.write(ids, vectors)
+    except (EmbeddingError, CorpusError, OSError) as e:
+        return _fail("embed", e)
+    print(f"wrote {writer.rows} × {embedder.dim} vectors to {args.out}: "
+          f"{_report(embedder.stats, embedder.empty_ids, args.empty)}")
+    if args.empty == "skip" and embedder.stats.empty and args.out.endswith(".npy"):
+        print("note: .npy rows follow the input order without the empty documents; .jsonl/.parquet keep ids")
+    return 0
+
+
+def _index(args) -> int:
+    from qkv.data.errors import CorpusError
+    from qkv.embeddings.errors import EmbeddingError
+    from qkv.embeddings.search import build_index
+
+    try:
+        meta = build_index(args.model, _records(args, args.corpus), args.out, source=args.corpus,
+                           **{k: v for k, v in _embedder_kwargs(args).items() if k != "normalize"})
+    except (EmbeddingError, CorpusError, OSError) as e:
+        return _fail("index", e)
+    print(f"indexed {meta['count']} documents ({meta['dim']}-d, {meta['long_documents']} longer than one "
+          f"window, {meta['empty_skipped']} empty left out) into {args.out}")
+    return 0
+
+
+def _search(args) -> int:
+    from qkv.embeddings.errors import EmbeddingError
+    from qkv.embeddings.search import search
+
+    try:
+        results = search(args.index, args.query, k=args.k, device=args.device)
+    except (EmbeddingError, OSError) as e:
+        return _fail("search", e)
+    for query, hits in zip(args.query, results):
+        if args.json:
+            for h in hits:
+                print(json.dumps({"query": query, "rank": h.rank, "score": round(h.score, 6), "id": h.id,
+                                  "text": h.text}, ensure_ascii=False))
+            continue
+        print(f"query: {query}")
+        for h in hits:
+            text = " ".join(h.text.split())
+            print(f"{h.rank:3d}  {h.score:.4f}  {h.id}  {text[:100]}{'…' if len(text) > 100 else ''}")
+    return 0
+
+
+def _train(args) -> int:
+    from qkv.data.corpus import open_corpus
+    from qkv.data.errors import CorpusError
+    from qkv.embeddings.contrastive import ContrastiveConfig, train_embeddings
+    from qkv.embeddings.errors import EmbeddingError
+    from qkv.embeddings.evaluate import subsample
+
+    try:
+        cfg = ContrastiveConfig(mode=args.objective, temperature=args.temperature, steps=args.steps,
+                                batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
+                                pooling=args.pooling, layers=tuple(args.layers), dropout=args.dropout,
+                                seed=args.seed)
+        corpus = open_corpus(args.corpus, text_field=args.text_field, label_field=args.label_field)
+        texts, labels = corpus.labelled()
+        notes: list[str] = []
+        texts, labels = subsample(texts, labels, args.max_docs, args.seed, "training data", notes)
+        source = corpus.describe() + (f" ({notes[0]})" if notes else "")
+        result = train_embeddings(args.model, texts, args.out, cfg, labels=labels, device=args.device,
+                                  progress=args.progress, source=source)
+    except (EmbeddingError, CorpusError, OSError) as e:
+        return _fail("train-embeddings", e)
+    print(f"{cfg.mode}: {cfg.steps} steps on {len(texts)} documents in {result.seconds:.0f} s; loss on a "
+          f"fixed batch {result.initial_loss:.4f} -> {result.final_loss:.4f}. Model folder: {result.out} "
+          f"(qkv embed {result.out} …)")
+    return 0
+
+
+def _eval(args) -> int:
+    from qkv.data.errors import CorpusError
+    from qkv.embeddings.errors import EmbeddingError
+    from qkv.embeddings.evaluate import evaluate_models, format_table, load_eval_data
+
+    out = Path(args.out or f"eval-embeddings-{Path(args.dataset).stem}.json")
+    try:
+        data = load_eval_data(args.dataset, max_train=args.max_train, max_test=args.max_test, seed=args.seed)
+        log = (lambda m: print(m, file=sys.stderr)) if args.progress else (lambda m: None)
+        result = evaluate_models(args.model, data, k=args.k, max_len=args.max_len, batch_size=args.batch_size,
+                                 device=args.device, progress=args.progress, log=log)
+    except (EmbeddingError, CorpusError, OSError) as e:
+        return _fail("eval-embeddings", e)
+    result["command"] = "qkv " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["eval-embeddings"] else None
+    from qkv.training.checkpoint import atomic_write_text
+
+    atomic_write_text(out, json.dumps(result, indent=2))
+    print(format_table(result))
+    print(f"\nsaved {out}")
+    return 0

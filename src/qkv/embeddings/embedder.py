@@ -1,0 +1,362 @@
+"""Document embeddings: :func:`embed` and the reusable :class:`Embedder`.
+
+Legend: N documents, B windows in a batch, T padded length, C model width.
+
+Steps, per chunk of documents (the whole input when it fits, so a list in memory is one chunk):
+tokenise (no truncation) → split long documents into overlapping windows
+(:mod:`qkv.embeddings.windows`) → sort windows by length and run them in batches → pool each
+window (:mod:`qkv.embeddings.pooling`) → average the windows of a document weighted by their token
+count (the tokens pooling ran over, ``[CLS]``/``[SEP]`` included) → L2-normalise (optional) →
+input order.
+
+With mean pooling the weighted average of the window means is exactly the mean over all tokens of
+all windows (tokens in an overlap count once per window), so a long document is treated like one
+long window whose tokens each saw at most W − 1 neighbours.
+
+Empty documents (empty or whitespace only): ``empty="error"`` (default) raises
+:class:`EmptyDocumentError` naming them before any work; ``"zero"`` gives an all-zero vector (left
+unnormalised: its cosine with anything is 0); ``"skip"`` (streams only) leaves them out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
+from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
+from qkv.embeddings.windows import TokenizerView, length_batches, make_windows, pad_batch
+
+__all__ = ["embed", "Embedder", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON", "folder_defaults",
+           "resolve_model"]
+
+EMPTY_MODES = ("error", "zero", "skip")
+#: Written by ``qkv train-embeddings`` next to the weights: the pooling the model was trained for.
+EMBEDDING_JSON = "embedding.json"
+_CHUNK_DOCS = 4096
+_CHUNK_CHARS = 8 << 20  # a chunk also ends after this many characters: memory stays bounded
+
+
+@dataclass
+class EmbedStats:
+    """What an :class:`Embedder` has done so far (all calls together)."""
+
+    documents: int = 0
+    windows: int = 0
+    tokens: int = 0
+    long_documents: int = 0  # documents longer than one window (averaged over windows, or truncated)
+    truncated: int = 0
+    empty: int = 0
+    window_tokens: int = 0  # tokens of all windows, [CLS]/[SEP] included (no padding)
+    padded_tokens: int = 0  # tokens computed, padding included
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def folder_defaults(folder: str | os.PathLike) -> dict[str, Any]:
+    """Embedding settings a model folder declares: ``embedding.json`` (qkv), else a pretraining run's
+    block length (``run.json``'s ``train_config.max_len``: longer windows would reach position
+    embeddings that never trained) or the sentence-transformers files (``sentence_bert_config.json``'s
+    ``max_seq_length``, ``1_Pooling/config.json``'s mode). Keys: ``pooling``, ``layers``, ``max_len``
+    (any may be absent)."""
+    folder = Path(folder)
+    out: dict[str, Any] = {}
+    own = folder / EMBEDDING_JSON
+    if own.is_file():
+        data = json.loads(own.read_text(encoding="utf-8"))
+        out.update({k: data[k] for k in ("pooling", "layers", "max_len") if data.get(k) is not None})
+        return out
+    run = folder / "run.json"  # a `qkv pretrain` run: positions beyond its block length are untrained
+    if run.is_file():
+        block = json.loads(run.read_text(encoding="utf-8")).get("train_config", {}).get("max_len")
+        if isinstance(block, int) and block > 2:
+            out["max_len"] = block
+    st = folder / "sentence_bert_config.json"
+    if st.is_file():
+        seq = json.loads(st.read_text(encoding="utf-8")).get("max_seq_length")
+        if isinstance(seq, int) and seq > 2:
+            out["max_len"] = seq
+    pooling_cfg = folder / "1_Pooling" / "config.json"
+    if pooling_cfg.is_file():
+        data = json.loads(pooling_cfg.read_text(encoding="utf-8"))
+        modes = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                 "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len"}
+        chosen = [m for k, m in modes.items() if data.get(k)]
+        if len(chosen) == 1:
+            out["pooling"] = chosen[0]
+    return out
+
+
+def resolve_model(model_or_path, tokenizer=None):
+    """``(encoder, tokenizer view, folder defaults, model reference)`` from a folder or a model.
+
+    Raises:
+        EmbeddingError: not loadable, not an encoder, or no tokenizer.
+    """
+    from qkv.models.errors import CheckpointError
+    from qkv.models.mlm import MaskedLM
+    from qkv.nn.encoder import Encoder
+
+    defaults: dict[str, Any] = {}
+    ref = None
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from qkv.models.io import load
+
+        ref = str(Path(model_or_path).resolve())
+        try:
+            model = load(model_or_path)
+        except CheckpointError as e:
+            raise EmbeddingError(f"cannot load the model: {e}") from e
+        try:
+            defaults = folder_defaults(model_or_path)
+        except (OSError, json.JSONDecodeError) as e:
+            raise EmbeddingError(f"{model_or_path}: unreadable embedding settings ({e})") from e
+    else:
+        model = model_or_path
+    encoder = model.encoder if isinstance(model, MaskedLM) else model
+    if not isinstance(encoder, Encoder):
+        raise EmbeddingError(f"expected a model folder, a qkv Encoder or MaskedLM, got "
+                             f"{type(model).__name__}")
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if tok is None:
+        where = f"model folder {model_or_path}" if ref else "the model"
+        raise EmbeddingError(
+            f"{where} has no tokenizer (expected tokenizer.json or vocab.txt beside the weights). Copy "
+            "the tokenizer files of the model it was trained with into the folder, or pass tokenizer=")
+    return encoder, TokenizerView(tok), defaults, ref
+
+
+class Embedder:
+    """A model with fixed embedding options; reuse it to embed many inputs.
+
+    Args are those of :func:`embed` (``pooling``, ``layers`` and ``max_len`` default to what the
+    model folder declares, see :func:`folder_defaults`, else ``"mean"``, ``(-1,)`` and the model's
+    position table size), plus ``chunk_size``: documents per length-grouped chunk in streams.
+
+    Attributes:
+        pooling, layers, normalize, window, stride, truncate, empty: the resolved options.
+        dim: C, the vector width.
+        stats: an :class:`EmbedStats` over all calls.
+        model_ref: the resolved model folder (``None`` for a model object).
+    """
+
+    def __init__(self, model_or_path, *, pooling: str | None = None, layers=None, normalize: bool = True,
+                 batch_size: int = 32, max_len: int | None = None, stride: int | None = None,
+                 truncate: bool = False, empty: str = "error", progress: bool = False, device=None,
+                 tokenizer=None, chunk_size: int = _CHUNK_DOCS):
+        self.encoder, self.tokenizer, folder, self.model_ref = resolve_model(model_or_path, tokenizer)
+        n_layers = len(self.encoder.layers)
+        self.pooling = check_pooling(pooling or folder.get("pooling", "mean"))
+        layers = layers if layers is not None else folder.get("layers", (-1,))
+        self.layers = normalize_layers(layers, n_layers)
+        limit = self.encoder.max_len
+        self.window = int(max_len if max_len is not None else min(folder.get("max_len", limit), limit))
+        if not 3 <= self.window <= limit:
+            raise EmbeddingError(f"max_len={max_len} must be in [3, {limit}] (the model's position table "
+                                 f"holds {limit}; a window needs [CLS], [SEP] and one token)")
+        span = self.window - 2
+        self.stride = int(stride) if stride is not None else max(1, (3 * span) // 4)
+        if not 1 <= self.stride <= span:
+            raise EmbeddingError(f"stride={stride} must be in [1, {span}] (the window holds {span} text "
+                                 "tokens; a larger stride would skip tokens)")
+        for name, value, low in (("batch_size", batch_size, 1), ("chunk_size", chunk_size, 1)):
+            if not isinstance(value, int) or value < low:
+                raise EmbeddingError(f"{name}={value!r} must be an int ≥ {low}")
+        if empty not in EMPTY_MODES:
+            raise EmbeddingError(f"empty={empty!r} is not allowed; allowed: {', '.join(EMPTY_MODES)}")
+        self.normalize, self.batch_size, self.chunk_size = bool(normalize), batch_size, chunk_size
+        self.truncate, self.empty, self.progress = bool(truncate), empty, progress
+        if device is None:
+            device = next(self.encoder.parameters()).device if self.model_ref is None else (
+                "cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise EmbeddingError(f"device={device!r} asked for, but torch sees no CUDA device")
+        self.encoder.to(self.device)
+        self.dim = int(self.encoder.embeddings.tokens.embedding_dim)
+        self.stats = EmbedStats()
+        self.empty_ids: list = []  # the first empty documents' ids (zeroed or skipped)
+        self._bar = None
+        self._docs_expected: int | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The resolved options, for provenance records (index folders, evaluation JSON)."""
+        return {"pooling": self.pooling, "layers": list(self.layers), "normalize": self.normalize,
+                "max_len": self.window, "stride": self.stride, "truncate": self.truncate}
+
+    # -- public ---------------------------------------------------------------------------------------
+    def embed(self, texts: Sequence[str] | str) -> np.ndarray:
+        """``(N,C)`` float32 vectors of ``texts`` in input order (a single ``str`` is one document)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        if self.empty == "skip":
+            raise EmbeddingError("empty='skip' would misalign rows and inputs; use it with embed_stream")
+        for i, t in enumerate(texts):
+            _check_text(t, i)
+        empty = [i for i, t in enumerate(texts) if not t.strip()]
+        if empty and self.empty == "error":
+            raise _empty_error(empty)
+        out = [v for _, v in self.embed_stream(enumerate(texts), total=len(texts))]
+        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+
+    def embed_stream(self, records: Iterable[tuple[Any, str]], *, total: int | None = None
+                     ) -> Iterator[tuple[list[Any], np.ndarray]]:
+        """Embed ``(id, text)`` records lazily, one chunk at a time.
+
+        Yields:
+            ``(ids, vectors)`` per chunk: the chunk's ids (empty documents left out with
+            ``empty="skip"``) and their ``(n,C)`` float32 vectors, in input order.
+
+        Raises:
+            EmptyDocumentError: an empty document with ``empty="error"`` (before its chunk is run).
+        """
+        bar = self._open_bar(total)
+        try:
+            chunk: list[tuple[Any, str]] = []
+            chars = 0
+            for rid, text in records:
+                _check_text(text, rid)
+                chunk.append((rid, text))
+                chars += len(text)
+                if len(chunk) >= self.chunk_size or chars >= _CHUNK_CHARS:
+                    yield self._chunk(chunk)
+                    chunk, chars = [], 0
+            if chunk:
+                yield self._chunk(chunk)
+        finally:
+            if bar is not None:
+                bar.close()
+            self._bar = None
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _open_bar(self, total):
+        if not self.progress:
+            return None
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(total=0, unit="window", desc="embedding", dynamic_ncols=True)
+        self._docs_expected = total
+        return self._bar
+
+    def _chunk(self, chunk: list[tuple[Any, str]]) -> tuple[list[Any], np.ndarray]:
+        is_empty = [not t.strip() for _, t in chunk]
+        if any(is_empty) and self.empty == "error":
+            raise _empty_error([rid for (rid, _), e in zip(chunk, is_empty) if e])
+        self.stats.empty += sum(is_empty)
+        if len(self.empty_ids) < 20:
+            self.empty_ids += [rid for (rid, _), e in zip(chunk, is_empty) if e][:20 - len(self.empty_ids)]
+        keep = [i for i, e in enumerate(is_empty) if not e]
+        vectors = np.zeros((len(chunk), self.dim), np.float32)
+        if keep:
+            vectors[keep] = self._embed_nonempty([chunk[i][1] for i in keep])
+        if self._bar is not None:
+            expected = f"/{self._docs_expected}" if self._docs_expected else ""
+            self._bar.set_postfix_str(f"{self.stats.documents + self.stats.empty}{expected} docs")
+        if self.empty == "skip" and len(keep) < len(chunk):
+            return [chunk[i][0] for i in keep], vectors[keep]
+        return [rid for rid, _ in chunk], vectors
+
+    def _embed_nonempty(self, texts: list[str]) -> np.ndarray:
+        tok = self.tokenizer
+        wins = make_windows(tok.encode(texts), window=self.window, stride=self.stride, truncate=self.truncate,
+                            cls_id=tok.cls_id, sep_id=tok.sep_id)
+        lengths = wins.lengths
+        owner = torch.as_tensor(np.asarray(wins.doc, dtype=np.int64), device=self.device)  # (windows,)
+        total = torch.zeros(len(texts), self.dim, dtype=torch.float32, device=self.device)  # (N,C)
+        weight = torch.zeros(len(texts), dtype=torch.float32, device=self.device)  # (N,)
+        if self._bar is not None:
+            self._bar.total += len(lengths)
+            self._bar.refresh()
+        was_training = self.encoder.training
+        self.encoder.eval()
+        try:
+            with torch.inference_mode():
+                for batch in length_batches(lengths, self.batch_size):
+                    ids, mask = pad_batch([wins.ids[i] for i in batch], tok.pad_id)  # (B,T) each
+                    ids_t = torch.from_numpy(ids).to(self.device)
+                    mask_t = torch.from_numpy(mask).to(self.device)
+                    vec = forward_pooled(self.encoder, ids_t, mask_t, self.pooling, self.layers)  # (B,C)
+                    idx = torch.from_numpy(batch).to(self.device)
+                    w = torch.from_numpy(lengths[batch].astype(np.float32)).to(self.device)  # (B,)
+                    docs = owner.index_select(0, idx)  # (B,)
+                    total.index_add_(0, docs, vec.float() * w[:, None])  # (N,C) += (B,C)
+                    weight.index_add_(0, docs, w)
+                    self.stats.padded_tokens += ids.size
+                    if self._bar is not None:
+                        self._bar.update(len(batch))
+        finally:
+            self.encoder.train(was_training)
+        vectors = total / weight[:, None]  # (N,C): token-weighted mean of the window vectors
+        if self.normalize:
+            vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        self.stats.documents += len(texts)
+        self.stats.windows += len(lengths)
+        self.stats.window_tokens += int(lengths.sum())
+        self.stats.tokens += wins.tokens
+        self.stats.truncated += wins.truncated
+        self.stats.long_documents += wins.long
+        return vectors.cpu().numpy()
+
+
+def _check_text(text, rid) -> None:
+    if not isinstance(text, str):
+        hint = " (decode bytes first, e.g. b.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
+        raise EmbeddingError(f"document {rid!r} is a {type(text).__name__}, expected str{hint}")
+
+
+def _empty_error(ids: list) -> EmptyDocumentError:
+    shown = ", ".join(map(repr, ids[:10])) + (" …" if len(ids) > 10 else "")
+    return EmptyDocumentError(
+        f"{len(ids)} empty document(s) (empty or whitespace only): {shown}. An empty text has no tokens "
+        "to pool; remove them, or choose empty='zero' (an all-zero vector) or, for streams and the "
+        "command line, empty='skip' (--empty skip)")
+
+
+def embed(model_or_path, texts: Sequence[str] | str, *, pooling: str | None = None, layers=None,
+          normalize: bool = True, batch_size: int = 32, max_len: int | None = None,
+          stride: int | None = None, truncate: bool = False, empty: str = "error", progress: bool = False,
+          device=None, tokenizer=None) -> np.ndarray:
+    """Embed documents with a qkv or Hugging Face BERT encoder.
+
+    Args:
+        model_or_path: a model folder (qkv, qkv run, or Hugging Face BERT; see :func:`qkv.load`) or a
+            loaded :class:`~qkv.nn.encoder.Encoder` / :class:`~qkv.models.mlm.MaskedLM`.
+        texts: the documents (a single ``str`` is one document).
+        pooling: ``"mean"`` (mask-aware), ``"cls"``, ``"max"`` or ``"mean_sqrt_len"``; default: the
+            folder's declared pooling (``embedding.json`` or sentence-transformers config), else mean.
+        layers: one index into the hidden states (``-1`` last, ``0`` the embedding output) or several,
+            whose token vectors are averaged before pooling (e.g. ``(-4, -3, -2, -1)``).
+        normalize: L2-normalise each document vector.
+        batch_size: windows per forward pass.
+        max_len: window length in tokens including ``[CLS]``/``[SEP]``; default: the folder's
+            declared length (e.g. sentence-transformers' ``max_seq_length``), else the model's limit.
+        stride: content tokens between window starts (default ¾ of the window's content: windows
+            overlap by a quarter).
+        truncate: keep only the first window of a long document instead of averaging all its
+            windows (counted in :attr:`Embedder.stats`).
+        empty: ``"error"`` (default) or ``"zero"``; see the module docstring.
+        progress: show a progress bar (stderr).
+        device: ``"cpu"``, ``"cuda"``, …; default: CUDA when available for a folder, the model's own
+            device for a model object.
+        tokenizer: a ``tokenizers.Tokenizer`` to use instead of the model's.
+
+    Returns:
+        ``(N,C)`` float32 array, row i for ``texts[i]``.
+
+    Raises:
+        EmbeddingError: a bad option, a model without tokenizer, a non-``str`` document.
+        EmptyDocumentError: an empty document with ``empty="error"``.
+    """
+    embedder = Embedder(model_or_path, pooling=pooling, layers=layers, normalize=normalize,
+                        batch_size=batch_size, max_len=max_len, stride=stride, truncate=truncate,
+                        empty=empty, progress=progress, device=device, tokenizer=tokenizer)
+    return embedder.embed(texts)

@@ -1,0 +1,22 @@
+"""Errors of the embeddings package."""
+
+from __future__ import annotations
+
+__all__ = ["EmbeddingError", "EmptyDocumentError", "InputFormatError", "OutputFormatError"]
+
+
+class EmbeddingError(ValueError):
+    """Input the embedder cannot use: a model folder, an option, a document or a file. The message
+    names the bad value and the way out, so that a command line can print it and stop."""
+
+
+class EmptyDocumentError(EmbeddingError):
+    """A document that is empty or only whitespace while ``empty="error"``."""
+
+
+class InputFormatError(EmbeddingError):
+    """An input file that is not UTF-8, not valid JSONL, or lacks the text field."""
+
+
+class OutputFormatError(EmbeddingError):
+    """An output path whose format is unknown or whose writer is not installed."""

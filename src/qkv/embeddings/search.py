@@ -1,0 +1,206 @@
+"""Semantic search: embed a corpus once into an index folder, then rank it against queries by cosine.
+
+Index folder (written under a temporary name and renamed into place when complete)::
+
+    index.json     format, model folder (absolute path) and its weights' sha256, the embedding
+                   options (pooling, layers, window, stride), count N, width C, source
+    vectors.npy    (N,C) float32, L2-normalised: cosine = dot product
+    texts.jsonl    one {"id": …, "text": …} per document, in vector order
+    offsets.npy    (N,) int64 byte offset of each line of texts.jsonl (results are read by seeking)
+
+Queries are embedded with the same model and options. The vectors are memory-mapped and scored in
+blocks, so an index larger than memory can be searched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from array import array
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qkv.embeddings.errors import EmbeddingError
+
+__all__ = ["build_index", "search", "load_index_meta", "Hit", "INDEX_JSON"]
+
+INDEX_JSON = "index.json"
+INDEX_FORMAT = "qkv-embedding-index"
+_BLOCK = 1 << 16
+
+
+@dataclass
+class Hit:
+    """One search result."""
+
+    rank: int
+    score: float
+    id: Any
+    text: str
+
+
+def _weights_file(model_dir: Path) -> Path | None:
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (model_dir / name).is_file():
+            return model_dir / name
+    return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _stat(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], out: str | os.PathLike, *,
+                source: str = "", **embed_options) -> dict[str, Any]:
+    """Embed ``(id, text)`` records into the index folder ``out``; returns its ``index.json`` content.
+
+    ``embed_options`` go to :class:`~qkv.embeddings.embedder.Embedder` (``normalize`` is forced on;
+    ``empty`` defaults to ``"skip"``: an empty document is not indexed).
+
+    Raises:
+        EmbeddingError: ``out`` exists and is not empty, or the embedder's errors.
+    """
+    from qkv.embeddings.embedder import Embedder
+    from qkv.embeddings.streams import make_public_dir, open_writer
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise EmbeddingError(f"{out} exists and is not an empty folder; choose another --out")
+    if not Path(model).is_dir():
+        raise EmbeddingError(f"model folder not found: {model}")
+    embed_options = {"empty": "skip", **embed_options, "normalize": True}
+    embedder = Embedder(model, **embed_options)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    make_public_dir(tmp)
+    try:
+        pending: deque[tuple[int, Any, str]] = deque()
+
+        def numbered():
+            for n, (rid, text) in enumerate(records):
+                pending.append((n, rid, text))
+                yield n, text
+
+        offsets = array("q")
+        with open_writer(tmp / "vectors.npy", embedder.dim) as writer, \
+                open(tmp / "texts.jsonl", "wb") as texts:
+            for seqs, vectors in embedder.embed_stream(numbered()):
+                writer.write(seqs, vectors)
+                for seq in seqs:
+                    while pending[0][0] != seq:  # documents left out (empty) are not indexed
+                        pending.popleft()
+                    _, rid, text = pending.popleft()
+                    offsets.append(texts.tell())
+                    texts.write(json.dumps({"id": rid, "text": text}, ensure_ascii=False).encode() + b"\n")
+            rows = writer.rows
+        np.save(tmp / "offsets.npy", np.frombuffer(offsets, dtype=np.int64) if offsets else
+                np.zeros(0, np.int64))
+        if rows == 0:
+            raise EmbeddingError("nothing to index: the corpus holds no non-empty document")
+        weights = _weights_file(Path(model))
+        meta = {"format": INDEX_FORMAT, "version": 1, "model": str(Path(model).resolve()),
+                "model_weights_sha256": _sha256(weights) if weights else None,
+                "model_weights_stat": _stat(weights) if weights else None,
+                "embedding": embedder.options(), "count": rows, "dim": embedder.dim, "source": source,
+                "empty_skipped": embedder.stats.empty, "long_documents": embedder.stats.long_documents,
+                "truncated": embedder.stats.truncated, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        (tmp / INDEX_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return meta
+
+
+def load_index_meta(index: str | os.PathLike) -> dict[str, Any]:
+    """``index.json`` of an index folder (checked).
+
+    Raises:
+        EmbeddingError: not an index folder.
+    """
+    path = Path(index) / INDEX_JSON
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise EmbeddingError(f"{index} is not an index folder made by `qkv index` ({e})") from None
+    if meta.get("format") != INDEX_FORMAT:
+        raise EmbeddingError(f"{path}: format {meta.get('format')!r}, expected {INDEX_FORMAT!r}")
+    return meta
+
+
+def _top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(Q,k)`` best scores and row indices over a memory-mapped ``(N,C)`` matrix, scanned in blocks."""
+    best_s = np.full((len(queries), 0), -np.inf, np.float32)
+    best_i = np.zeros((len(queries), 0), np.int64)
+    for start in range(0, len(vectors), _BLOCK):
+        block = np.asarray(vectors[start:start + _BLOCK], dtype=np.float32)
+        s = queries @ block.T  # (Q,C)(C,b) -> (Q,b)
+        kk = min(k, s.shape[1])
+        part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
+        best_s = np.concatenate([best_s, np.take_along_axis(s, part, 1)], axis=1)
+        best_i = np.concatenate([best_i, part + start], axis=1)
+        if best_s.shape[1] > k:
+            keep = np.argpartition(-best_s, k - 1, axis=1)[:, :k]
+            best_s, best_i = np.take_along_axis(best_s, keep, 1), np.take_along_axis(best_i, keep, 1)
+    order = np.lexsort((best_i, -best_s), axis=1) if best_s.size else np.zeros_like(best_i)
+    return np.take_along_axis(best_s, order, 1), np.take_along_axis(best_i, order, 1)
+
+
+def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
+           device=None) -> list[list[Hit]]:
+    """The ``k`` documents of ``index`` most cosine-similar to each query (best first).
+
+    Raises:
+        EmbeddingError: not an index, its model folder missing or changed since indexing.
+    """
+    from qkv.embeddings.embedder import Embedder
+
+    if isinstance(queries, str):
+        queries = [queries]
+    if k < 1:
+        raise EmbeddingError(f"k={k} must be ≥ 1")
+    meta = load_index_meta(index)
+    model = Path(meta["model"])
+    if not model.is_dir():
+        raise EmbeddingError(f"the index's model folder {model} no longer exists")
+    weights = _weights_file(model)
+    expected = meta.get("model_weights_sha256")
+    if expected and (weights is None or (_stat(weights) != meta.get("model_weights_stat")
+                                         and _sha256(weights) != expected)):
+        raise EmbeddingError(f"the model in {model} changed since the index was built; rebuild it with "
+                             "qkv index")
+    opts = {key: meta["embedding"][key] for key in ("pooling", "layers", "max_len", "stride", "truncate")}
+    embedder = Embedder(str(model), normalize=True, device=device, **opts)
+    q = embedder.embed(queries).astype(np.float32)  # (Q,C)
+    vectors = np.load(Path(index) / "vectors.npy", mmap_mode="r")
+    offsets = np.load(Path(index) / "offsets.npy")
+    scores, rows = _top_k(vectors, q, k)
+    out = []
+    with open(Path(index) / "texts.jsonl", "rb") as fh:
+        for qs, qr in zip(scores, rows):
+            hits = []
+            for rank, (s, r) in enumerate(zip(qs.tolist(), qr.tolist()), 1):
+                fh.seek(int(offsets[r]))
+                doc = json.loads(fh.readline())
+                hits.append(Hit(rank, float(s), doc["id"], doc["text"]))
+            out.append(hits)
+    return out

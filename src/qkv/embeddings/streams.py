@@ -1,0 +1,284 @@
+"""Documents in, vectors out — streamed, so that a million-line input never sits in memory.
+
+Inputs (:func:`read_records`): a text file (one document per line; id = line number, from 1), a
+JSONL file (one object per line, the text in ``text_field``; id = the ``id_field`` value when
+present, else the line number), either gzip-compressed (``.gz``), or ``-`` for standard input
+(``fmt`` says which of the two). Lines are read one at a time and decoded strictly: a byte that is
+not UTF-8 is an :class:`InputFormatError` naming the line and byte offset (``encoding_errors=
+"replace"`` reads it with U+FFFD instead). A blank line of a text file is an empty document; a blank
+line of a JSONL file is no record.
+
+Outputs (:func:`open_writer`, format from the suffix): ``.npy`` (float32 ``(N,C)``, rows in input
+order; the header is rewritten with the final N at the end), ``.jsonl`` (``{"id": …, "vector":
+[…]}`` per line, floats printed with 9 significant digits — exact for float32) and ``.parquet``
+(columns ``id`` (string) and ``vector`` (fixed-size list of float32); needs ``pyarrow``). Every
+writer writes to a temporary file beside the target and renames it into place only when all rows
+are written; on failure the temporary file is removed, so no partial output is ever left.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import struct
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from qkv.embeddings.errors import InputFormatError, OutputFormatError
+
+__all__ = ["read_records", "input_format", "open_writer", "output_format", "OUTPUT_FORMATS", "VectorWriter",
+           "PARQUET_PIP"]
+
+OUTPUT_FORMATS = (".npy", ".jsonl", ".parquet")
+PARQUET_PIP = "pip install pyarrow"
+_NPY_HEADER = 128  # bytes reserved for the .npy header: room for any row count
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def make_public_dir(path: Path) -> None:
+    """Give a folder made by ``tempfile.mkdtemp`` (0700) the permissions of a normal new folder."""
+    os.chmod(path, 0o777 & ~_umask())
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def input_format(path: str, fmt: str | None = None) -> str:
+    """``"jsonl"`` or ``"text"``: ``fmt`` when given, else from the name (``*.jsonl[.gz]``)."""
+    if fmt is not None:
+        if fmt not in ("text", "jsonl"):
+            raise InputFormatError(f"input format {fmt!r} is not allowed; allowed: text, jsonl")
+        return fmt
+    return "jsonl" if str(path).lower().removesuffix(".gz").endswith(".jsonl") else "text"
+
+
+def _open_input(path: str) -> tuple[BinaryIO, bool]:
+    if path == "-":
+        return sys.stdin.buffer, False
+    p = Path(path)
+    if not p.is_file():
+        raise InputFormatError(f"input file not found: {p}" + (" (it is a folder)" if p.is_dir() else ""))
+    return (gzip.open(p, "rb") if p.name.lower().endswith(".gz") else open(p, "rb")), True
+
+
+def read_records(path: str, *, fmt: str | None = None, text_field: str = "text", id_field: str = "id",
+                 encoding_errors: str = "strict") -> Iterator[tuple[Any, str]]:
+    """Stream ``(id, text)`` records from a file or ``-`` (stdin); see the module docstring.
+
+    Raises:
+        InputFormatError: a missing file, invalid UTF-8, invalid JSON, a missing or non-string text field.
+    """
+    if encoding_errors not in ("strict", "replace"):
+        raise InputFormatError(f"encoding_errors={encoding_errors!r}; allowed: strict, replace")
+    fmt = input_format(path, fmt)
+    name = "<stdin>" if path == "-" else str(path)
+    fh, owned = _open_input(path)
+    try:
+        offset = 0
+        for line_no, raw in enumerate(fh, 1):
+            start, offset = offset, offset + len(raw)
+            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw, start = raw[3:], start + 3
+            try:
+                line = raw.decode("utf-8", encoding_errors).rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise InputFormatError(
+                    f"{name}: not valid UTF-8 at line {line_no}, byte offset {start + e.start} "
+                    f"({e.reason}, bytes {raw[e.start:e.start + 4]!r}). Convert the input to UTF-8 (e.g. "
+                    "iconv -f latin1 -t utf-8), or read it with --encoding-errors replace (U+FFFD for bad "
+                    "bytes).") from None
+            if fmt == "text":
+                yield line_no, line
+            elif line.strip():
+                yield _jsonl_record(line, name, line_no, text_field, id_field)
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise InputFormatError(f"{name}: not a readable gzip file ({e})") from None
+    finally:
+        if owned:
+            fh.close()
+
+
+def _jsonl_record(line: str, name: str, line_no: int, text_field: str, id_field: str) -> tuple[Any, str]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputFormatError(f"{name}, line {line_no}: not valid JSON ({e.msg} at column {e.colno}); "
+                               f"each line must be one JSON object with a {text_field!r} field") from None
+    if not isinstance(obj, dict) or text_field not in obj:
+        keys = ", ".join(map(repr, list(obj)[:10])) if isinstance(obj, dict) else type(obj).__name__
+        raise InputFormatError(f"{name}, line {line_no}: expected a JSON object with a {text_field!r} field "
+                               f"(found: {keys}); choose the field with --text-field")
+    text = obj[text_field]
+    if not isinstance(text, str):
+        raise InputFormatError(f"{name}, line {line_no}: field {text_field!r} must be a string, got "
+                               f"{type(text).__name__}")
+    return obj.get(id_field, line_no), text
+
+
+# ----------------------------------------------------------------------------------------- outputs
+
+
+def output_format(path: str | os.PathLike) -> str:
+    """The output format of ``path`` from its suffix.
+
+    Raises:
+        OutputFormatError: an unknown suffix, or ``.parquet`` without ``pyarrow`` installed.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        raise OutputFormatError(f"unknown output format {suffix or '(no suffix)'!r} for {path}; "
+                                f"allowed: {', '.join(OUTPUT_FORMATS)}")
+    if suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise OutputFormatError(f"writing {path} needs pyarrow, which is not installed; install it with "
+                                    f"`{PARQUET_PIP}`, or write .npy or .jsonl instead") from None
+    if not Path(path).parent.resolve().is_dir():
+        raise OutputFormatError(f"cannot write {path}: folder {Path(path).parent} does not exist")
+    return suffix
+
+
+class VectorWriter:
+    """Base writer: rows go to a temporary file; :meth:`commit` renames it into place, :meth:`abort`
+    (or leaving a ``with`` block by an exception) removes it."""
+
+    def __init__(self, path: str | os.PathLike, dim: int):
+        self.path, self.dim, self.rows = Path(path), int(dim), 0
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent)
+        os.close(fd)
+        self.tmp = Path(tmp)
+        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make the output private
+        self._done = False
+
+    def write(self, ids: list, vectors: np.ndarray) -> None:
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim or len(ids) != len(vectors):
+            raise ValueError(f"expected {len(ids)} rows of width {self.dim}, got {vectors.shape}")
+        self._write(ids, vectors)
+        self.rows += len(ids)
+
+    def commit(self) -> Path:
+        self._finish()
+        os.replace(self.tmp, self.path)
+        self._done = True
+        return self.path
+
+    def abort(self) -> None:
+        if not self._done:
+            self._close_quietly()
+            self.tmp.unlink(missing_ok=True)
+            self._done = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+        elif not self._done:
+            self.commit()
+        return False
+
+    # subclasses
+    def _write(self, ids: list, vectors: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        raise NotImplementedError
+
+    def _close_quietly(self) -> None:
+        pass
+
+
+def npy_header(rows: int, dim: int) -> bytes:
+    """A version-1.0 ``.npy`` header for float32 ``(rows, dim)``, exactly :data:`_NPY_HEADER` bytes."""
+    text = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }" % (rows, dim)
+    body_len = _NPY_HEADER - 10
+    text = text.ljust(body_len - 1) + "\n"
+    if len(text) != body_len:
+        raise ValueError(f"shape ({rows}, {dim}) does not fit the reserved .npy header")
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", body_len) + text.encode("latin1")
+
+
+class _NpyWriter(VectorWriter):
+    def __init__(self, path, dim):
+        super().__init__(path, dim)
+        self._fh = open(self.tmp, "wb")
+        self._fh.write(npy_header(0, self.dim))
+
+    def _write(self, ids, vectors):
+        self._fh.write(vectors.astype("<f4", copy=False).tobytes())
+
+    def _finish(self):
+        self._fh.seek(0)
+        self._fh.write(npy_header(self.rows, self.dim))
+        self._fh.close()
+
+    def _close_quietly(self):
+        self._fh.close()
+
+
+class _JsonlWriter(VectorWriter):
+    def __init__(self, path, dim):
+        super().__init__(path, dim)
+        self._fh = io.open(self.tmp, "w", encoding="utf-8", newline="\n")
+
+    def _write(self, ids, vectors):
+        lines = []
+        for rid, row in zip(ids, vectors.tolist()):
+            vec = ",".join("%.9g" % x for x in row)
+            lines.append(f'{{"id": {json.dumps(rid)}, "vector": [{vec}]}}\n')
+        self._fh.write("".join(lines))
+
+    def _finish(self):
+        self._fh.close()
+
+    def _close_quietly(self):
+        self._fh.close()
+
+
+class _ParquetWriter(VectorWriter):
+    def __init__(self, path, dim):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        super().__init__(path, dim)
+        self._pa = pa
+        self._schema = pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), self.dim))])
+        self._writer = pq.ParquetWriter(str(self.tmp), self._schema)
+
+    def _write(self, ids, vectors):
+        pa = self._pa
+        flat = pa.array(vectors.reshape(-1), type=pa.float32())
+        column = pa.FixedSizeListArray.from_arrays(flat, self.dim)
+        table = pa.Table.from_arrays([pa.array([str(i) for i in ids], pa.string()), column],
+                                     schema=self._schema)
+        self._writer.write_table(table)
+
+    def _finish(self):
+        self._writer.close()
+
+    def _close_quietly(self):
+        try:
+            self._writer.close()
+        except Exception:  # already broken: the temp file is removed next
+            pass
+
+
+def open_writer(path: str | os.PathLike, dim: int) -> VectorWriter:
+    """A writer for ``path`` (format from the suffix, see :func:`output_format`)."""
+    fmt = output_format(path)
+    return {".npy": _NpyWriter, ".jsonl": _JsonlWriter, ".parquet": _ParquetWriter}[fmt](path, dim)

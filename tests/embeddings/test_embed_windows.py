@@ -1,0 +1,129 @@
+"""Long documents: overlapping windows averaged by token count, never dropped; length grouping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from qkv.embeddings import EmbeddingError, Embedder
+from qkv.embeddings.windows import length_batches, make_windows, window_starts
+
+WORDS = ("the cat sat on a mat and the dog ran to the house by the river in the park with a "
+         "ball then they slept under old tree").split()
+
+
+def _hand_windows(n: int, span: int, stride: int) -> list[int]:
+    """Window starts as the documentation defines them, written out independently."""
+    starts, a = [], 0
+    while a + span < n:
+        starts.append(a)
+        a += stride
+    starts.append(max(0, n - span))
+    return sorted(set(starts))
+
+
+@pytest.mark.parametrize("n,span,stride", [(1, 5, 3), (5, 5, 3), (6, 5, 3), (20, 5, 5), (23, 5, 2),
+                                           (100, 30, 29)])
+def test_window_starts_cover_every_token(n, span, stride):
+    starts = window_starts(n, span, stride)
+    assert starts == _hand_windows(n, span, stride)
+    covered = set()
+    for a in starts:
+        assert 0 <= a and a + min(span, n) <= n
+        covered.update(range(a, a + span))
+    assert covered >= set(range(n))
+
+
+def test_make_windows_and_truncation_count():
+    docs = [np.arange(10, 10 + n) for n in (3, 12, 7)]
+    w = make_windows(docs, window=7, stride=3, truncate=False, cls_id=1, sep_id=2)
+    assert w.doc == [0, 1, 1, 1, 1, 2, 2] and w.long == 2 and w.truncated == 0
+    assert all(x[0] == 1 and x[-1] == 2 for x in w.ids)
+    t = make_windows(docs, window=7, stride=3, truncate=True, cls_id=1, sep_id=2)
+    assert t.doc == [0, 1, 2] and t.truncated == 2
+
+
+def test_length_batches_group_similar_lengths():
+    lengths = np.array([5, 50, 6, 49, 7, 48])
+    batches = length_batches(lengths, 2)
+    assert [sorted(lengths[b].tolist()) for b in batches] == [[49, 50], [7, 48], [5, 6]]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(6))
+
+
+def _long_doc(tokenizer_view, n_tokens: int) -> str:
+    words = [WORDS[i % len(WORDS)] for i in range(n_tokens)]
+    text = " ".join(words)
+    assert len(tokenizer_view.encode([text])[0]) == n_tokens, "each word must be one token"
+    return text
+
+
+def test_long_document_is_token_weighted_mean_of_windows_minilm(minilm):
+    from transformers import BertModel, BertTokenizerFast
+
+    window, stride = 64, 31
+    span = window - 2
+    hf = BertModel.from_pretrained(str(minilm), attn_implementation="sdpa").eval()
+    tok = BertTokenizerFast.from_pretrained(str(minilm))
+    emb = Embedder(minilm, max_len=window, stride=stride)
+    text = _long_doc(emb.tokenizer, 4 * span)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 4 * span
+    total, weight = torch.zeros(384, dtype=torch.float64), 0
+    for a in _hand_windows(len(ids), span, stride):
+        win = torch.tensor([[tok.cls_token_id, *ids[a:a + span], tok.sep_token_id]])
+        with torch.no_grad():
+            vec = hf(input_ids=win).last_hidden_state[0].mean(0).double()  # this window's mean
+        total += win.shape[1] * vec
+        weight += win.shape[1]
+    ref = torch.nn.functional.normalize(total / weight, dim=0).numpy()
+    got = emb.embed([text, "a short one"])
+    np.testing.assert_allclose(got[0], ref, atol=1e-5, rtol=0)
+    assert emb.stats.long_documents == 1 and emb.stats.windows == 7 + 1 and emb.stats.truncated == 0
+
+
+def test_long_document_tiny_model_and_truncate(tiny_model):
+    model = qkv.load(tiny_model)
+    emb = Embedder(model, stride=10)  # window 32: span 30
+    # the tiny tokenizer has its own vocabulary: build a document from its own tokens
+    vocab = sorted(t for t in model.tokenizer.get_vocab() if t.isalpha() and len(t) > 2)[:40]
+    text = " ".join(vocab[i % len(vocab)] for i in range(120))
+    ids = emb.tokenizer.encode([text])[0]
+    n = len(ids)
+    assert n >= 4 * 30
+    cls, sep = emb.tokenizer.cls_id, emb.tokenizer.sep_id
+    total, weight = torch.zeros(24, dtype=torch.float64), 0
+    for a in _hand_windows(n, 30, 10):
+        win = torch.tensor([[cls, *ids[a:a + 30].tolist(), sep]])
+        with torch.no_grad():
+            total += win.shape[1] * model(win).last_hidden_state[0].mean(0).double()
+        weight += win.shape[1]
+    ref = torch.nn.functional.normalize(total / weight, dim=0).numpy()
+    np.testing.assert_allclose(emb.embed([text])[0], ref, atol=1e-5, rtol=0)
+    trunc = Embedder(model, truncate=True)
+    first = torch.tensor([[cls, *ids[:30].tolist(), sep]])
+    with torch.no_grad():
+        ref_first = torch.nn.functional.normalize(model(first).last_hidden_state[0].mean(0), dim=0).numpy()
+    np.testing.assert_allclose(trunc.embed([text, "x"])[0], ref_first, atol=1e-5, rtol=0)
+    assert trunc.stats.truncated == 1
+
+
+def test_chunking_and_grouping_do_not_change_vectors(tiny_model, pydoc_texts):
+    texts = [t[:400] for t in pydoc_texts[:12]] + ["short", "a bit longer text here"]
+    whole = Embedder(tiny_model, batch_size=64).embed(texts)
+    small = Embedder(tiny_model, batch_size=3, chunk_size=4)
+    chunks = list(small.embed_stream(enumerate(texts)))
+    assert len(chunks) == 4 and [i for ids, _ in chunks for i in ids] == list(range(len(texts)))
+    np.testing.assert_allclose(np.concatenate([v for _, v in chunks]), whole, atol=1e-5, rtol=0)
+
+
+def test_bad_options(tiny_model):
+    with pytest.raises(EmbeddingError, match="stride"):
+        Embedder(tiny_model, stride=31)
+    with pytest.raises(EmbeddingError, match="max_len"):
+        Embedder(tiny_model, max_len=33)
+    with pytest.raises(EmbeddingError, match="pooling"):
+        Embedder(tiny_model, pooling="median")
+    with pytest.raises(EmbeddingError, match="out of range"):
+        Embedder(tiny_model, layers=(5,))

@@ -1,0 +1,59 @@
+"""Smoke test: benchmarks/attention.py still imports, parses its flags and runs end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "attention.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("qkv_bench_attention", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_help_lists_the_flags():
+    text = _load().build_parser().format_help()
+    for flag in ("--quick", "--sizes", "--reps", "--json", "--memory", "--additive-backward"):
+        assert flag in text
+
+
+def test_impls_agree_with_copied_weights():
+    bench = _load()
+    mods = bench.build_impls(24, 3)
+    x = torch.randn(5, 7, 24)
+    outs = {name: bench.run_once(name, mods[name], x, backward=False) for name in bench.IMPLS}
+    torch.testing.assert_close(outs["qkv"], outs["torch"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs["sdpa"], outs["torch"], atol=1e-5, rtol=1e-5)
+
+
+def test_quick_run_end_to_end(tmp_path, capsys):
+    bench = _load()
+    out = tmp_path / "bench.json"
+    threads = torch.get_num_threads()
+    try:  # in-process, timing only: the memory runs each start a Python, measured below once
+        rc = bench.main(["--quick", "--sizes", "16", "--reps", "1", "--warmup", "0", "--heads", "2",
+                         "--d-head", "8", "--memory", "none", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    assert "Acceptance" in capsys.readouterr().out  # timing at N=16 is noise; it must only run
+    res = json.loads(out.read_text())
+    assert res["timing"][0]["N"] == 16
+    assert res["timing"][0]["max_abs_diff_qkv_torch"] < 1e-5
+    assert res["checks"][0]["name"].startswith("fwd+bwd time qkv/torch")
+
+
+def test_memory_subprocess_reports_peak_and_weights():
+    bench = _load()
+    r = bench.measure_memory(bench.spec("qkv", 16, 2, 2, 8, need_weights=True), timeout=120)
+    assert "error" not in r, r
+    assert r["weights_shape"] == [2, 2, 16, 16]
+    assert r["weights_bytes"] == 2 * 2 * 16 * 16 * 4
+    assert r["peak_bytes"] >= 0
