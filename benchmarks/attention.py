@@ -383,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             ok = fb["ratio_qkv_torch"] <= TIME_RATIO_MAX
             checks.append((f"fwd+bwd time qkv/torch at N={n}", ok,
                            f"{fb['ratio_qkv_torch']:.3f} (≤ {TIME_RATIO_MAX})"))
+        results["gemm_gflops_end"] = gf_end = gemm_gflops(gsize)
+        print(f"# GEMM ceiling re-measured after timing: {gf_end:.1f} GFLOP/s. util is relative to the first "
+              "measurement; on a shared machine\n# whose load changes during the run it is indicative only "
+              "(it can exceed 100%).")
 
     if memory == "all":
         print("\nPeak RSS growth per call, MiB (fresh subprocess each; inputs already allocated)")
@@ -398,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{mib(row['fwdbwd'][i]):>8}" for i in IMPLS), flush=True)
 
     if memory in ("all", "checks"):
-        print(f"\nMemory checks (peak RSS growth; fresh subprocess each)")
+        print("\nMemory checks (peak RSS growth; fresh subprocess each)")
         mem: dict = {}
         mem["weights_qkv"] = measure_memory(spec("qkv", weights_n, b, h, d, need_weights=True))
         mem["weights_torch_train"] = measure_memory(spec("torch", weights_n, b, h, d, need_weights=True,
