@@ -138,3 +138,24 @@ def test_input_errors(tmp_path):
         list(read_records(str(tmp_path / "missing.txt")))
     with pytest.raises(OutputFormatError, match="does not exist"):
         output_format(tmp_path / "no" / "such" / "v.npy")
+
+
+def test_streaming_reads_lazily(tiny_model):
+    """A chunk is embedded and handed on before the next one is read: memory is one chunk."""
+    from qkv.embeddings import Embedder
+
+    consumed = []
+
+    def endless():
+        i = 0
+        while True:
+            consumed.append(i)
+            yield i, f"document {i}"
+            i += 1
+
+    stream = Embedder(tiny_model, chunk_size=5).embed_stream(endless())
+    ids, vecs = next(stream)
+    assert ids == [0, 1, 2, 3, 4] and vecs.shape == (5, 24) and len(consumed) == 5
+    ids, _ = next(stream)
+    assert ids == [5, 6, 7, 8, 9] and len(consumed) == 10
+    stream.close()

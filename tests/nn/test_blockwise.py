@@ -206,3 +206,26 @@ def test_auto_routes_small_learned_biases_to_the_explicit_path_and_large_ones_to
     assert not calls
     attend(q, k, v, similarity=sim, bias=OffsetBias(table, index, t, t), budget=b * h * t).output.sum().backward()
     assert calls
+
+
+@pytest.mark.parametrize("t,s", [(150, 90), (60, 150)])
+@pytest.mark.parametrize("mask_kind", [None, "holes"])
+def test_queries_and_keys_of_different_lengths(t, s, mask_kind, spy):
+    calls, _ = spy
+    b, h, d, m = 3, 2, 8, 12
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(b, h, t, d, generator=g, dtype=DT).requires_grad_()
+    k, v = [torch.randn(b, h, s, d, generator=g, dtype=DT).requires_grad_() for _ in range(2)]
+    table = torch.randn(h, 2 * m + 1, generator=g, dtype=DT).requires_grad_()
+    index = torch.arange(-(t - 1), s).clamp(-m, m) + m
+    mask = _padding(mask_kind, b, s)
+    go = torch.randn(b, h, t, d, generator=g, dtype=DT)
+    sim = build_similarity("scaled_dot", n_heads=h, d_head=d)
+    res = []
+    for path in ("sdpa", "explicit"):
+        out = attend(q, k, v, similarity=sim, bias=OffsetBias(table, index, t, s), mask=mask, path=path).output
+        res.append((out, torch.autograd.grad(out, (q, k, v, table), go)))
+    assert calls
+    torch.testing.assert_close(res[0][0], res[1][0], atol=1e-10, rtol=0)
+    for a, e in zip(res[0][1], res[1][1]):
+        torch.testing.assert_close(a, e, atol=1e-10, rtol=0)

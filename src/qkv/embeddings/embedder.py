@@ -186,6 +186,7 @@ class Embedder:
         self.empty_ids: list = []  # the first empty documents' ids (zeroed or skipped)
         self._bar = None
         self._docs_expected: int | None = None
+        self._docs_before = 0
 
     def options(self) -> dict[str, Any]:
         """The resolved options, for provenance records (index folders, evaluation JSON)."""
@@ -245,6 +246,7 @@ class Embedder:
 
         self._bar = tqdm(total=0, unit="window", desc="embedding", dynamic_ncols=True)
         self._docs_expected = total
+        self._docs_before = self.stats.documents + self.stats.empty  # this call's count starts here
         return self._bar
 
     def _chunk(self, chunk: list[tuple[Any, str]]) -> tuple[list[Any], np.ndarray]:
@@ -260,7 +262,8 @@ class Embedder:
             vectors[keep] = self._embed_nonempty([chunk[i][1] for i in keep])
         if self._bar is not None:
             expected = f"/{self._docs_expected}" if self._docs_expected else ""
-            self._bar.set_postfix_str(f"{self.stats.documents + self.stats.empty}{expected} docs")
+            done = self.stats.documents + self.stats.empty - self._docs_before
+            self._bar.set_postfix_str(f"{done}{expected} docs")
         if self.empty == "skip" and len(keep) < len(chunk):
             return [chunk[i][0] for i in keep], vectors[keep]
         return [rid for rid, _ in chunk], vectors

@@ -242,7 +242,7 @@ def _flash_split(q, qf, k, v, values, scale, groups, radius):
     rest[:, : T - R] = float("-inf")  # d ≤ -R belongs to the triangle
     step = max(REST_BLOCK, T // 8)
     blocks = [(st, min(T, st + step)) for st in range(0, T, step)][::-1]  # reversed rows ascending
-    if len(groups) == 1 and groups[0][1] == [(0, k.shape[2])]:  # no mask: concatenate, no merging
+    if len(groups) == 1 and groups[0][1] == [(0, T)] and k.shape[2] == T:  # no mask, self-attention
         o_left, lse_left = _FLASH(q[:, :, R:], k[:, :, : T - R], v[:, :, : T - R], is_causal=True, scale=scale)
         lse_left.add_(c_left)
         out = q.new_empty(B, H, T, E)
