@@ -190,14 +190,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     p.add_argument("--quick", action="store_true",
-                   help=f"smoke run: N in {QUICK_SIZES}, B=2, 2 repetitions, 1 warm-up (seconds, not minutes)")
+                   help=f"smoke run: N in {QUICK_SIZES}, B=2, 2 repetitions, 1 warm-up (about a minute)")
     p.add_argument("--sizes", type=int, nargs="+", default=None,
                    help=f"sequence lengths N (default {FULL_SIZES}; B=8, B=1 at N ≥ 8192)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                    help="variants to run; 'none' (the baseline of the ratios) is always added")
     p.add_argument("--scopes", nargs="+", default=list(SCOPES), choices=SCOPES,
                    help="layer: MultiHeadAttention with projections; core: position module + attend() only")
-    p.add_argument("--reps", type=int, default=None, help="timed repetitions per variant (default 5; quick 2)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="timed repetitions per variant (default 5; quick 2)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls per variant first (default 1)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--memory-scope", choices=SCOPES, default="layer",
@@ -226,10 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         "H": H, "D": D, "reps": reps, "warmup": warmup,
     }
     print(f"# {info['date']}  {info['machine']}  torch {info['torch']}")
-    print(f"# H={H} D={D} C={H * D}; forward+backward; median of {reps} interleaved reps after {warmup} warm-up")
+    print(f"# H={H} D={D} C={H * D}; forward+backward; median of {reps} interleaved reps "
+          f"after {warmup} warm-up")
     results, checks = {"info": info, "time": {}, "memory": {}}, []
     for scope in args.scopes:
-        print(f"\n[{scope}] {'N':>5} {'B':>2} {'variant':>9} {'wall s':>8} {'ratio':>6} {'cpu s':>8} {'ratio':>6}")
+        head = f"{'N':>5} {'B':>2} {'variant':>9} {'wall s':>8} {'ratio':>6} {'cpu s':>8} {'ratio':>6}"
+        print(f"\n[{scope}] {head}")
         for n in sizes:
             b = batch_for(n, quick)
             res = time_size(n, b, scope, variants, reps, warmup)
@@ -237,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             base = res["none"]
             for v in variants:
                 rw, rc = res[v]["wall"] / base["wall"], res[v]["cpu"] / base["cpu"]
-                print(f"[{scope}] {n:>5} {b:>2} {v:>9} {res[v]['wall']:>8.3f} {rw:>6.2f} {res[v]['cpu']:>8.3f} {rc:>6.2f}",
-                      flush=True)
+                wall, cpu = res[v]["wall"], res[v]["cpu"]
+                row = f"{n:>5} {b:>2} {v:>9} {wall:>8.3f} {rw:>6.2f} {cpu:>8.3f} {rc:>6.2f}"
+                print(f"[{scope}] {row}", flush=True)
                 if v != "none" and n >= 2048:
                     checks.append((rw <= TIME_RATIO_MAX,
                                    f"time [{scope}] N={n} {v}: {rw:.2f}x the no-position run "

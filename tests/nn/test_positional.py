@@ -151,7 +151,8 @@ def _reference_bias(name, module, t, s):
                 m = module.max_distance
                 out[:, i, j] = module.weight[max(-m, min(m, d)) + m].double()
             elif name == "t5":
-                out[:, i, j] = module.weight[_t5_bucket_reference(d, module.num_buckets, module.max_distance)].double()
+                bucket = _t5_bucket_reference(d, module.num_buckets, module.max_distance)
+                out[:, i, j] = module.weight[bucket].double()
             else:
                 out[:, i, j] = -alibi_slopes(H) * abs(d)
     return out
@@ -295,7 +296,8 @@ def test_fast_and_explicit_paths_agree(name, qk_only, similarity, qkv_proj):
     assert torch.isfinite(outs[0]).all()
     # the weights the explicit path returns come with the same output
     mha.path = "auto"
-    torch.testing.assert_close(_apply(mha, slots, x, padding, need_weights=True), outs[-1], atol=1e-12, rtol=0)
+    with_weights = _apply(mha, slots, x, padding, need_weights=True)
+    torch.testing.assert_close(with_weights, outs[-1], atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("name,qk_only", [("learned", False), ("learned", True), ("relative", False),
@@ -304,7 +306,8 @@ def test_gradients_reach_every_learned_position_parameter(name, qk_only):
     mha, slots, modules = _slots_layer(name, qk_only=qk_only, path="sdpa")
     out = _apply(mha, slots, _x(t=6))  # the fused kernel path
     out.pow(2).sum().backward()
-    pos_params = list(slots.input.parameters()) if slots.input is not None else list(mha.score_bias.parameters())
+    owner = slots.input if slots.input is not None else mha.score_bias
+    pos_params = list(owner.parameters())
     assert pos_params
     for p in pos_params:
         assert p.grad is not None and p.grad.abs().sum() > 0

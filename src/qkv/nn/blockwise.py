@@ -69,7 +69,9 @@ class OffsetBias:
 
     def __init__(self, table: Tensor, index: Tensor, q_len: int, k_len: int):
         if table.dim() != 2 or not table.is_floating_point():
-            raise ValueError(f"table must be a floating (H, n) tensor, got {tuple(table.shape)} {table.dtype}")
+            raise ValueError(
+                f"table must be a floating (H, n) tensor, got {tuple(table.shape)} {table.dtype}"
+            )
         if index.dim() != 1 or index.dtype != torch.long or index.numel() != q_len + k_len - 1:
             raise ValueError(
                 f"index must be a 1-D long tensor of T+S-1 = {q_len + k_len - 1} entries, "
@@ -221,7 +223,8 @@ def _flash_runs(qf, k, v, values, scale, groups):
     lse = torch.full((B, H, T), float("-inf"), dtype=_lse_dtype(qf))
     for rows, runs in groups:
         qg, kg, vg = _take(qf, rows), _take(k, rows), _take(v, rows)
-        og, lg = out.new_zeros(qg.shape[0], H, T, v.shape[-1]), lse.new_full((qg.shape[0], H, T), float("-inf"))
+        og = out.new_zeros(qg.shape[0], H, T, v.shape[-1])
+        lg = lse.new_full((qg.shape[0], H, T), float("-inf"))
         for a, e in runs:
             _merge(og, lg, *_FLASH(qg, kg[:, :, a:e], vg[:, :, a:e], attn_mask=_hankel(values, T, a, e - a),
                                    scale=scale))
@@ -243,7 +246,8 @@ def _flash_split(q, qf, k, v, values, scale, groups, radius):
     step = max(REST_BLOCK, T // 8)
     blocks = [(st, min(T, st + step)) for st in range(0, T, step)][::-1]  # reversed rows ascending
     if len(groups) == 1 and groups[0][1] == [(0, T)] and k.shape[2] == T:  # no mask, self-attention
-        o_left, lse_left = _FLASH(q[:, :, R:], k[:, :, : T - R], v[:, :, : T - R], is_causal=True, scale=scale)
+        o_left, lse_left = _FLASH(q[:, :, R:], k[:, :, : T - R], v[:, :, : T - R], is_causal=True,
+                                  scale=scale)
         lse_left.add_(c_left)
         out = q.new_empty(B, H, T, E)
         lse = torch.empty(B, H, T, dtype=_lse_dtype(q))

@@ -182,7 +182,8 @@ class T5RelativeBias(nn.Module):
         return OffsetBias(self.weight.t(), index, q_len, k_len)  # table (H, buckets)
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.weight.shape[1]}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
+        heads = self.weight.shape[1]
+        return f"n_heads={heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -299,8 +300,17 @@ class PositionSlots:
         return self.score_bias_factory() if self.score_bias_factory is not None else None
 
 
-def build_positions(name: str, *, d_model: int, n_heads: int, max_len: int, qk_only: bool = False,
-                    max_distance: int = 128, num_buckets: int = 32, rope_base: float = 10000.0) -> PositionSlots:
+def build_positions(
+    name: str,
+    *,
+    d_model: int,
+    n_heads: int,
+    max_len: int,
+    qk_only: bool = False,
+    max_distance: int = 128,
+    num_buckets: int = 32,
+    rope_base: float = 10000.0,
+) -> PositionSlots:
     """The slots of position encoding ``name`` (one of :data:`POSITIONS`).
 
     Args:
