@@ -12,6 +12,11 @@ Legend: B batch, H heads, T query length, S key length, D head dim (q, k), E val
   ``O(B·H·chunk·S)``; under autograd each block is recomputed in backward (activation
   checkpointing), so training memory stays bounded too.
 
+Two in-place stage functions serve :class:`~qkv.nn.attention.MultiHeadAttention`'s low-memory
+weights path (no autograd), which never makes a score-sized tensor besides the returned weights:
+:func:`dot_scores_` (similarity, the GEMM writing into a given buffer) and :func:`softmax_scores_`
+(+ bias → mask → softmax in that buffer).
+
 ``path="auto"`` picks sdpa when the similarity has a dot-product form and weights are not wanted,
 otherwise explicit when the score tensor is small and chunked when it is not.
 
@@ -37,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 from qkv.nn.blockwise import OffsetBias, offset_attention, offset_fast_ok
 from qkv.nn.masks import check_mask
 
-__all__ = ["attend", "AttendOutput", "PATHS", "DEFAULT_BUDGET"]
+__all__ = ["attend", "AttendOutput", "PATHS", "DEFAULT_BUDGET", "dot_scores_", "softmax_scores_"]
 
 PATHS = ("auto", "sdpa", "explicit", "chunked")
 #: Elements of score work memory one explicit block may use (2**24 floats = 64 MiB in float32).
@@ -100,6 +105,66 @@ def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     row_ok = mask.any(dim=-1, keepdim=True)  # (...,T,1)
     scores = scores.masked_fill(~row_ok, 0.0)  # a row with no key would be all -inf → NaN
     return scores.softmax(dim=-1).masked_fill(~row_ok, 0.0)
+
+
+def dot_scores_(scores: Tensor, q: Tensor, k: Tensor, similarity) -> Tensor:
+    """In place: write a dot-product similarity's scores of ``q``, ``k`` into ``scores``.
+
+    The first stage of the low-memory weights path of :class:`~qkv.nn.attention.MultiHeadAttention`:
+    the GEMM writes straight into ``scores`` (e.g. a batch row of the returned weights), so no other
+    score-sized tensor exists. Same numbers as ``similarity.scores`` (``scale`` is the GEMM's alpha).
+
+    Args:
+        scores: ``(B,H,T,S)`` contiguous output; its old contents are ignored.
+        q: ``(B,H,T,D)``. k: ``(B,H,S,D)``.
+        similarity: a similarity with a dot-product form (``as_dot``).
+    """
+    qd, kd, scale = similarity.as_dot(q, k)  # (B,H,T,D'), (B,H,S,D')
+    B, H, T, S = scores.shape
+    s3 = scores.view(B * H, T, S)  # (B,H,T,S) -> (B·H,T,S), a view
+    qd = qd.reshape(B * H, T, qd.shape[-1])  # (B,H,T,D') -> (B·H,T,D')
+    kt = kd.reshape(B * H, S, kd.shape[-1]).transpose(1, 2)  # (B,H,S,D') -> (B·H,S,D') -> (B·H,D',S)
+    s3.baddbmm_(qd, kt, beta=0.0, alpha=float(scale))  # (B·H,T,D')(B·H,D',S) -> (B·H,T,S)
+    return scores
+
+
+def softmax_scores_(scores: Tensor, *, bias: Bias | None, mask: Tensor | None, causal: bool,
+                    block: int = 2**20) -> Tensor:
+    """In place: scores → + bias → mask → softmax, the explicit path's stages on ``(B,H,T,S)``.
+
+    No tensor of the size of ``scores`` is made: the bias goes in by blocks of query rows
+    (``block`` elements of bias at a time, so a row-block bias is never made whole), mask and
+    softmax go one batch row at a time. Same numbers as :func:`masked_softmax` (fully masked rows
+    are zeros).
+
+    Args:
+        scores: ``(B,H,T,S)``, overwritten with the weights.
+        bias: as for :func:`attend` (a tensor already 4-D, or a row-block function).
+        mask: boolean, 4-D broadcastable to ``(B,H,T,S)``; True = may attend.
+        causal: also forbid keys after the query (aligned at the end when S > T).
+    """
+    B, H, T, S = scores.shape
+    if isinstance(bias, Tensor):
+        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))  # left-pad to 4-D
+    if bias is not None:
+        rows = max(1, block // (H * S))
+        for start in range(0, T, rows):
+            stop = min(T, start + rows)
+            b = _bias_rows(bias, start, stop).to(scores.dtype)  # (B?,H?,t,S)
+            scores[:, :, start:stop] += b  # (B,H,t,S) += (B?,H?,t,S), in place
+    for i in range(B):
+        w = scores[i : i + 1]  # (1,H,T,S) view
+        m = None if mask is None else mask[i : i + 1] if mask.shape[0] > 1 else mask  # (1?,H?,T?,S?)
+        m = _block_mask(m, causal, 0, T, T, S, scores.device)
+        if m is None:
+            torch.softmax(w, dim=-1, out=w)
+            continue
+        w.masked_fill_(~m, float("-inf"))
+        row_ok = m.any(dim=-1, keepdim=True)  # (1?,H?,T?,1)
+        w.masked_fill_(~row_ok, 0.0)  # a row with no key would be all -inf → NaN
+        torch.softmax(w, dim=-1, out=w)
+        w.masked_fill_(~row_ok, 0.0)
+    return scores
 
 
 def _explicit_block(q, k, v, similarity, bias, mask, dropout_p):
