@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     from qkv.embeddings.cli import add_embedding_parsers
 
     add_embedding_parsers(sub)
+    from qkv.experiments.cli import add_ablate_parser
+
+    add_ablate_parser(sub)
     return parser
 
 

@@ -136,7 +136,7 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
-def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler):
+def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler, on_backward=None):
     micro = [batches.batch(step * cfg.grad_accum + m).to(info.device) for m in range(cfg.grad_accum)]
     counts = [(b.labels != IGNORE_INDEX).sum() for b in micro]
     n_global = qdist.all_sum(torch.stack(counts).sum().double().cpu()).item()
@@ -150,6 +150,8 @@ def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler):
             # DDP averages gradients over ranks: scale so the sum is the global token mean
             (out.loss * (n * info.world_size / max(n_global, 1.0))).backward()
         loss_sum += out.loss.detach().double().cpu() * n
+    if on_backward is not None:
+        on_backward(step + 1, model)
     loss = (qdist.all_sum(loss_sum) / max(n_global, 1.0)).item()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm).item()
     optimizer.step()
@@ -159,8 +161,13 @@ def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler):
     return loss, grad_norm, tokens
 
 
-def pretrain(cfg: TrainConfig, *, resume: bool = False) -> PretrainResult:
-    """Run (or resume) masked-LM pretraining as ``cfg`` says; see the module docstring."""
+def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None) -> PretrainResult:
+    """Run (or resume) masked-LM pretraining as ``cfg`` says; see the module docstring.
+
+    ``on_backward``: optional ``f(step, model)``, called on every optimiser step (``step`` from 1)
+    after the backward pass and before clipping — for measurements only (the ablation harness's
+    early gradient norms); it must leave the weights, gradients and training mode as it found them.
+    """
     info = qdist.setup(cfg.device)
     out = Path(cfg.out)
     try:
@@ -190,12 +197,14 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False) -> PretrainResult:
         eval_bs = max(1, cfg.eval_batch_size // info.world_size)
         eval_batches = data.eval_batches(eval_bs, masking=masking, rank=info.rank,
                                          world_size=info.world_size)
-        return _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start)
+        return _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start,
+                     on_backward)
     finally:
         qdist.teardown()
 
 
-def _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start) -> PretrainResult:
+def _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start,
+          on_backward=None) -> PretrainResult:
     from tqdm.auto import tqdm
 
     metrics_path = out / "metrics.jsonl"
@@ -211,7 +220,8 @@ def _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batche
 
     with _StopFlag() as stop:
         for step in range(start, cfg.steps):
-            loss, grad_norm, tokens = _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler)
+            loss, grad_norm, tokens = _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler,
+                                                  on_backward)
             done = step + 1
             if not torch.isfinite(torch.tensor(loss)):
                 last = latest_checkpoint(out)

@@ -1,0 +1,130 @@
+"""``qkv ablate``: parse → :class:`AblationConfig` → :func:`run_ablation`; ``--list-grids``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+__all__ = ["add_ablate_parser", "config_from_args", "parse_set"]
+
+# (flag, TrainConfig field, type, help)
+_OPTIONS = [
+    ("--preset", "preset", str, "model preset of every variant (grids default to mini)"),
+    ("--steps", "steps", int, "optimiser steps per run"),
+    ("--batch-size", "batch_size", int, "blocks per step"),
+    ("--max-len", "max_len", int, "block length in tokens, [CLS]/[SEP] included"),
+    ("--lr", "lr", float, "peak learning rate (variants with lr_scale multiply it)"),
+    ("--device", "device", str, "auto, cpu or cuda"),
+]
+
+
+def add_ablate_parser(sub) -> None:
+    p = sub.add_parser(
+        "ablate",
+        help="train the variants of an ablation grid under equal conditions and tabulate them",
+        description="Train every variant of a grid (built-in: projections, scaling, heads, similarity, "
+        "positions, norm; or a JSON grid file) for --seeds seeds with everything else held equal — the "
+        "same tokenizer, held-out text, data order, masks, token budget, optimiser and schedule — then "
+        "write OUT/results.csv (one row per run), OUT/results.md (mean ± std over seeds of held-out MLM "
+        "loss and masked-token accuracy, parameters, tokens/s and the grid's statistics) and "
+        "OUT/loss_curves.png. Rerunning the same command skips finished runs and resumes an "
+        "interrupted one. See docs/experiments.md.",
+    )
+    p.add_argument("--grid", metavar="NAME|FILE", help="a built-in grid name or a grid .json file")
+    p.add_argument("--list-grids", action="store_true", help="list the built-in grids and exit")
+    p.add_argument("--corpus", action="append", default=None, metavar="SPEC",
+                   help="training text: file, folder or dataset:NAME[:SPLIT]; repeatable")
+    p.add_argument("--eval-corpus", metavar="SPEC[,SPEC]", default=None,
+                   help="held-out text (default: the named test split, else a fixed 5%% of the documents, "
+                   "the same for every seed)")
+    p.add_argument("--out", metavar="DIR", help="the harness folder (rerun the same command to continue)")
+    p.add_argument("--seeds", type=int, default=3, help="runs per variant, seeds 0…N-1 (default 3)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at once, each in its own process (default 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per run (default cores // jobs); equal numbers across different "
+                   "--jobs need equal --threads")
+    for flag, name, typ, text in _OPTIONS:
+        p.add_argument(flag, dest=name, type=typ, default=None, help=text)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a TrainConfig field (warmup_steps=50) or a model field (model.dropout=0) "
+                   "for every variant; VALUE is JSON, else a string; repeatable")
+    p.add_argument("--quiet", action="store_true", help="print only the final table")
+    p.set_defaults(func=_run)
+
+
+def parse_set(items: list[str]) -> dict:
+    """``["lr=3e-4", "model.norm=pre"]`` → ``{"lr": 0.0003, "model": {"norm": "pre"}}``."""
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. warmup_steps=50 or model.dropout=0")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        if key.startswith("model."):
+            out.setdefault("model", {})[key[len("model."):]] = value
+        else:
+            out[key] = value
+    return out
+
+
+def config_from_args(args: argparse.Namespace):
+    from qkv.experiments.runner import AblationConfig
+
+    given = (("--grid", args.grid), ("--corpus", args.corpus), ("--out", args.out))
+    missing = [flag for flag, v in given if not v]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required (see qkv ablate --help; --list-grids lists grids)")
+    overrides = parse_set(args.sets)
+    for _, name, _, _ in _OPTIONS:
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    eval_corpus = tuple(s for s in args.eval_corpus.split(",") if s) if args.eval_corpus else None
+    command = ""
+    if sys.argv[1:2] == ["ablate"]:
+        command = "qkv ablate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    return AblationConfig(grid=args.grid, corpus=tuple(args.corpus), out=args.out, eval_corpus=eval_corpus,
+                          seeds=args.seeds, jobs=args.jobs, threads=args.threads, overrides=overrides,
+                          command=command)
+
+
+def _list_grids() -> int:
+    from qkv.experiments.grid import builtin_grids, load_grid
+
+    for name, question in builtin_grids().items():
+        grid = load_grid(name)
+        print(f"{name}: {', '.join(grid.variants)}")
+        print(f"    {question}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from qkv.data.errors import CorpusError
+    from qkv.training.rundir import RunError
+
+    if args.list_grids:
+        return _list_grids()
+    from qkv.experiments.runner import run_ablation
+
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, flush=True))
+    try:
+        result = run_ablation(config_from_args(args), log=log)
+    except (CorpusError, RunError, ValueError, json.JSONDecodeError) as e:
+        print(f"qkv ablate: error: {e}", file=sys.stderr)
+        return 1
+    print(result.table)
+    print(f"\n{result.out / 'results.md'}, {result.out / 'results.csv'}, {result.out / 'loss_curves.png'}")
+    if result.status == "interrupted":
+        print("interrupted; rerun the same command to continue")
+        return 130
+    if result.errors:
+        for label, err in result.errors.items():
+            print(f"qkv ablate: {label}: {err}", file=sys.stderr)
+        return 1
+    return 0
