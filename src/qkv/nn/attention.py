@@ -130,8 +130,11 @@ class MultiHeadAttention(nn.Module):
         if qk_pos is not None:  # Ω_q(X+Π) = Ω_q X + Ω_q Π, keys likewise; values see X only
             pos = F.linear(qk_pos, self.qkv_proj.weight[: 2 * C])  # (…,T,C) -> (…,T,2C)
             qkv = _cat_last(qkv[..., : 2 * C] + pos, qkv[..., 2 * C :])  # (B,T,3C)
-        qkv = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # (B,T,3C) -> (3,B,H,T,D)
-        q, k, v = qkv.unbind(0)  # 3 × (B,H,T,D)
+        # split on the (B,T,3,H,D) view, then transpose each: the same views as a permute to
+        # (3,B,H,T,D), but the backward stacks the three gradients in place of (B,T,3C) in one
+        # contiguous copy (a permuted stack costs a second, strided copy)
+        parts = qkv.view(B, T, 3, H, D).unbind(2)  # (B,T,3C) -> 3 × (B,T,H,D)
+        q, k, v = (t.transpose(1, 2) for t in parts)  # 3 × (B,H,T,D)
         return q, k, v
 
     # ------------------------------------------------------------------------------------------

@@ -145,6 +145,7 @@ class Encoder(nn.Module):
         token_type_ids: Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        unpad: bool = False,
     ) -> EncoderOutput:
         """Encode a batch.
 
@@ -156,6 +157,11 @@ class Encoder(nn.Module):
             output_hidden_states: return the embedding output and every layer's output.
             output_attentions: return every layer's exact ``(B,H,T,T)`` attention weights
                 (slower: the explicit attention path).
+            unpad: with a right-padded ``attention_mask`` (each row's real tokens first), run the
+                layers on the real tokens only (packed, no padded position computed; each
+                sequence attends on its own, unmasked) and return zeros at padded positions.
+                Real positions get what the padded computation gives, up to float rounding.
+                Ignored (the padded path runs) with ``output_attentions`` or another mask shape.
 
         Returns:
             :class:`EncoderOutput`.
@@ -173,6 +179,10 @@ class Encoder(nn.Module):
         T = input_ids.shape[1]
         qk_pos = self.qk_positions(T) if self.qk_positions is not None else None  # (T,C)
         x = self.embeddings(input_ids, token_type_ids)  # (B,T,C)
+        if unpad and padding_mask is not None and not output_attentions:
+            lengths = padding_mask.sum(dim=1)  # (B,)
+            if torch.equal(padding_mask, torch.arange(T, device=x.device) < lengths[:, None]):
+                return self._forward_packed(x, padding_mask, lengths.tolist(), qk_pos, output_hidden_states)
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for i, layer in enumerate(self.layers):
@@ -189,3 +199,23 @@ class Encoder(nn.Module):
             hidden_states=tuple(hidden) if hidden is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
         )
+
+    def _forward_packed(self, x: Tensor, padding_mask: Tensor, lengths: list[int], qk_pos: Tensor | None,
+                        output_hidden_states: bool) -> EncoderOutput:
+        """The layers on the real tokens only; ``x (B,T,C)`` embeddings, right-padded mask."""
+        B, T, C = x.shape
+        flat = padding_mask.reshape(-1)  # (B·T,)
+
+        def repad(p: Tensor) -> Tensor:  # (N,C) -> (B,T,C), zeros at padded positions
+            return p.new_zeros(B * T, C).index_put_((flat,), p).view(B, T, C)
+
+        hidden = [x] if output_hidden_states else None
+        p = x.reshape(B * T, C)[flat]  # (B·T,C) -> (N,C)
+        for i, layer in enumerate(self.layers):
+            p = layer.forward_packed(p, lengths, qk_pos=qk_pos)  # (N,C)
+            if self.final_norm is not None and i == len(self.layers) - 1:
+                p = self.final_norm(p)
+            if hidden is not None:
+                hidden.append(repad(p))
+        last = hidden[-1] if hidden is not None else repad(p)
+        return EncoderOutput(last_hidden_state=last, hidden_states=tuple(hidden) if hidden else None)

@@ -1,0 +1,120 @@
+"""Smoke test: benchmarks/pretrain.py and benchmarks/inference.py run end to end on a tiny config."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"qkv_bench_{name}", ROOT / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_pretrain_help_lists_the_flags():
+    text = _load("pretrain").build_parser().format_help()
+    for flag in ("--preset", "--steps", "--warmup", "--batch-size", "--seq-len", "--compile", "--bf16",
+                 "--json", "--threads", "--optimizer"):
+        assert flag in text
+
+
+def test_pretrain_tiny_two_steps(tmp_path, capsys):
+    bench = _load("pretrain")
+    out = tmp_path / "pretrain.json"
+    assert bench.main(["--preset", "tiny", "--steps", "2", "--warmup", "1", "--batch-size", "4",
+                       "--seq-len", "16", "--profile-steps", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "ratio qkv/hf" in text and "MFU" in text and "dropout 0" in text
+    res = json.loads(out.read_text())["results"][0]
+    assert res["preset"] == "tiny" and len(res["losses"]["qkv"]) == 3
+    # same weights, same batches, dropout 0: the two libraries train the same function
+    assert res["loss_max_diff"] <= 1e-4
+    assert res["flops_per_token"]["qkv"]["total"] < res["flops_per_token"]["hf"]["total"]
+    assert res["gemm_gflops"] > 0 and res["profile"]["qkv"]
+
+
+def test_inference_tiny(tmp_path, capsys):
+    bench = _load("inference")
+    out = tmp_path / "inference.json"
+    assert bench.main(["--preset", "tiny", "--seq-len", "16", "--min-len", "4", "--reps", "2",
+                       "--warmup", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == list(bench.CASES)
+    for r in rows:
+        assert r["max_abs_diff"] < 1e-4 and r["ratio"] > 0
+    mixed = rows[1]
+    assert mixed["real_tokens"] < mixed["batch"] * mixed["padded_len"]  # there is padding
+
+
+# --- the library paths these benchmarks rely on (unpad=True, no-grad in-place sums, AdamW impls)
+
+@pytest.mark.parametrize("overrides", [dict(), dict(norm="pre", position="rope"),
+                                       dict(position="relative"),
+                                       dict(position="learned", position_qk_only=True)])
+def test_unpad_equals_the_padded_path_at_real_positions(overrides):
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_encoder
+
+    torch.manual_seed(0)
+    enc = build_encoder(ModelConfig.preset("tiny", dropout=0.0, **overrides)).eval()
+    lengths = torch.tensor([9, 3, 5, 0, 7])
+    mask = torch.arange(9)[None] < lengths[:, None]  # (5,9) right-padded, one empty row
+    ids = torch.randint(1, 97, (5, 9)).masked_fill(~mask, 0)
+    want = enc(ids, mask, output_hidden_states=True)
+    got = enc(ids, mask, output_hidden_states=True, unpad=True)
+    for a, b in zip(want.hidden_states[1:], got.hidden_states[1:]):
+        torch.testing.assert_close(b[mask], a[mask], atol=1e-5, rtol=1e-5)
+        assert (b[~mask] == 0).all()
+    got.last_hidden_state[mask].sum().backward()  # trains too
+    assert all(p.grad is not None for p in enc.layers.parameters())
+
+
+def test_no_grad_forward_equals_grad_forward():
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_encoder
+
+    for norm in ("post", "pre"):
+        enc = build_encoder(ModelConfig.preset("tiny", norm=norm, activation="gelu_tanh")).eval()
+        ids = torch.randint(1, 97, (3, 8))
+        with torch.no_grad():
+            fast = enc(ids).last_hidden_state
+        torch.testing.assert_close(fast, enc(ids).last_hidden_state.detach(), atol=0, rtol=0)
+
+
+def test_adamw_implementations_agree():
+    from qkv.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5))
+    results = {}
+    for impl in ("auto", "fused", "foreach", "single"):
+        model = __import__("copy").deepcopy(base)
+        opt = build_optimizer(model, lr=1e-2, weight_decay=0.1, impl=impl)
+        for step in range(3):
+            torch.manual_seed(step)
+            model(torch.randn(4, 6)).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        results[impl] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert build_optimizer(base, lr=1e-3, weight_decay=0.0).defaults["fused"] is True  # CPU: fused
+    for impl, flat in results.items():
+        torch.testing.assert_close(flat, results["single"], atol=1e-6, rtol=1e-6, msg=impl)
+    with pytest.raises(ValueError, match="unknown AdamW implementation 'x'"):
+        build_optimizer(base, lr=1e-3, weight_decay=0.0, impl="x")
