@@ -28,8 +28,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+# OpenMP threads that sleep when idle instead of spinning (as in benchmarks/pretrain.py): on a
+# machine shared with other jobs a spinning worker descheduled mid-barrier stalls every parallel
+# op. Same for both sides; set OMP_WAIT_POLICY yourself to override.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402  (after the OpenMP setting, which is read when torch loads)
 
 try:
     import qkv  # noqa: F401
