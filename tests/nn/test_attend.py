@@ -30,14 +30,6 @@ BUILTIN = ("dot", "scaled_dot", "bilinear", "additive", "cosine")
 B, H, T, S, D, E = 5, 3, 7, 9, 8, 6  # distinct sizes (S ≠ T: keys need not be the queries)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: extra intra-op threads only add contention on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _paths_for(name):
     return ("sdpa", "explicit", "chunked") if SIMILARITIES[name].has_dot_form else ("explicit", "chunked")

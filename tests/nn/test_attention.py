@@ -27,14 +27,6 @@ DH = C // NH
 PATHS = ("auto", "sdpa", "explicit", "chunked")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: extra intra-op threads only add contention on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _pad(seed=0):
     g = torch.Generator().manual_seed(seed)

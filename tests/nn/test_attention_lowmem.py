@@ -34,14 +34,6 @@ B, T, C, NH = 5, 7, 24, 3  # distinct sizes; head dim 8
 DH = C // NH
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: extra intra-op threads only add contention on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _pad(seed=0, empty_row=None):
     g = torch.Generator().manual_seed(seed)

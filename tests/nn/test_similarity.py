@@ -24,14 +24,6 @@ B, H, T, S, D = 5, 3, 7, 6, 4  # distinct sizes
 DTYPE = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: extra intra-op threads only add contention on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _randomise(sim: nn.Module, seed: int = 0) -> nn.Module:
     """Move off the default initialisation (identity bilinear, equal temperatures, …)."""
