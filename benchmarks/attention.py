@@ -31,9 +31,7 @@ import json
 import math
 import os
 import platform
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +39,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmark helpers
+from peak_memory import peak_rss_growth, run_in_subprocess  # noqa: E402
 
 try:
     from qkv.nn.attention import MultiHeadAttention
@@ -174,31 +175,6 @@ def time_size(n: int, b: int, h: int, d: int, reps: int, warmup: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Peak memory (each measurement in a fresh subprocess)
 # ----------------------------------------------------------------------------------------------
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS (Linux ≥ 4.0)
-        return True
-    except OSError:
-        return False
-
-
-def _maxrss_bytes() -> int:
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r if sys.platform == "darwin" else r * 1024
-
-
 def _memory_child(spec: dict) -> dict:
     """Runs in a fresh process: peak RSS growth of one call described by ``spec``."""
     torch.set_num_threads(os.cpu_count() or 1)
@@ -237,18 +213,9 @@ def _memory_child(spec: dict) -> dict:
     for p in mod.parameters():
         p.grad = None
     gc.collect()
-    exact = _reset_peak()
-    rss0 = _status_kib("VmRSS")
-    maxrss0 = _maxrss_bytes()
     t0 = time.perf_counter()
-    out, w = go(x)
+    peak, method, (out, w) = peak_rss_growth(lambda: go(x))
     elapsed = time.perf_counter() - t0
-    if exact and rss0 is not None:
-        peak = (_status_kib("VmHWM") - rss0) * 1024
-        method = "VmHWM after clear_refs, minus VmRSS before"
-    else:
-        peak = _maxrss_bytes() - maxrss0
-        method = "ru_maxrss growth (lower bound)"
     return {
         **spec,
         "peak_bytes": peak,
@@ -261,14 +228,8 @@ def _memory_child(spec: dict) -> dict:
 
 def measure_memory(spec: dict, timeout: float | None = None) -> dict:
     """Run ``spec`` in a fresh subprocess of this script and return its result dict."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_memory-child", json.dumps(spec)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**spec, "error": f"timed out after {timeout} s"}
-    if p.returncode != 0:
-        return {**spec, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    r = run_in_subprocess(__file__, "--_memory-child", spec, timeout)
+    return {**spec, **r} if "error" in r else r
 
 
 def spec(impl, n, b, h, d, *, backward=False, need_weights=False, similarity="scaled_dot",

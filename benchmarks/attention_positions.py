@@ -33,7 +33,6 @@ import datetime
 import gc
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,9 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmark helpers
+from peak_memory import peak_rss_growth, run_in_subprocess  # noqa: E402
 
 try:
     from qkv.nn.attend import attend
@@ -127,55 +129,19 @@ def time_size(n: int, b: int, scope: str, variants, reps: int, warmup: int) -> d
 # ----------------------------------------------------------------------------------------------
 # Peak memory (each measurement in a fresh subprocess)
 # ----------------------------------------------------------------------------------------------
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS (Linux ≥ 4.0)
-        return True
-    except OSError:
-        return False
-
-
 def _memory_child(spec: dict) -> dict:
     small = Case(spec["variant"], spec["scope"], 16, 1)
     small.step()  # initialise libraries and kernels outside the measurement
     case = Case(spec["variant"], spec["scope"], spec["n"], spec["b"])
     del small
     gc.collect()
-    rss0 = _status_kib("VmRSS")
-    maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if rss0 is not None and _reset_peak() and _status_kib("VmHWM") is not None:
-        case.step()
-        peak, method = (_status_kib("VmHWM") - rss0) * 1024, "VmHWM after clear_refs - VmRSS before"
-    else:
-        rss0 = rss0 if rss0 is not None else maxrss0
-        case.step()
-        peak = max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
-        method = "ru_maxrss growth over the RSS after inputs (lower bound)"
+    peak, method, _ = peak_rss_growth(case.step)
     return {"peak_bytes": peak, "method": method}
 
 
 def measure_memory(spec: dict, timeout: float | None = None) -> dict:
     """Run ``spec`` in a fresh subprocess of this script and return its result dict."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
-    if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_in_subprocess(__file__, "--child", spec, timeout)
 
 
 # ----------------------------------------------------------------------------------------------
