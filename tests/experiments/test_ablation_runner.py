@@ -85,6 +85,16 @@ def test_same_seeds_give_identical_tables_with_the_statistics(tmp_path, cache):
     assert " ± " in a.table and "2/2" in a.table
     assert "Do Q/K/V maps matter on tiny?" in md and "loss_curves.png" in md
     assert (a.out / "loss_curves.png").stat().st_size > 1000
+    assert "## Ranking over seeds" in md and "- seed 1: " in md and "lower than `qkv` in" in md
+    # a subset of the variants over the same folder: nothing to train, a report of that variant only
+    logs = []
+    sub = run_ablation(AblationConfig(grid=grid, corpus=("dataset:pydoc",), out=str(tmp_path / "a"), seeds=2,
+                                      threads=1, overrides={"steps": 4}, variants=("raw",)), log=logs.append)
+    assert sub.status == "complete" and list(sub.grid.variants) == ["raw"]
+    assert sum(line.startswith("skip raw") for line in logs) == 2 and not any("[1/" in line for line in logs)
+    assert [line.split("|")[1].strip() for line in sub.table.splitlines()[2:]] == ["raw"]
+    assert _table_without_timing(sub.table)[2] == _table_without_timing(a.table)[3]
+    assert json.loads((tmp_path / "a" / "ablation.json").read_text())["variants"] == ["raw"]
     # parameters stated per variant: the raw variant lacks the 2 layers' fused C→3C maps (24·72 + 72 each)
     params = {r["variant"]: int(r["params"]) for r in rows}
     assert params["qkv"] - params["raw"] == 2 * (24 * 72 + 72)
@@ -161,7 +171,7 @@ def test_cli_help_list_and_errors(tmp_path, capsys, cache):
     assert e.value.code == 0
     text = capsys.readouterr().out
     for flag in ("--grid", "--list-grids", "--corpus", "--eval-corpus", "--steps", "--seeds", "--out",
-                 "--jobs", "--batch-size", "--max-len", "--preset", "--set"):
+                 "--jobs", "--batch-size", "--max-len", "--preset", "--set", "--variants"):
         assert flag in text, flag
     assert main(["ablate", "--list-grids"]) == 0
     listing = capsys.readouterr().out
@@ -173,4 +183,10 @@ def test_cli_help_list_and_errors(tmp_path, capsys, cache):
     assert main(["ablate", "--grid", "heads", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o"),
                  "--set", "model.heads=3"]) == 1
     assert "unknown model key 'heads'" in capsys.readouterr().err
+    assert main(["ablate", "--grid", "heads", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o"),
+                 "--variants", "h2,h3"]) == 1
+    assert "grid 'heads' has no variant 'h3'; its variants: h1, h2, h4, h8" in capsys.readouterr().err
+    assert main(["ablate", "--grid", "heads", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o"),
+                 "--variants", ","]) == 1
+    assert "--variants ',': give variant names" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # errors stop before anything is written

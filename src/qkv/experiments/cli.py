@@ -34,6 +34,8 @@ def add_ablate_parser(sub) -> None:
     )
     p.add_argument("--grid", metavar="NAME|FILE", help="a built-in grid name or a grid .json file")
     p.add_argument("--list-grids", action="store_true", help="list the built-in grids and exit")
+    p.add_argument("--variants", metavar="NAME[,NAME]", default=None,
+                   help="train only these of the grid's variants (default: all); the report covers them")
     p.add_argument("--corpus", action="append", default=None, metavar="SPEC",
                    help="training text: file, folder or dataset:NAME[:SPLIT]; repeatable")
     p.add_argument("--eval-corpus", metavar="SPEC[,SPEC]", default=None,
@@ -89,9 +91,15 @@ def config_from_args(args: argparse.Namespace):
     command = ""
     if sys.argv[1:2] == ["ablate"]:
         command = "qkv ablate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    variants = None
+    if args.variants is not None:
+        variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+        if not variants:
+            raise ValueError(f"--variants {args.variants!r}: give variant names separated by commas "
+                             "(qkv ablate --list-grids lists them)")
     return AblationConfig(grid=args.grid, corpus=tuple(args.corpus), out=args.out, eval_corpus=eval_corpus,
                           seeds=args.seeds, jobs=args.jobs, threads=args.threads, overrides=overrides,
-                          command=command)
+                          command=command, variants=variants)
 
 
 def _list_grids() -> int:

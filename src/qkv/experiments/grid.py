@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -94,6 +95,21 @@ class Grid:
     @property
     def length_factor(self) -> int | None:
         return self.extra_eval.get("length_factor")
+
+    def subset(self, names: Sequence[str]) -> Grid:
+        """The same grid with only the variants ``names`` (kept in the grid's order).
+
+        Raises:
+            ValueError: an unknown or repeated name, or no name at all.
+        """
+        names = list(names)
+        unknown = [n for n in names if n not in self.variants]
+        if unknown:
+            raise ValueError(f"grid {self.name!r} has no variant {', '.join(map(repr, unknown))}; "
+                             f"its variants: {', '.join(self.variants)}")
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"variants {names!r}: give each of the grid's variants at most once, at least one")
+        return dataclasses.replace(self, variants={k: v for k, v in self.variants.items() if k in names})
 
     def to_dict(self) -> dict[str, Any]:
         """The grid as its JSON file holds it (without ``source``)."""

@@ -1,5 +1,6 @@
 """The harness's report: ``results.csv`` (one row per run), ``results.md`` (one row per variant,
-mean ± standard deviation over seeds) and ``loss_curves.png`` (held-out loss against step, mean
+mean ± standard deviation over seeds, then the ranking over seeds of :mod:`~qkv.experiments.ranking`)
+and ``loss_curves.png`` (held-out loss against step, mean
 over seeds per variant).
 
 Every column but ``tokens/s`` (the table's last) depends only on the configuration and the seeds,
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from qkv.experiments.grid import Grid
 from qkv.experiments.plan import Job
+from qkv.experiments.ranking import ranking_section
 from qkv.training.checkpoint import atomic_write_text
 
 __all__ = ["write_report", "format_table", "table_columns", "CSV_COLUMNS"]
@@ -163,6 +165,9 @@ def write_report(out: Path, grid: Grid, jobs: list[Job], rows: list[dict], *, ho
            "at the last step", ""]
     md += [table, "", "Variants (overrides of the shared settings):", ""]
     md += [f"- `{name}`: `{json.dumps(over, sort_keys=True)}`" for name, over in grid.variants.items()]
+    ranking = ranking_section(rows, list(grid.variants))
+    if ranking:
+        md += [""] + ranking
     notes = sorted({f"`{r['variant']}`: {r['long_note']}" for r in rows if r.get("long_note")})
     failures = [f"`{r['variant']}` seed {r['seed']}: {r.get('error', '')}" for r in rows
                 if r.get("status") == "failed"]

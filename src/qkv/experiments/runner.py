@@ -57,6 +57,7 @@ class AblationConfig:
         overrides: TrainConfig fields and ``model`` overrides applied to every variant (the
             command line's ``--steps``, ``--set``, …), below the variants' own settings.
         command: the command line, recorded in ``results.md``.
+        variants: train only these of the grid's variants (None: all); the report covers them.
     """
 
     grid: str
@@ -68,6 +69,7 @@ class AblationConfig:
     threads: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     command: str = ""
+    variants: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.corpus, str):
@@ -273,6 +275,8 @@ def run_ablation(cfg: AblationConfig, *, log: Callable[[str], None] = print) -> 
     differs from the plan — raises ``ValueError`` before any training.
     """
     grid = load_grid(cfg.grid)
+    if cfg.variants is not None:
+        grid = grid.subset(cfg.variants)
     validate_grid(grid, cfg.overrides)
     out = Path(cfg.out)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
@@ -285,7 +289,7 @@ def run_ablation(cfg: AblationConfig, *, log: Callable[[str], None] = print) -> 
     atomic_write_text(out / "ablation.json", json.dumps(
         {"grid": grid.to_dict(), "grid_source": grid.source, "corpus": list(cfg.corpus),
          "eval_corpus": list(cfg.eval_corpus) if cfg.eval_corpus else None, "seeds": cfg.seeds,
-         "overrides": cfg.overrides, "command": cfg.command}, indent=2))
+         "overrides": cfg.overrides, "variants": list(grid.variants), "command": cfg.command}, indent=2))
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs)
     log(f"grid {grid.name}: {len(grid.variants)} variants × {cfg.seeds} seeds = {len(jobs)} runs into {out} "
         f"({cfg.jobs} at a time, {threads} thread{'s' if threads > 1 else ''} each)")
