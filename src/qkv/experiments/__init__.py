@@ -9,7 +9,8 @@
 Modules: :mod:`~qkv.experiments.grid` (the grid file format), :mod:`~qkv.experiments.plan` (variants ×
 seeds → run configs), :mod:`~qkv.experiments.data` (the shared tokenizer and held-out text),
 :mod:`~qkv.experiments.worker` (train and measure one run), :mod:`~qkv.experiments.stats` (self-attention
-share, saturation, early gradient norms), :mod:`~qkv.experiments.report` (CSV, Markdown, plot),
+share, saturation, early gradient norms), :mod:`~qkv.experiments.report` (CSV, Markdown, plot), :mod:`~qkv.experiments.ranking` (paired
+rankings over seeds),
 :mod:`~qkv.experiments.runner` (skip, resume, parallel processes). See docs/experiments.md.
 """
 
