@@ -22,6 +22,7 @@ Only finished runs (``status == "ok"``) with a finite value take part.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 __all__ = ["by_seed", "paired_t_p", "resolved_below", "paired_differences", "stable_order", "seed_rankings", "ranking_section",
@@ -44,10 +45,8 @@ def by_seed(rows: Sequence[dict], key: str = "eval_loss") -> dict[str, dict[int,
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    """Mean and sample standard deviation (n − 1; NaN for one value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else float("nan"))
 
 
 def paired_t_p(diffs: Sequence[float]) -> float:

@@ -1,7 +1,6 @@
 """The harness's report: ``results.csv`` (one row per run), ``results.md`` (one row per variant,
 mean ± standard deviation over seeds, then the ranking over seeds of :mod:`~qkv.experiments.ranking`)
-and ``loss_curves.png`` (held-out loss against step, mean
-over seeds per variant).
+and ``loss_curves.png`` (held-out loss against step, mean over seeds per variant).
 
 Every column but ``tokens/s`` (the table's last) depends only on the configuration and the seeds,
 so two runs of the same command give the same table up to that column.
@@ -13,6 +12,7 @@ import csv
 import io
 import json
 import math
+import statistics
 from pathlib import Path
 
 from qkv.experiments.grid import Grid
@@ -60,11 +60,10 @@ def _cell(values: list[float], decimals: int) -> str:
         return "—"
     if decimals < 0:  # parameter counts: the same for every seed
         return f"{int(values[0]):,}"
-    mean = sum(values) / len(values)
+    mean = statistics.fmean(values)
     if len(values) == 1:
         return f"{mean:,.{decimals}f}"
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    return f"{mean:,.{decimals}f} ± {std:,.{decimals}f}"
+    return f"{mean:,.{decimals}f} ± {statistics.stdev(values):,.{decimals}f}"
 
 
 def format_table(grid: Grid, rows: list[dict], n_seeds: int) -> str:
@@ -121,11 +120,10 @@ def plot_curves(grid: Grid, rows: list[dict], path: Path) -> Path | None:
         steps = sorted(set.intersection(*(set(c) for c in curves)))
         if not steps:
             continue
-        means = [sum(c[s] for c in curves) / len(curves) for s in steps]
+        means = [statistics.fmean(c[s] for c in curves) for s in steps]
         (line,) = ax.plot(steps, means, "o-", ms=3, label=f"{variant} (n={len(curves)})")
         if len(curves) > 1:
-            stds = [math.sqrt(sum((c[s] - m) ** 2 for c in curves) / (len(curves) - 1))
-                    for s, m in zip(steps, means)]
+            stds = [statistics.stdev([c[s] for c in curves]) for s in steps]
             ax.fill_between(steps, [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)],
                             color=line.get_color(), alpha=0.15)
         drawn = True
