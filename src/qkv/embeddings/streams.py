@@ -25,6 +25,7 @@ import os
 import struct
 import sys
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -151,9 +152,10 @@ def output_format(path: str | os.PathLike) -> str:
     return suffix
 
 
-class VectorWriter:
+class VectorWriter(ABC):
     """Base writer: rows go to a temporary file; :meth:`commit` renames it into place, :meth:`abort`
-    (or leaving a ``with`` block by an exception) removes it."""
+    (or leaving a ``with`` block by an exception) removes it. Subclasses implement :meth:`_write`
+    and :meth:`_finish`."""
 
     def __init__(self, path: str | os.PathLike, dim: int):
         self.path, self.dim, self.rows = Path(path), int(dim), 0
@@ -192,12 +194,13 @@ class VectorWriter:
             self.commit()
         return False
 
-    # subclasses
+    @abstractmethod
     def _write(self, ids: list, vectors: np.ndarray) -> None:
-        raise NotImplementedError
+        """Append ``vectors`` (float32, ``(n, dim)``) with their ``ids`` to the temporary file."""
 
+    @abstractmethod
     def _finish(self) -> None:
-        raise NotImplementedError
+        """Flush and close the temporary file (it is renamed into place afterwards)."""
 
     def _close_quietly(self) -> None:
         pass
