@@ -171,7 +171,7 @@ def test_cli_help_list_and_errors(tmp_path, capsys, cache):
     assert e.value.code == 0
     text = capsys.readouterr().out
     for flag in ("--grid", "--list-grids", "--corpus", "--eval-corpus", "--steps", "--seeds", "--out",
-                 "--jobs", "--batch-size", "--max-len", "--preset", "--set", "--variants"):
+                 "--jobs", "--batch-size", "--max-len", "--preset", "--set", "--variants", "--reuse"):
         assert flag in text, flag
     assert main(["ablate", "--list-grids"]) == 0
     listing = capsys.readouterr().out

@@ -11,6 +11,7 @@ seeds → run configs), :mod:`~qkv.experiments.data` (the shared tokenizer and h
 :mod:`~qkv.experiments.worker` (train and measure one run), :mod:`~qkv.experiments.stats` (self-attention
 share, saturation, early gradient norms), :mod:`~qkv.experiments.report` (CSV, Markdown, plot), :mod:`~qkv.experiments.ranking` (paired
 rankings over seeds),
+:mod:`~qkv.experiments.reuse` (copy the same run from another folder),
 :mod:`~qkv.experiments.runner` (skip, resume, parallel processes). See docs/experiments.md.
 """
 

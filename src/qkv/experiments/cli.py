@@ -53,6 +53,10 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a TrainConfig field (warmup_steps=50) or a model field (model.dropout=0) "
                    "for every variant; VALUE is JSON, else a string; repeatable")
+    p.add_argument("--reuse", action="append", default=[], metavar="DIR",
+                   help="an earlier harness folder (its --out): runs there that are the same run — same "
+                   "configuration, seed, tokenizer and text — are copied instead of trained again "
+                   "(e.g. the mini default, which every grid holds); repeatable")
     p.add_argument("--quiet", action="store_true", help="print only the final table")
     p.set_defaults(func=_run)
 
@@ -99,7 +103,7 @@ def config_from_args(args: argparse.Namespace):
                              "(qkv ablate --list-grids lists them)")
     return AblationConfig(grid=args.grid, corpus=tuple(args.corpus), out=args.out, eval_corpus=eval_corpus,
                           seeds=args.seeds, jobs=args.jobs, threads=args.threads, overrides=overrides,
-                          command=command, variants=variants)
+                          command=command, variants=variants, reuse=tuple(args.reuse))
 
 
 def _list_grids() -> int:

@@ -26,7 +26,7 @@ CSV_COLUMNS = ["variant", "seed", "status", "params", "steps", "batch_size", "ma
                "eval_loss", "accuracy", "perplexity", "most_frequent_accuracy", "masked_tokens",
                "self_share", "self_top1", "chance", "max_weight_early", "entropy_early", "grad_norm_early",
                "qk_grad_norm_early", "early_steps", "max_weight_final", "entropy_final", "long_len",
-               "long_eval_loss", "long_accuracy", "long_note", "tokens_per_s", "error"]
+               "long_eval_loss", "long_accuracy", "long_note", "tokens_per_s", "reused_from", "error"]
 
 
 def table_columns(grid: Grid) -> list[tuple[str, str, int]]:
@@ -103,6 +103,18 @@ def _setup(job: Job) -> str:
             f"{c['eval_batches']} × {c['eval_batch_size']} blocks")
 
 
+def _reused_lines(grid: Grid, rows: list[dict]) -> list[str]:
+    """``- `variant` seeds 0, 1 from runs/<variant>`` per variant and source folder."""
+    by: dict[tuple[str, str], list[int]] = {}
+    for r in rows:
+        if r.get("reused_from"):
+            src = Path(r["reused_from"])
+            by.setdefault((r["variant"], str(src.parent)), []).append(r["seed"])
+    order = {v: i for i, v in enumerate(grid.variants)}
+    return [f"- `{v}` seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))} from `{src}`"
+            for (v, src), seeds in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], 0), kv[0][1]))]
+
+
 def plot_curves(grid: Grid, rows: list[dict], path: Path) -> Path | None:
     """Held-out loss against step, mean over seeds (band: ± std) per variant."""
     import matplotlib
@@ -173,6 +185,10 @@ def write_report(out: Path, grid: Grid, jobs: list[Job], rows: list[dict], *, ho
         md += ["", f"At {grid.length_factor}× length:", ""] + [f"- {n}" for n in notes]
     if failures:
         md += ["", "Diverged runs:", ""] + [f"- {f}" for f in failures]
+    reused = _reused_lines(grid, rows)
+    if reused:
+        md += ["", "Runs copied from other harness folders (the same configuration, seed, tokenizer and "
+               "text; `--reuse`), measured here:", ""] + reused
     done = {(r["variant"], r["seed"]) for r in rows}
     missing = [j.label for j in jobs if (j.variant, j.seed) not in done]
     if missing:

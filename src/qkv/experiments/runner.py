@@ -12,6 +12,8 @@ Rerunning the same command continues: finished runs (``result.json``) are skippe
 run resumes from its last checkpoint (bit-identically: see :mod:`qkv.training.loop`), and a run
 whose stored configuration differs from the planned one stops the harness before any training.
 Several harness processes may work on one folder: a run locked by a live process is left to it.
+With ``reuse``, runs of other harness folders that are the same run (configuration, seed, tokenizer,
+text) are copied instead of trained (:mod:`qkv.experiments.reuse`).
 
 With ``jobs > 1`` runs train in separate processes, each with ``threads`` torch threads (default
 ``cores // jobs``). Numbers depend only on the seed and the configuration — not on ``jobs`` — as
@@ -36,6 +38,7 @@ from qkv.experiments.data import prepare_shared_data
 from qkv.experiments.grid import Grid, load_grid
 from qkv.experiments.plan import Job, merge_overrides, plan_jobs, validate_grid
 from qkv.experiments.report import write_report
+from qkv.experiments.reuse import check_sources, reuse_runs
 from qkv.experiments.worker import is_finished, read_result, run_job
 from qkv.training.checkpoint import atomic_write_text
 from qkv.training.config import TrainConfig
@@ -58,6 +61,8 @@ class AblationConfig:
             command line's ``--steps``, ``--set``, …), below the variants' own settings.
         command: the command line, recorded in ``results.md``.
         variants: train only these of the grid's variants (None: all); the report covers them.
+        reuse: other harness folders whose trained runs are copied instead of trained again when
+            they are the same run (:mod:`qkv.experiments.reuse`).
     """
 
     grid: str
@@ -70,6 +75,7 @@ class AblationConfig:
     overrides: dict[str, Any] = field(default_factory=dict)
     command: str = ""
     variants: tuple[str, ...] | None = None
+    reuse: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.corpus, str):
@@ -77,6 +83,9 @@ class AblationConfig:
         object.__setattr__(self, "corpus", tuple(str(c) for c in self.corpus))
         if isinstance(self.eval_corpus, str):
             object.__setattr__(self, "eval_corpus", (self.eval_corpus,))
+        if isinstance(self.reuse, (str, Path)):
+            object.__setattr__(self, "reuse", (self.reuse,))
+        object.__setattr__(self, "reuse", tuple(str(r) for r in self.reuse))
         if not self.corpus:
             raise ValueError("corpus is empty: give at least one file, folder or dataset:NAME")
         for name in ("seeds", "jobs"):
@@ -278,6 +287,7 @@ def run_ablation(cfg: AblationConfig, *, log: Callable[[str], None] = print) -> 
     if cfg.variants is not None:
         grid = grid.subset(cfg.variants)
     validate_grid(grid, cfg.overrides)
+    check_sources(cfg.reuse)
     out = Path(cfg.out)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
                 if f.default is not dataclasses.MISSING}
@@ -286,6 +296,8 @@ def run_ablation(cfg: AblationConfig, *, log: Callable[[str], None] = print) -> 
     jobs = plan_jobs(grid, out, list(range(cfg.seeds)), overrides=cfg.overrides,
                      data_fields=shared["data_fields"])
     _check_existing(jobs)
+    if cfg.reuse:
+        reuse_runs(jobs, out, cfg.reuse, lock=_try_lock, unlock=_unlock, log=log)
     atomic_write_text(out / "ablation.json", json.dumps(
         {"grid": grid.to_dict(), "grid_source": grid.source, "corpus": list(cfg.corpus),
          "eval_corpus": list(cfg.eval_corpus) if cfg.eval_corpus else None, "seeds": cfg.seeds,

@@ -125,6 +125,9 @@ def measure(job: Job, cfg, data, hook: EarlyStats | None) -> dict:
         "tokens_per_s": statistics.median(speeds) if speeds else None,
         "curve": [[r["step"], r["eval_loss"], r["accuracy"]] for r in evals],
     }
+    meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    if meta.get("reused_from"):
+        out["reused_from"] = meta["reused_from"]
     if job.stats:
         ids, mask = _probe(data.eval)
         summary = attention_summary(encoder_attentions(model, ids, mask), mask)
