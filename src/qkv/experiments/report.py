@@ -18,6 +18,7 @@ from pathlib import Path
 from qkv.experiments.grid import Grid
 from qkv.experiments.plan import Job
 from qkv.experiments.ranking import ranking_section
+from qkv.experiments.reuse import REUSED_KEY
 from qkv.training.checkpoint import atomic_write_text
 
 __all__ = ["write_report", "format_table", "table_columns", "CSV_COLUMNS"]
@@ -107,8 +108,8 @@ def _reused_lines(grid: Grid, rows: list[dict]) -> list[str]:
     """``- `variant` seeds 0, 1 from runs/<variant>`` per variant and source folder."""
     by: dict[tuple[str, str], list[int]] = {}
     for r in rows:
-        if r.get("reused_from"):
-            src = Path(r["reused_from"])
+        if r.get(REUSED_KEY):
+            src = Path(r[REUSED_KEY])
             by.setdefault((r["variant"], str(src.parent)), []).append(r["seed"])
     order = {v: i for i, v in enumerate(grid.variants)}
     return [f"- `{v}` seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))} from `{src}`"

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from qkv.experiments.plan import Job
+from qkv.experiments.reuse import REUSED_KEY
 from qkv.experiments.stats import EarlyStats, attention_summary, encoder_attentions
 from qkv.training.checkpoint import atomic_write_text
 
@@ -126,8 +127,8 @@ def measure(job: Job, cfg, data, hook: EarlyStats | None) -> dict:
         "curve": [[r["step"], r["eval_loss"], r["accuracy"]] for r in evals],
     }
     meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    if meta.get("reused_from"):
-        out["reused_from"] = meta["reused_from"]
+    if meta.get(REUSED_KEY):
+        out[REUSED_KEY] = meta[REUSED_KEY]
     if job.stats:
         ids, mask = _probe(data.eval)
         summary = attention_summary(encoder_attentions(model, ids, mask), mask)
