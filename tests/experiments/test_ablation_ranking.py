@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from qkv.experiments.ranking import (by_seed, paired_differences, paired_t_p, ranking_section, resolved_below,
-                                     seed_rankings, stable_order)
+from qkv.experiments.ranking import (by_seed, orders_over_budget, paired_differences, paired_t_p, ranking_section,
+                                     resolved_below, resolved_pairs, seed_rankings, stable_order, stable_since,
+                                     values_over_budget)
 
 
 def _rows(table: dict[str, list[float]], **extra) -> list[dict]:
@@ -86,3 +87,60 @@ def test_ranking_section_markdown():
     assert "| h8 | -0.0062 ± 0.0049 | 3/3 seeds | 0.156 |" in text  # against h1, the grid's first variant
     assert ranking_section(_rows({"a": [1.0], "b": [2.0]}), ["a", "b"]) == []  # one seed: no ranking
     assert ranking_section(_rows({"a": [1.0, 2.0]}), ["a"]) == []  # one variant
+
+
+def _curve_rows(curves: dict[str, list[list[float]]]) -> list[dict]:
+    """``{variant: [losses at steps 100, 200, … for seed 0, seed 1, …]}`` → rows with curves."""
+    rows = []
+    for v, per_seed in curves.items():
+        for s, losses in enumerate(per_seed):
+            curve = [[100 * (i + 1), x, 0.0] for i, x in enumerate(losses)]
+            rows.append({"variant": v, "seed": s, "status": "ok", "eval_loss": losses[-1], "curve": curve})
+    return rows
+
+
+# b starts below a, a overtakes it at step 200 and is resolved below it from step 300 on
+CURVES = {"a": [[7.0, 6.9, 6.5, 6.4], [7.1, 7.0, 6.6, 6.5], [7.2, 7.1, 6.7, 6.6]],
+          "b": [[6.9, 7.0, 6.6, 6.5], [7.0, 7.1, 6.7, 6.61], [7.1, 7.2, 6.8, 6.72]]}
+
+
+def test_the_order_at_every_evaluation_and_the_step_it_has_held_since():
+    orders = orders_over_budget(_curve_rows(CURVES), ["a", "b"])
+    assert orders == [(100, "b < a"), (200, "a < b"), (300, "a < b"), (400, "a < b")]
+    assert stable_since(orders) == 200 and stable_since(orders[:1]) == 100 and stable_since([]) is None
+    pairs = [(step, resolved_pairs(values)) for step, values in values_over_budget(_curve_rows(CURVES))]
+    assert pairs[0][1] == {("b", "a")} and pairs[-1][1] == {("a", "b")}
+    # resolved pairs are over all pairs: x < z holds although x ≈ y ≈ z as neighbours
+    values = by_seed(_rows({"x": [1.00, 2.00, 3.00], "y": [1.05, 1.95, 3.06], "z": [1.10, 2.11, 3.12]}))
+    assert stable_order(values) == "x ≈ y ≈ z" and resolved_pairs(values) == {("x", "z")}
+    # the last evaluation agrees with the final column, so the table's last line is the headline
+    assert orders[-1][1] == stable_order(by_seed(_curve_rows(CURVES)), ["a", "b"])
+    # only the steps every finished run evaluated count; a failed run's curve is ignored
+    rows = _curve_rows(CURVES)
+    rows[0]["curve"] = rows[0]["curve"][1:]
+    rows.append({"variant": "c", "seed": 0, "status": "failed", "curve": [[50, 1.0, 0.0]]})
+    assert [s for s, _ in orders_over_budget(rows, ["a", "b", "c"])] == [200, 300, 400]
+
+
+def test_ranking_section_states_whether_the_budget_settled_the_ranking():
+    text = "\n".join(ranking_section(_curve_rows(CURVES), ["a", "b"]))
+    assert "| 100 | b < a |" in text and "| 400 | a < b |" in text
+    assert ("Resolved pairs at the end: 1 of 1; the set of resolved pairs has held at every evaluation since step "
+            "200 (50 % of the budget), the whole ranking (the order of the means included) has held at every "
+            "evaluation since step 200 (50 % of the budget).") in text
+    # a ranking that flips at the last evaluation is reported as not settled
+    flipped = {v: [c[:-1] + [c[-1] + (0.3 if v == "a" else 0)] for c in cs] for v, cs in CURVES.items()}
+    text = "\n".join(ranking_section(_curve_rows(flipped), ["a", "b"]))
+    assert "the set of resolved pairs has changed at the last evaluation (step 400)" in text
+    # a full tie whose means keep swapping: nothing resolved at any step, so the resolved pairs hold
+    tie = {"a": [[7.0, 6.9], [7.1, 7.0], [7.2, 7.1]], "b": [[6.98, 6.92], [7.11, 6.99], [7.19, 7.12]]}
+    text = "\n".join(ranking_section(_curve_rows(tie), ["a", "b"]))
+    assert ("Resolved pairs at the end: 0 of 1; the set of resolved pairs has held at every evaluation since step "
+            "100 (50 % of the budget), the whole ranking (the order of the means included) has changed at the "
+            "last evaluation (step 200).") in text
+    # more than ten evaluations: every k-th one, ending at the last
+    long = {v: [[7.0 - 0.01 * i - (0.001 * s if v == "a" else 0) for i in range(25)] for s in range(3)]
+            for v in ("a", "b")}
+    lines = [l for l in ranking_section(_curve_rows(long), ["a", "b"]) if l.startswith("| ") and "≈" in l
+             or l.startswith("| ") and "<" in l and "seeds" not in l]
+    assert [int(l.split("|")[1]) for l in lines] == [100, 400, 700, 1000, 1300, 1600, 1900, 2200, 2500]

@@ -15,6 +15,11 @@ mean ± std columns of the table do not.
   asks that the difference be large against its own seed-to-seed spread (|t| > 4.30 at 2
   degrees of freedom).
 * :func:`seed_rankings` — the order of the variants in each seed.
+* :func:`orders_over_budget` — :func:`stable_order` at every held-out evaluation during training
+  (the runs' loss curves), :func:`resolved_pairs` — every resolved ``a < b`` over all pairs, and
+  :func:`stable_since` — from which evaluation on the final value held: is the budget large enough
+  that more steps would not change the ranking? Within a tie the order of the means may keep
+  changing; the set of resolved pairs is what a ranking claims.
 
 Only finished runs (``status == "ok"``) with a finite value take part.
 """
@@ -26,7 +31,7 @@ import statistics
 from collections.abc import Sequence
 
 __all__ = ["by_seed", "paired_t_p", "resolved_below", "paired_differences", "stable_order", "seed_rankings", "ranking_section",
-           "ALPHA"]
+           "values_over_budget", "resolved_pairs", "orders_over_budget", "stable_since", "ALPHA"]
 
 #: Significance level of the paired t-test behind ``<`` in :func:`stable_order`.
 ALPHA = 0.05
@@ -118,11 +123,76 @@ def seed_rankings(values: dict[str, dict[int, float]], order: Sequence[str] | No
             for s in seeds}
 
 
+def values_over_budget(rows: Sequence[dict]) -> list[tuple[int, dict[str, dict[int, float]]]]:
+    """``[(step, {variant: {seed: held-out loss at step}})]`` over the evaluation steps that every
+    finished run's ``curve`` (``[[step, loss, accuracy], …]``) has, in step order."""
+    curves = [(r["variant"], int(r["seed"]), {int(c[0]): c[1] for c in r.get("curve") or []})
+              for r in rows if r.get("status") == "ok"]
+    if not curves:
+        return []
+    steps = sorted(set.intersection(*(set(c) for _, _, c in curves)))
+    return [(step, by_seed([{"variant": v, "seed": s, "status": "ok", "eval_loss": c[step]}
+                            for v, s, c in curves])) for step in steps]
+
+
+def resolved_pairs(values: dict[str, dict[int, float]]) -> frozenset[tuple[str, str]]:
+    """Every ``(a, b)`` of variants with ``a`` resolved below ``b`` (:func:`resolved_below`), over
+    all pairs — not only the neighbours that :func:`stable_order` joins."""
+    return frozenset((a, b) for a in values for b in values if a != b and resolved_below(values[a], values[b]))
+
+
+def orders_over_budget(rows: Sequence[dict], order: Sequence[str] | None = None) -> list[tuple[int, str]]:
+    """``[(step, stable order of the held-out loss at that step)]`` (:func:`values_over_budget`)."""
+    return [(step, stable_order(values, order)) for step, values in values_over_budget(rows)]
+
+
+def stable_since(history: Sequence[tuple[int, object]]) -> int | None:
+    """The first step from which every later ``(step, value)`` of ``history`` has the final value
+    (None if empty)."""
+    if not history:
+        return None
+    since = history[-1][0]
+    for step, value in reversed(history):
+        if value != history[-1][1]:
+            break
+        since = step
+    return since
+
+
+def _over_budget_lines(rows: Sequence[dict], names: Sequence[str], label: str) -> list[str]:
+    """The evaluations-during-training part of :func:`ranking_section` (empty with fewer than two)."""
+    history = values_over_budget(rows)
+    if len(history) < 2:
+        return []
+    last = history[-1][0]
+    orders = [(step, stable_order(values, names)) for step, values in history]
+    pairs = [(step, resolved_pairs(values)) for step, values in history]
+    n_pairs = len(names) * (len(names) - 1) // 2
+    shown = orders
+    if len(orders) > 10:  # every k-th evaluation, ending at the last
+        shown = orders[::-1][::math.ceil(len(orders) / 10)][::-1]
+    lines = ["", f"The same ranking at the held-out evaluations during training (the same runs' {label} "
+             "curves; `<` and `≈` as above):", "", "| step | ranking |", "|---:|---|"]
+    lines += [f"| {step} | {text} |" for step, text in shown]
+
+    def since(history: list) -> str:
+        step = stable_since(history)
+        if step == last:
+            return f"changed at the last evaluation (step {last})"
+        return f"held at every evaluation since step {step} ({100 * step / last:.0f} % of the budget)"
+
+    n_resolved = len(pairs[-1][1])
+    lines += ["", f"Resolved pairs at the end: {n_resolved} of {n_pairs}; the set of resolved pairs has "
+              f"{since(pairs)}, the whole ranking (the order of the means included) has {since(orders)}."]
+    return lines
+
+
 def ranking_section(rows: Sequence[dict], order: Sequence[str], key: str = "eval_loss",
                     label: str = "held-out loss") -> list[str]:
-    """Markdown lines for ``results.md``: the stable order, the per-seed orders and the paired
-    differences against the first variant of ``order`` (the grid's reference). Empty with fewer
-    than two seeds or two variants."""
+    """Markdown lines for ``results.md``: the stable order, the per-seed orders, the paired
+    differences against the first variant of ``order`` (the grid's reference) and, for the held-out
+    loss, the stable order at each evaluation during training (:func:`orders_over_budget`) with the
+    step since which it has held. Empty with fewer than two seeds or two variants."""
     values = by_seed(rows, key)
     names = [v for v in order if values.get(v)]
     n_seeds = len({s for v in names for s in values[v]})
@@ -146,4 +216,6 @@ def ranking_section(rows: Sequence[dict], order: Sequence[str], key: str = "eval
         spread = "" if math.isnan(d["std"]) else f" ± {d['std']:.4f}"
         p = "—" if math.isnan(d["p"]) else f"{d['p']:.3f}"
         lines.append(f"| {variant} | {d['mean']:+.4f}{spread} | {d['lower']}/{d['n']} seeds | {p} |")
+    if key == "eval_loss":
+        lines += _over_budget_lines(rows, names, label)
     return lines
