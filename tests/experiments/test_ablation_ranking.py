@@ -131,7 +131,9 @@ def test_ranking_section_states_whether_the_budget_settled_the_ranking():
     # a ranking that flips at the last evaluation is reported as not settled
     flipped = {v: [c[:-1] + [c[-1] + (0.3 if v == "a" else 0)] for c in cs] for v, cs in CURVES.items()}
     text = "\n".join(ranking_section(_curve_rows(flipped), ["a", "b"]))
-    assert "the set of resolved pairs has changed at the last evaluation (step 400)" in text
+    assert ("the set of resolved pairs has changed at the last evaluation (step 400), the whole ranking (the "
+            "order of the means included) has changed at the last evaluation (step 400). Since step 300: "
+            "`b < a` resolved; `a < b` no longer resolved.") in text
     # a full tie whose means keep swapping: nothing resolved at any step, so the resolved pairs hold
     tie = {"a": [[7.0, 6.9], [7.1, 7.0], [7.2, 7.1]], "b": [[6.98, 6.92], [7.11, 6.99], [7.19, 7.12]]}
     text = "\n".join(ranking_section(_curve_rows(tie), ["a", "b"]))

@@ -184,6 +184,11 @@ def _over_budget_lines(rows: Sequence[dict], names: Sequence[str], label: str) -
     n_resolved = len(pairs[-1][1])
     lines += ["", f"Resolved pairs at the end: {n_resolved} of {n_pairs}; the set of resolved pairs has "
               f"{since(pairs)}, the whole ranking (the order of the means included) has {since(orders)}."]
+    (prev_step, before), (_, after) = pairs[-2], pairs[-1]
+    if before != after:
+        changes = [f"`{a} < {b}` resolved" for a, b in sorted(after - before)]
+        changes += [f"`{a} < {b}` no longer resolved" for a, b in sorted(before - after)]
+        lines[-1] += f" Since step {prev_step}: {'; '.join(changes)}."
     return lines
 
 
