@@ -125,7 +125,7 @@ def test_the_order_at_every_evaluation_and_the_step_it_has_held_since():
 def test_ranking_section_states_whether_the_budget_settled_the_ranking():
     text = "\n".join(ranking_section(_curve_rows(CURVES), ["a", "b"]))
     assert "| 100 | b < a |" in text and "| 400 | a < b |" in text
-    assert ("Resolved pairs at the end: 1 of 1; the set of resolved pairs has held at every evaluation since step "
+    assert ("Resolved pairs at the end: 1 of 1 (`a < b`); the set of resolved pairs has held at every evaluation since step "
             "200 (50 % of the budget), the whole ranking (the order of the means included) has held at every "
             "evaluation since step 200 (50 % of the budget).") in text
     # a ranking that flips at the last evaluation is reported as not settled
@@ -146,3 +146,8 @@ def test_ranking_section_states_whether_the_budget_settled_the_ranking():
     lines = [l for l in ranking_section(_curve_rows(long), ["a", "b"]) if l.startswith("| ") and "≈" in l
              or l.startswith("| ") and "<" in l and "seeds" not in l]
     assert [int(l.split("|")[1]) for l in lines] == [100, 400, 700, 1000, 1300, 1600, 1900, 2200, 2500]
+    # a pair resolved past its neighbours is named: the chain alone reads as a full tie
+    chain = {"x": [[1.00, 1.00], [2.00, 2.00], [3.00, 3.00]], "y": [[1.05, 1.05], [1.95, 1.95], [3.06, 3.06]],
+             "z": [[1.10, 1.10], [2.11, 2.11], [3.12, 3.12]]}
+    text = "\n".join(ranking_section(_curve_rows(chain), ["x", "y", "z"]))
+    assert "**x ≈ y ≈ z**" in text and "Resolved pairs at the end: 1 of 3 (`x < z`); " in text

@@ -181,8 +181,11 @@ def _over_budget_lines(rows: Sequence[dict], names: Sequence[str], label: str) -
             return f"changed at the last evaluation (step {last})"
         return f"held at every evaluation since step {step} ({100 * step / last:.0f} % of the budget)"
 
-    n_resolved = len(pairs[-1][1])
-    lines += ["", f"Resolved pairs at the end: {n_resolved} of {n_pairs}; the set of resolved pairs has "
+    final = pairs[-1][1]
+    rank = {v: i for i, v in enumerate(orders[-1][1].replace(" ≈ ", " < ").split(" < "))}
+    listed = ", ".join(f"`{a} < {b}`" for a, b in sorted(final, key=lambda ab: (rank[ab[0]], rank[ab[1]])))
+    lines += ["", f"Resolved pairs at the end: {len(final)} of {n_pairs}{f' ({listed})' if listed else ''}; "
+              "the set of resolved pairs has "
               f"{since(pairs)}, the whole ranking (the order of the means included) has {since(orders)}."]
     (prev_step, before), (_, after) = pairs[-2], pairs[-1]
     if before != after:
