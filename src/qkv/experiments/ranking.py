@@ -161,7 +161,7 @@ def stable_since(history: Sequence[tuple[int, object]]) -> int | None:
 
 def _over_budget_lines(rows: Sequence[dict], names: Sequence[str], label: str) -> list[str]:
     """The evaluations-during-training part of :func:`ranking_section` (empty with fewer than two)."""
-    history = values_over_budget(rows)
+    history = [(step, {v: values[v] for v in names if v in values}) for step, values in values_over_budget(rows)]
     if len(history) < 2:
         return []
     last = history[-1][0]
@@ -181,9 +181,9 @@ def _over_budget_lines(rows: Sequence[dict], names: Sequence[str], label: str) -
             return f"changed at the last evaluation (step {last})"
         return f"held at every evaluation since step {step} ({100 * step / last:.0f} % of the budget)"
 
-    final = pairs[-1][1]
-    rank = {v: i for i, v in enumerate(orders[-1][1].replace(" ≈ ", " < ").split(" < "))}
-    listed = ", ".join(f"`{a} < {b}`" for a, b in sorted(final, key=lambda ab: (rank[ab[0]], rank[ab[1]])))
+    final, end = pairs[-1][1], history[-1][1]
+    mean = {v: statistics.fmean(end[v].values()) for v in end}
+    listed = ", ".join(f"`{a} < {b}`" for a, b in sorted(final, key=lambda ab: (mean[ab[0]], mean[ab[1]])))
     lines += ["", f"Resolved pairs at the end: {len(final)} of {n_pairs}{f' ({listed})' if listed else ''}; "
               "the set of resolved pairs has "
               f"{since(pairs)}, the whole ranking (the order of the means included) has {since(orders)}."]
@@ -199,8 +199,8 @@ def ranking_section(rows: Sequence[dict], order: Sequence[str], key: str = "eval
                     label: str = "held-out loss") -> list[str]:
     """Markdown lines for ``results.md``: the stable order, the per-seed orders, the paired
     differences against the first variant of ``order`` (the grid's reference) and, for the held-out
-    loss, the stable order at each evaluation during training (:func:`orders_over_budget`) with the
-    step since which it has held. Empty with fewer than two seeds or two variants."""
+    loss, the stable order at each evaluation during training (:func:`orders_over_budget`), the
+    resolved pairs at the end and the steps since which they and the order have held. Empty with fewer than two seeds or two variants."""
     values = by_seed(rows, key)
     names = [v for v in order if values.get(v)]
     n_seeds = len({s for v in names for s in values[v]})
