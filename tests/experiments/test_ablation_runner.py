@@ -86,6 +86,13 @@ def test_same_seeds_give_identical_tables_with_the_statistics(tmp_path, cache):
     assert "Do Q/K/V maps matter on tiny?" in md and "loss_curves.png" in md
     assert (a.out / "loss_curves.png").stat().st_size > 1000
     assert "## Ranking over seeds" in md and "- seed 1: " in md and "lower than `qkv` in" in md
+    # the ranking at each held-out evaluation of the runs, the same in both folders
+    def over_budget(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith(("| 1 |", "| 2 |", "| 3 |", "| 4 |",
+                                                                        "Resolved pairs"))]
+    over = over_budget(md)
+    assert over[-2].startswith("| 4 | ") and over[-1].startswith("Resolved pairs at the end: ")
+    assert over == over_budget((b.out / "results.md").read_text())
     # a subset of the variants over the same folder: nothing to train, a report of that variant only
     logs = []
     sub = run_ablation(AblationConfig(grid=grid, corpus=("dataset:pydoc",), out=str(tmp_path / "a"), seeds=2,

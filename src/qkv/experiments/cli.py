@@ -28,7 +28,8 @@ def add_ablate_parser(sub) -> None:
         "positions, norm; or a JSON grid file) for --seeds seeds with everything else held equal — the "
         "same tokenizer, held-out text, data order, masks, token budget, optimiser and schedule — then "
         "write OUT/results.csv (one row per run), OUT/results.md (mean ± std over seeds of held-out MLM "
-        "loss and masked-token accuracy, parameters, tokens/s and the grid's statistics) and "
+        "loss and masked-token accuracy, parameters, tokens/s and the grid's statistics; then the "
+        "ranking over seeds with paired t-tests, and how it developed over the held-out evaluations) and "
         "OUT/loss_curves.png. Rerunning the same command skips finished runs and resumes an "
         "interrupted one. See docs/experiments.md.",
     )
