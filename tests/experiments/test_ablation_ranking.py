@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from qkv.experiments.ranking import (by_seed, orders_over_budget, paired_differences, paired_t_p, ranking_section,
+from qkv.experiments.ranking import (by_seed, paired_differences, paired_t_p, ranking_section,
                                      resolved_below, resolved_pairs, seed_rankings, stable_order, stable_since,
                                      values_over_budget)
 
@@ -105,7 +105,7 @@ CURVES = {"a": [[7.0, 6.9, 6.5, 6.4], [7.1, 7.0, 6.6, 6.5], [7.2, 7.1, 6.7, 6.6]
 
 
 def test_the_order_at_every_evaluation_and_the_step_it_has_held_since():
-    orders = orders_over_budget(_curve_rows(CURVES), ["a", "b"])
+    orders = [(step, stable_order(values, ["a", "b"])) for step, values in values_over_budget(_curve_rows(CURVES))]
     assert orders == [(100, "b < a"), (200, "a < b"), (300, "a < b"), (400, "a < b")]
     assert stable_since(orders) == 200 and stable_since(orders[:1]) == 100 and stable_since([]) is None
     pairs = [(step, resolved_pairs(values)) for step, values in values_over_budget(_curve_rows(CURVES))]
@@ -119,7 +119,7 @@ def test_the_order_at_every_evaluation_and_the_step_it_has_held_since():
     rows = _curve_rows(CURVES)
     rows[0]["curve"] = rows[0]["curve"][1:]
     rows.append({"variant": "c", "seed": 0, "status": "failed", "curve": [[50, 1.0, 0.0]]})
-    assert [s for s, _ in orders_over_budget(rows, ["a", "b", "c"])] == [200, 300, 400]
+    assert [step for step, _ in values_over_budget(rows)] == [200, 300, 400]
 
 
 def test_ranking_section_states_whether_the_budget_settled_the_ranking():

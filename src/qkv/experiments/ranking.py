@@ -15,8 +15,8 @@ mean ± std columns of the table do not.
   asks that the difference be large against its own seed-to-seed spread (|t| > 4.30 at 2
   degrees of freedom).
 * :func:`seed_rankings` — the order of the variants in each seed.
-* :func:`orders_over_budget` — :func:`stable_order` at every held-out evaluation during training
-  (the runs' loss curves), :func:`resolved_pairs` — every resolved ``a < b`` over all pairs, and
+* :func:`values_over_budget` — the held-out loss per variant and seed at every evaluation during
+  training (the runs' loss curves), :func:`resolved_pairs` — every resolved ``a < b`` over all pairs, and
   :func:`stable_since` — from which evaluation on the final value held: is the budget large enough
   that more steps would not change the ranking? Within a tie the order of the means may keep
   changing; the set of resolved pairs is what a ranking claims.
@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Sequence
 
 __all__ = ["by_seed", "paired_t_p", "resolved_below", "paired_differences", "stable_order", "seed_rankings", "ranking_section",
-           "values_over_budget", "resolved_pairs", "orders_over_budget", "stable_since", "ALPHA"]
+           "values_over_budget", "resolved_pairs", "stable_since", "ALPHA"]
 
 #: Significance level of the paired t-test behind ``<`` in :func:`stable_order`.
 ALPHA = 0.05
@@ -141,11 +141,6 @@ def resolved_pairs(values: dict[str, dict[int, float]]) -> frozenset[tuple[str, 
     return frozenset((a, b) for a in values for b in values if a != b and resolved_below(values[a], values[b]))
 
 
-def orders_over_budget(rows: Sequence[dict], order: Sequence[str] | None = None) -> list[tuple[int, str]]:
-    """``[(step, stable order of the held-out loss at that step)]`` (:func:`values_over_budget`)."""
-    return [(step, stable_order(values, order)) for step, values in values_over_budget(rows)]
-
-
 def stable_since(history: Sequence[tuple[int, object]]) -> int | None:
     """The first step from which every later ``(step, value)`` of ``history`` has the final value
     (None if empty)."""
@@ -199,8 +194,9 @@ def ranking_section(rows: Sequence[dict], order: Sequence[str], key: str = "eval
                     label: str = "held-out loss") -> list[str]:
     """Markdown lines for ``results.md``: the stable order, the per-seed orders, the paired
     differences against the first variant of ``order`` (the grid's reference) and, for the held-out
-    loss, the stable order at each evaluation during training (:func:`orders_over_budget`), the
-    resolved pairs at the end and the steps since which they and the order have held. Empty with fewer than two seeds or two variants."""
+    loss, the stable order at each evaluation during training (:func:`values_over_budget`), the
+    resolved pairs at the end and the steps since which they and the order have held. Empty with
+    fewer than two seeds or two variants."""
     values = by_seed(rows, key)
     names = [v for v in order if values.get(v)]
     n_seeds = len({s for v in names for s in values[v]})
