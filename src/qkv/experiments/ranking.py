@@ -170,8 +170,8 @@ def _over_budget_lines(rows: Sequence[dict], names: Sequence[str], label: str) -
              "curves; `<` and `≈` as above):", "", "| step | ranking |", "|---:|---|"]
     lines += [f"| {step} | {text} |" for step, text in shown]
 
-    def since(history: list) -> str:
-        step = stable_since(history)
+    def since(values_by_step: list) -> str:
+        step = stable_since(values_by_step)
         if step == last:
             return f"changed at the last evaluation (step {last})"
         return f"held at every evaluation since step {step} ({100 * step / last:.0f} % of the budget)"
