@@ -1,7 +1,5 @@
-"""The demos: ``qkv demo`` pretrains ``mini`` on 20 Newsgroups; ``qkv demo --attention`` runs the
-end-to-end showcase of the attention core.
-
-The attention showcase:
+"""``qkv demo --attention``: the end-to-end showcase of the attention core (``qkv demo`` itself,
+the pretraining demo, is :mod:`qkv.demo_pretrain`).
 
 It walks the textbook's chapter in order and checks each claim with numbers:
 
@@ -24,7 +22,7 @@ from qkv import reference
 from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.similarity import SIMILARITIES
 
-__all__ = ["run_attention_demo", "run_pretrain_demo", "calibrate_steps"]
+__all__ = ["run_attention_demo"]
 
 
 def _heads_from_module(mha: MultiHeadAttention) -> tuple[list[tuple[np.ndarray, ...]], np.ndarray]:
@@ -126,77 +124,3 @@ def run_attention_demo(seed: int = 0) -> dict[str, float]:
         _line(f"{path:<9} ({what})", f"{dt * 1e3:8.1f} ms")
     print("\nAll checks ran. Next: `make test` runs the full test suite.")
     return figures
-
-
-def calibrate_steps(*, budget_s: float, batch_size: int, max_len: int, vocab_size: int,
-                    preset: str = "mini", min_steps: int = 150, max_steps: int = 5000) -> tuple[int, float]:
-    """How many training steps fit ``budget_s`` on this machine: time a few steps of the same model
-    and batch shape on random tokens. Returns ``(steps, seconds per step)``."""
-    from qkv.config import ModelConfig
-    from qkv.models.builders import build_masked_lm
-    from qkv.training.optim import build_optimizer
-
-    torch.manual_seed(0)
-    model = build_masked_lm(ModelConfig.preset(preset, vocab_size=vocab_size)).train()
-    opt = build_optimizer(model, lr=1e-4, weight_decay=0.01)
-    ids = torch.randint(5, vocab_size, (batch_size, max_len))
-    labels = torch.where(torch.rand(batch_size, max_len) < 0.15, ids, torch.full_like(ids, -100))
-    mask = torch.ones(batch_size, max_len, dtype=torch.bool)
-    times = []
-    for i in range(4):
-        t0 = time.perf_counter()
-        model(ids, mask, labels=labels).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i:  # the first step warms up
-            times.append(time.perf_counter() - t0)
-    per_step = sorted(times)[len(times) // 2] * 1.08  # evaluation and logging overhead
-    return max(min_steps, min(max_steps, int(budget_s / per_step))), per_step
-
-
-def run_pretrain_demo(out: str = "runs/demo", *, budget_s: float = 540.0, seed: int = 0) -> dict:
-    """Pretrain ``mini`` on the 20 Newsgroups training split, evaluate on its test split.
-
-    The number of steps is sized so that training takes about ``budget_s`` seconds here (measured
-    by :func:`calibrate_steps`); everything else is fixed. Prints the held-out metrics against the
-    most-frequent-token baseline and where the curve and model are.
-    """
-    import json
-    import shutil
-    from pathlib import Path
-
-    from qkv.training import TrainConfig, pretrain
-
-    out_path = Path(out)
-    if (out_path / "run.json").is_file():
-        meta = json.loads((out_path / "run.json").read_text(encoding="utf-8"))
-        if meta.get("format") != "qkv-run":
-            raise ValueError(f"{out} holds something that is not a qkv run; remove it or pick --out")
-        print(f"removing the previous demo run in {out}")
-        shutil.rmtree(out_path)
-    batch, max_len, vocab = 16, 128, 8192  # small batches: more updates in the same time
-    t0 = time.perf_counter()
-    steps, per_step = calibrate_steps(budget_s=budget_s, batch_size=batch, max_len=max_len, vocab_size=vocab)
-    print(f"qkv demo: pretraining mini (4 layers × 256, 4 heads) on 20 Newsgroups (train split), "
-          f"{steps} steps of {batch}×{max_len} tokens (≈{per_step:.2f} s/step here, "
-          f"about {steps * per_step / 60:.0f} min), held-out: the test split")
-    cfg = TrainConfig(
-        corpus=("dataset:20newsgroups:train",), eval_corpus=("dataset:20newsgroups:test",), out=out,
-        # dropout off: a run this short sees each token about once, so there is nothing to
-        # regularise, and dropout only slows learning (as in Geiping & Goldstein's "Cramming")
-        preset="mini", model={"dropout": 0.0}, vocab_size=vocab, max_len=max_len, batch_size=batch, steps=steps, lr=1e-3,
-        warmup_steps=max(10, steps // 20), schedule="linear", eval_every=max(50, steps // 5),
-        eval_batches=8, eval_batch_size=64, save_every=max(50, steps // 5), seed=seed, log_every=10,
-    )
-    result = pretrain(cfg)
-    ev = result.final_eval
-    ratio = ev["accuracy"] / max(ev["most_frequent_accuracy"], 1e-12)
-    minutes = (time.perf_counter() - t0) / 60
-    print(f"\nheld-out (20 Newsgroups test, {ev['masked_tokens']:,} masked tokens):")
-    print(f"  MLM loss {ev['eval_loss']:.3f}, perplexity {ev['perplexity']:.1f}")
-    print(f"  masked-token accuracy {ev['accuracy']:.3f} = {ratio:.1f}× the most-frequent-token "
-          f"baseline ({ev['most_frequent_accuracy']:.3f})")
-    print(f"  total time {minutes:.1f} min")
-    print(f"curve: {out_path / 'curve.png'}   metrics: {out_path / 'metrics.jsonl'}")
-    print(f"model: {out_path} (qkv.load('{out_path}'); tokenizer: {out_path / 'tokenizer.json'})")
-    return {**ev, "ratio_to_baseline": ratio, "minutes": minutes, "steps": steps}

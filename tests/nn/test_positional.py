@@ -232,14 +232,14 @@ def test_qk_only_positions_leave_values_alone(qkv_proj):
 
 
 def test_errors_name_the_allowed_values():
-    with pytest.raises(ValueError, match="allowed: none, sinusoidal, learned, relative, t5, alibi, rope"):
+    with pytest.raises(ValueError, match="allowed: none, sinusoidal, learned, relative, relative-alibi, t5, alibi, rope"):
         build_positions("absolute", d_model=C, n_heads=H, max_len=8)
     for name in ("relative", "t5", "alibi", "rope", "none"):
         with pytest.raises(ValueError, match="qk_only=True .* sinusoidal, learned"):
             build_positions(name, d_model=C, n_heads=H, max_len=8, qk_only=True)
     with pytest.raises(ValueError, match="must divide"):
         build_positions("alibi", d_model=C, n_heads=5, max_len=8)
-    assert POSITIONS == ("none", "sinusoidal", "learned", "relative", "t5", "alibi", "rope")
+    assert POSITIONS == ("none", "sinusoidal", "learned", "relative", "relative-alibi", "t5", "alibi", "rope")
 
 
 def test_slots_make_new_modules_per_layer():
@@ -313,3 +313,27 @@ def test_gradients_reach_every_learned_position_parameter(name, qk_only):
         assert p.grad is not None and p.grad.abs().sum() > 0
     if name == "relative":  # every offset that occurs reaches its own entry (|d| ≤ 5 > max_distance 3)
         assert (mha.score_bias.weight.grad.abs().sum(1) > 0).all()
+
+
+def test_relative_alibi_starts_as_alibi_and_is_learned():
+    from qkv.nn.positional import ALiBiBias, RelativePositionBias
+
+    heads, t, m = 4, 9, 5
+    module = RelativePositionBias(heads, m, init="alibi")
+    assert isinstance(module.weight, torch.nn.Parameter) and module.weight.requires_grad
+    # by hand: w[d + M, h] = -slope_h |d| with the paper's slopes 2^-2, 2^-4, 2^-6, 2^-8 for 4 heads
+    slopes = [0.25, 0.0625, 0.015625, 0.00390625]
+    for d in range(-m, m + 1):
+        for h in range(heads):
+            assert module.weight[d + m, h].item() == pytest.approx(-slopes[h] * abs(d), abs=1e-7)
+    # within ±M the dense bias is ALiBi's; beyond it, clipped at M
+    dense = module(t, t).dense()[0].detach()
+    alibi = ALiBiBias(heads)(t, t).dense()[0]
+    near = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs() <= m  # (T,S)
+    torch.testing.assert_close(dense[:, near], alibi[:, near], atol=1e-6, rtol=0)
+    assert torch.allclose(dense[:, 0, 8], torch.tensor(slopes) * -m)
+    slots = build_positions("relative-alibi", d_model=24, n_heads=3, max_len=16, max_distance=4)
+    a, b = slots.make_score_bias(), slots.make_score_bias()
+    assert a is not b and a.init == "alibi" and torch.equal(a.weight, b.weight)
+    with pytest.raises(ValueError, match="allowed: normal, alibi"):
+        RelativePositionBias(2, 3, init="zeros")

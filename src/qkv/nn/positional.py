@@ -11,7 +11,7 @@ Self-attention is permutation-equivariant; these modules tell it word order thro
 * **a transform of q and k** — ``rope`` (RoFormer, Su et al.): each head's q and k rotated by an
   angle proportional to their position, so that qᵀk depends on the offset only;
 * **an additive score bias** of the offset ``d = j - i`` — ``relative`` (a learned scalar per
-  head and clipped offset), ``t5`` (T5's log-spaced buckets), ``alibi`` (a fixed linear penalty
+  head and clipped offset; ``relative-alibi``: the same table started at ALiBi's penalties), ``t5`` (T5's log-spaced buckets), ``alibi`` (a fixed linear penalty
   with geometric head slopes). They return an :class:`~qkv.nn.blockwise.OffsetBias`, which
   :func:`~qkv.nn.attend.attend` runs on the fused kernel without an ``(H,T,S)`` tensor.
 
@@ -47,7 +47,7 @@ __all__ = [
     "offsets",
 ]
 
-POSITIONS = ("none", "sinusoidal", "learned", "relative", "t5", "alibi", "rope")
+POSITIONS = ("none", "sinusoidal", "learned", "relative", "relative-alibi", "t5", "alibi", "rope")
 _ABSOLUTE = ("sinusoidal", "learned")
 
 
@@ -126,13 +126,25 @@ class RelativePositionBias(nn.Module):
     the textbook's π per offset): ``bias[h,i,j] = weight[clip(j-i, -M, M) + M, h]``.
 
     ``weight`` is ``(2M+1, H)``. ``forward(T, S)`` returns an :class:`OffsetBias`.
+
+    ``init="normal"`` starts the table at N(0, 0.02²) — attention starts (and, measured, stays for
+    minutes) position-blind. ``init="alibi"`` (position ``relative-alibi``) starts it at ALiBi's
+    ``-slope_h · |d|``: every head local from step 0 with the prior of :class:`ALiBiBias`, yet free
+    to become asymmetric (a previous-token or next-token head) or to reshape its window.
     """
 
-    def __init__(self, n_heads: int, max_distance: int = 128):
+    def __init__(self, n_heads: int, max_distance: int = 128, *, init: str = "normal"):
         super().__init__()
         _check_positive(n_heads=n_heads, max_distance=max_distance)
-        self.max_distance = max_distance
-        self.weight = nn.Parameter(torch.empty(2 * max_distance + 1, n_heads).normal_(std=0.02))
+        if init not in ("normal", "alibi"):
+            raise ValueError(f"unknown relative bias init {init!r}; allowed: normal, alibi")
+        self.max_distance, self.init = max_distance, init
+        if init == "alibi":
+            d = torch.arange(-max_distance, max_distance + 1, dtype=torch.float64)  # (2M+1,)
+            table = -d.abs()[:, None] * alibi_slopes(n_heads)[None, :]  # (2M+1,1)*(1,H) -> (2M+1,H)
+            self.weight = nn.Parameter(table.float())
+        else:
+            self.weight = nn.Parameter(torch.empty(2 * max_distance + 1, n_heads).normal_(std=0.02))
 
     def forward(self, q_len: int, k_len: int) -> OffsetBias:
         m = self.max_distance
@@ -140,7 +152,7 @@ class RelativePositionBias(nn.Module):
         return OffsetBias(self.weight.t(), index, q_len, k_len)  # table (H, 2M+1)
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.weight.shape[1]}, max_distance={self.max_distance}"
+        return f"n_heads={self.weight.shape[1]}, max_distance={self.max_distance}, init={self.init}"
 
 
 def t5_buckets(offset: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
@@ -314,7 +326,8 @@ def build_positions(
     """The slots of position encoding ``name`` (one of :data:`POSITIONS`).
 
     Args:
-        name: ``none``, ``sinusoidal``, ``learned``, ``relative``, ``t5``, ``alibi`` or ``rope``.
+        name: ``none``, ``sinusoidal``, ``learned``, ``relative``, ``relative-alibi``, ``t5``,
+            ``alibi`` or ``rope``.
         d_model: C. n_heads: H (must divide C). max_len: rows of the absolute tables.
         qk_only: absolute encodings only — add them where q and k are computed, not to the values.
         max_distance: clip distance of ``relative``; end of the log buckets of ``t5``.
@@ -343,6 +356,7 @@ def build_positions(
         return PositionSlots(None, False, qk_transform_factory=lambda: RotaryEmbedding(d_head, rope_base))
     factories = {
         "relative": lambda: RelativePositionBias(n_heads, max_distance),
+        "relative-alibi": lambda: RelativePositionBias(n_heads, max_distance, init="alibi"),
         "t5": lambda: T5RelativeBias(n_heads, num_buckets, max_distance),
         "alibi": lambda: ALiBiBias(n_heads),
     }

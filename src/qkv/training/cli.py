@@ -10,6 +10,15 @@ from pathlib import Path
 
 __all__ = ["add_pretrain_parser", "config_from_args"]
 
+def _threads(text: str):
+    if text == "adaptive":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of threads or 'adaptive'") from None
+
+
 _D = None  # marks "not given": every option defaults to None so that --resume can tell what was set
 
 # (flag, field, type, help) — defaults come from TrainConfig and are shown in --help
@@ -28,7 +37,9 @@ _OPTIONS = [
      "byte offset) or 'replace'"),
     ("--max-doc-bytes", "max_doc_bytes", int, "longest document read in one piece, in UTF-8 bytes"),
     ("--long-docs", "long_docs", str, "a longer document: 'error' or 'split' (plain text, cut at whitespace)"),
-    ("--steps", "steps", int, "optimiser steps"),
+    ("--steps", "steps", int, "optimiser steps (not used with --time-budget)"),
+    ("--time-budget", "time_budget", float, "train for this many minutes instead of --steps; the learning "
+     "rate decays with elapsed time and reaches zero at the deadline"),
     ("--batch-size", "batch_size", int, "blocks per process per micro-batch"),
     ("--grad-accum", "grad_accum", int, "micro-batches per optimiser step"),
     ("--lr", "lr", float, "peak learning rate"),
@@ -36,6 +47,8 @@ _OPTIONS = [
     ("--warmup-steps", "warmup_steps", int, "linear warm-up steps"),
     ("--schedule", "schedule", str, "after warm-up: linear, cosine or constant"),
     ("--clip-norm", "clip_norm", float, "gradient clipping norm"),
+    ("--position-lr-scale", "position_lr_scale", float, "learning-rate multiplier of learned position-bias "
+     "tables (relative, relative-alibi, t5; no weight decay then)"),
     ("--select-rate", "select_rate", float, "share of tokens selected for prediction"),
     ("--mask-rate", "mask_rate", float, "share of selected tokens replaced by [MASK]"),
     ("--random-rate", "random_rate", float, "share of selected tokens replaced by a random token"),
@@ -45,6 +58,12 @@ _OPTIONS = [
     ("--save-every", "save_every", int, "checkpoint every N steps (and at the end)"),
     ("--seed", "seed", int, "seed of weights, data order, masks and dropout"),
     ("--device", "device", str, "auto, cpu or cuda"),
+    ("--precision", "precision", str, "fp32, bf16 (mixed precision, float32 master weights; fp32 with a "
+     "message where the CPU has no native bf16) or auto (bf16 where native)"),
+    ("--threads", "threads", _threads, "intra-op CPU threads: a number, or 'adaptive' (with --time-budget: "
+     "switch between all threads and one by measured step time as the machine's load changes)"),
+    ("--init-from", "init_from", str, "start from this model folder (a qkv run or model, or a Hugging Face "
+     "BERT folder) and its tokenizer instead of a new model"),
     ("--log-every", "log_every", int, "log training metrics every N steps"),
 ]
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from qkv.training.optim import SCHEDULES
+from qkv.training.precision import PRECISIONS
 
 __all__ = ["TrainConfig", "RESUME_MAY_CHANGE"]
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
-RESUME_MAY_CHANGE = ("device", "progress", "log_every")
+RESUME_MAY_CHANGE = ("device", "progress", "log_every", "threads")
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,15 @@ class TrainConfig:
         max_len: block length in tokens, ``[CLS]``/``[SEP]`` included.
         doc_sep, text_field, encoding_errors, max_doc_bytes, long_docs: how corpus files are read
             (see ``docs/data.md``).
-        steps: optimiser steps.
+        steps: optimiser steps (not used when ``time_budget`` is set).
+        time_budget: train for this many minutes of wall-clock time instead of ``steps``: the
+            learning rate decays with elapsed time and reaches zero at the deadline (see
+            :mod:`qkv.training.budget`). ``None``: a step-count run.
         batch_size: blocks per process per micro-batch.
         grad_accum: micro-batches per optimiser step.
         lr, weight_decay, warmup_steps, schedule, clip_norm: optimisation.
+        position_lr_scale: learning-rate multiplier of learned position-bias tables (``relative``,
+            ``relative-alibi``, ``t5``), which then also get no weight decay; 1 = like every weight.
         select_rate, mask_rate, random_rate, whole_word: masking.
         unigram_bias: start the output bias at the log unigram frequencies of the training tokens,
             so that training starts from the best context-free prediction instead of spending its
@@ -43,6 +50,16 @@ class TrainConfig:
         save_every: checkpoint every N steps (and at the end).
         seed: seeds the initial weights, the data order, the masks and dropout.
         device: ``auto``, ``cpu`` or ``cuda``.
+        precision: ``fp32``, ``bf16`` (mixed precision, float32 master weights; falls back to fp32
+            with a message where the processor has no native bf16) or ``auto`` (bf16 where native).
+        threads: intra-op CPU threads: ``None`` (torch's default), a number, or ``"adaptive"`` (time-
+            budgeted runs only: measure step times and switch between the most threads and one as
+            the machine's load changes; see :mod:`qkv.training.threads`).
+        init_from: start from the weights of this model folder (a qkv run or model folder, or a
+            Hugging Face BERT folder) and use its tokenizer, instead of a new model and tokenizer.
+            ``preset`` is then not used; ``model`` may still override settings that do not change
+            the weights' shapes (e.g. ``dropout``). A folder without a masked-LM head gets a new one
+            tied to its word embeddings.
     """
 
     corpus: tuple[str, ...]
@@ -61,6 +78,7 @@ class TrainConfig:
     max_doc_bytes: int = 4 * 1024 * 1024
     long_docs: str = "error"
     steps: int = 1000
+    time_budget: float | None = None
     batch_size: int = 32
     grad_accum: int = 1
     lr: float = 1e-3
@@ -68,6 +86,7 @@ class TrainConfig:
     warmup_steps: int = 100
     schedule: str = "linear"
     clip_norm: float = 1.0
+    position_lr_scale: float = 1.0
     select_rate: float = 0.15
     mask_rate: float = 0.8
     random_rate: float = 0.1
@@ -79,6 +98,9 @@ class TrainConfig:
     save_every: int = 200
     seed: int = 0
     device: str = "auto"
+    precision: str = "fp32"
+    threads: int | str | None = None
+    init_from: str | None = None
     progress: bool = True
     log_every: int = 10
 
@@ -103,13 +125,32 @@ class TrainConfig:
             raise ValueError(f"warmup_steps={self.warmup_steps!r} must be an int ≥ 0")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r} is not allowed; allowed: {', '.join(SCHEDULES)}")
-        for name in ("lr", "clip_norm"):
+        for name in ("lr", "clip_norm", "position_lr_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay={self.weight_decay!r} must be ≥ 0")
         if not 0 < self.eval_fraction < 1:
             raise ValueError(f"eval_fraction={self.eval_fraction!r} must be in (0, 1)")
+        if self.time_budget is not None:
+            tb = self.time_budget
+            if not isinstance(tb, (int, float)) or isinstance(tb, bool) or not math.isfinite(tb) or tb <= 0:
+                raise ValueError(f"time_budget={tb!r} must be a positive number of minutes (e.g. 10)")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
+        if self.threads is not None:
+            t = self.threads
+            if t != "adaptive" and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+                raise ValueError(f"threads={t!r} must be a number ≥ 1 or 'adaptive'")
+            if t == "adaptive" and self.time_budget is None:
+                raise ValueError("threads='adaptive' needs a time_budget: a step-count run stays "
+                                 "bit-reproducible only with a fixed thread count")
+        if self.init_from is not None:
+            if not isinstance(self.init_from, str) or not self.init_from:
+                raise ValueError(f"init_from={self.init_from!r} must be the path of a model folder")
+            if self.tokenizer is not None:
+                raise ValueError("init_from and tokenizer are both set: a run started from a model uses "
+                                 "that model's tokenizer; drop --tokenizer")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is not allowed; allowed: auto, cpu, cuda")
         if not isinstance(self.model, dict):

@@ -26,13 +26,15 @@ import torch
 from qkv.config import ModelConfig
 from qkv.data.corpus import CorpusOptions
 from qkv.data.masking import IGNORE_INDEX, MaskingConfig
-from qkv.data.pipeline import prepare_pretraining_data
+from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
 from qkv.models.builders import build_masked_lm
 from qkv.training import distributed as qdist
+from qkv.training.budget import BudgetClock, timed_lr_factor
 from qkv.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from qkv.training.config import TrainConfig
 from qkv.training.metrics import append_metrics, evaluate, plot_curve
 from qkv.training.optim import build_optimizer, build_scheduler
+from qkv.training.precision import autocast, resolve_precision
 from qkv.training.rundir import RunError, check_out_dir, create_run_dir, read_run, truncate_metrics, update_run
 
 __all__ = ["pretrain", "PretrainResult", "TrainingError"]
@@ -58,6 +60,15 @@ def _seed_for(seed: int, step: int, micro: int, rank: int) -> int:
 
 
 def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
+    if cfg.init_from is not None:
+        mc = _initial_model(cfg).config
+        if mc.vocab_size != vocab_size:
+            raise ValueError(f"--init-from {cfg.init_from}: the model's vocab_size={mc.vocab_size} differs "
+                             f"from its tokenizer's {vocab_size}; the folder's weights and tokenizer disagree")
+        if mc.max_len < cfg.max_len:
+            raise ValueError(f"max_len={cfg.max_len} exceeds the model's window ({mc.max_len}); "
+                             f"use --max-len {mc.max_len} or less")
+        return mc
     overrides = dict(cfg.model)
     overrides.setdefault("vocab_size", vocab_size)
     if overrides["vocab_size"] != vocab_size:
@@ -66,6 +77,38 @@ def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     if mc.max_len < cfg.max_len:
         raise ValueError(f"max_len={cfg.max_len} exceeds the model's position table ({mc.max_len})")
     return mc
+
+
+def _initial_model(cfg: TrainConfig):
+    """The model ``cfg.init_from`` names, as a masked LM (``model`` overrides applied)."""
+    return load_for_pretraining(cfg.init_from, **cfg.model)
+
+
+def load_for_pretraining(path: str, **overrides):
+    """A masked LM from any folder :func:`qkv.load` reads; an encoder without a masked-LM head
+    (e.g. a sentence-embedding BERT) gets a new head — BERT-initialised, decoder tied to the word
+    embeddings — and ``new_head=True`` on the returned model's ``init_info``."""
+    from qkv.models.errors import CheckpointError
+    from qkv.models.io import load
+    from qkv.models.mlm import MaskedLM
+
+    try:
+        loaded = load(path, **overrides)
+    except (CheckpointError, ValueError, TypeError) as e:
+        raise ValueError(f"--init-from {path}: {e}") from e
+    if isinstance(loaded, MaskedLM):
+        return _InitModel(loaded.config, loaded, new_head=False)
+    torch.manual_seed(0)
+    model = build_masked_lm(loaded.config)
+    model.encoder.load_state_dict(loaded.state_dict(), strict=True)
+    return _InitModel(loaded.config, model, new_head=True)
+
+
+@dataclass
+class _InitModel:
+    config: ModelConfig
+    model: torch.nn.Module
+    new_head: bool
 
 
 def init_unigram_bias(model, tokens, vocab_size: int, *, max_tokens: int = 20_000_000) -> None:
@@ -80,7 +123,7 @@ def init_unigram_bias(model, tokens, vocab_size: int, *, max_tokens: int = 20_00
 
 def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
     out = Path(cfg.out)
-    tokenizer = cfg.tokenizer
+    tokenizer = cfg.init_from if cfg.init_from is not None else cfg.tokenizer
     if resume:
         meta = read_run(out)
         stored = TrainConfig.from_dict(meta["train_config"])
@@ -136,7 +179,8 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
-def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler, on_backward=None):
+def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler, on_backward=None,
+                precision="fp32"):
     micro = [batches.batch(step * cfg.grad_accum + m).to(info.device) for m in range(cfg.grad_accum)]
     counts = [(b.labels != IGNORE_INDEX).sum() for b in micro]
     n_global = qdist.all_sum(torch.stack(counts).sum().double().cpu()).item()
@@ -145,10 +189,11 @@ def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler, on_b
         torch.manual_seed(_seed_for(cfg.seed, step, m, info.rank))  # dropout
         sync = contextlib.nullcontext() if (not info.distributed or m == cfg.grad_accum - 1) else ddp.no_sync()
         with sync:
-            out = ddp(b.input_ids, b.attention_mask, labels=b.labels)
+            with autocast(precision, info.device):
+                out = ddp(b.input_ids, b.attention_mask, labels=b.labels)
             n = counts[m].item()
             # DDP averages gradients over ranks: scale so the sum is the global token mean
-            (out.loss * (n * info.world_size / max(n_global, 1.0))).backward()
+            (out.loss.float() * (n * info.world_size / max(n_global, 1.0))).backward()
         loss_sum += out.loss.detach().double().cpu() * n
     if on_backward is not None:
         on_backward(step + 1, model)
@@ -161,105 +206,233 @@ def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler, on_b
     return loss, grad_norm, tokens
 
 
-def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None) -> PretrainResult:
+class _TimedScheduler:
+    """The learning rate of a time-budgeted run (:func:`~qkv.training.budget.timed_lr_factor`),
+    with the scheduler interface the loop and checkpoints use. Its state: the optimiser steps
+    taken and the training seconds spent."""
+
+    def __init__(self, optimizer, clock: BudgetClock, *, warmup_steps: int, schedule: str):
+        self.optimizer, self.clock = optimizer, clock
+        self.warmup_steps, self.schedule = warmup_steps, schedule
+        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
+        self.steps = 0
+
+    def set_lr(self, progress: float) -> None:
+        """Set the learning rate of the next step from the share ``progress`` of the budget spent."""
+        f = timed_lr_factor(self.steps, progress, warmup_steps=self.warmup_steps,
+                            schedule=self.schedule)
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs):
+            g["lr"] = base * f
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "elapsed_s": self.clock.elapsed_s, "base_lrs": self.base_lrs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps, self.base_lrs = int(state["steps"]), list(state["base_lrs"])
+
+
+def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
+             clock=time.monotonic) -> PretrainResult:
     """Run (or resume) masked-LM pretraining as ``cfg`` says; see the module docstring.
 
     ``on_backward``: optional ``f(step, model)``, called on every optimiser step (``step`` from 1)
     after the backward pass and before clipping — for measurements only (the ablation harness's
     early gradient norms); it must leave the weights, gradients and training mode as it found them.
+    ``clock``: the monotonic time source of a time-budgeted run (tests pass a fake one).
     """
     info = qdist.setup(cfg.device)
     out = Path(cfg.out)
     try:
         if info.is_main:
             check_out_dir(out, resume=resume)
+        if cfg.init_from is not None and not Path(cfg.init_from).is_dir():
+            raise ValueError(f"--init-from {cfg.init_from}: not a folder; give a qkv run or model folder, or a "
+                             "Hugging Face BERT folder")
+        precision, note = resolve_precision(cfg.precision, info.device)
+        if note and info.is_main:
+            print(f"qkv pretrain: {note}", flush=True)
         data, model_config = _prepare(cfg, resume, info)
+        if info.is_main:
+            update_run(out, precision=precision)
         torch.manual_seed(cfg.seed)
-        model = build_masked_lm(model_config)
-        if cfg.unigram_bias:
-            init_unigram_bias(model, data.train_cache.tokens, model_config.vocab_size)
+        if cfg.init_from is not None:
+            init = _initial_model(cfg)
+            model = init.model
+            if init.new_head and cfg.unigram_bias:
+                init_unigram_bias(model, data.train_cache.tokens, model_config.vocab_size)
+        else:
+            model = build_masked_lm(model_config)
+            if cfg.unigram_bias:
+                init_unigram_bias(model, data.train_cache.tokens, model_config.vocab_size)
         model = model.to(info.device).train()
         ddp = model
         if info.distributed:
             ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device] if info.device.type == "cuda" else None)
-        optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps, schedule=cfg.schedule)
-        start = 0
+        optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                    position_lr_scale=cfg.position_lr_scale)
+        budget = BudgetClock(cfg.time_budget * 60, clock=clock) if cfg.time_budget is not None else None
+        if budget is not None:
+            scheduler = _TimedScheduler(optimizer, budget, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
+        else:
+            scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
+                                        schedule=cfg.schedule)
+        start, elapsed = 0, 0.0
         ckpt = latest_checkpoint(out) if resume else None
         if ckpt is not None:
-            start = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)["step"]
+            state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
+            start, elapsed = state["step"], float(state.get("elapsed_s", 0.0))
+        if budget is not None:
+            budget = scheduler.clock = BudgetClock(cfg.time_budget * 60, elapsed_s=elapsed, clock=clock)
         if info.is_main:
             truncate_metrics(out, start)
         masking = MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
         batches = data.train_batches(cfg.batch_size, masking=masking, seed=cfg.seed, rank=info.rank,
                                      world_size=info.world_size)
-        # a global eval batch of eval_batch_size, so the held-out sample does not depend on the world size
+        # a global eval batch of eval_batch_size, so the held-out sample does not depend on the world
+        # size; always BERT's fixed 15 % token masks, so runs with other training masks compare
         eval_bs = max(1, cfg.eval_batch_size // info.world_size)
-        eval_batches = data.eval_batches(eval_bs, masking=masking, rank=info.rank,
+        eval_batches = data.eval_batches(eval_bs, masking=DEFAULT_MASKING, rank=info.rank,
                                          world_size=info.world_size)
-        return _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start,
-                     on_backward)
+        run = _Run(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, precision,
+                   budget, elapsed, clock, on_backward)
+        return _loop(run, start)
     finally:
         qdist.teardown()
 
 
-def _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start,
-          on_backward=None) -> PretrainResult:
+@dataclass
+class _Run:
+    cfg: TrainConfig
+    info: qdist.DistInfo
+    out: Path
+    model: torch.nn.Module
+    ddp: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    batches: object
+    eval_batches: object
+    precision: str
+    budget: BudgetClock | None
+    elapsed0: float
+    clock: object
+    on_backward: object
+
+
+def _loop(run: _Run, start: int) -> PretrainResult:
     from tqdm.auto import tqdm
 
+    cfg, info, out, model = run.cfg, run.info, run.out, run.model
     metrics_path = out / "metrics.jsonl"
-    bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and info.is_main), unit="step",
-               dynamic_ncols=True)
-    final_eval, loss, status, step = None, None, "complete", start
+    timed = run.budget is not None
+    # a time-budgeted run's clock doubles as the elapsed-time counter of a step run
+    clock = run.budget or BudgetClock(1.0, elapsed_s=run.elapsed0, clock=run.clock)
+    if timed:
+        bar = tqdm(total=round(run.budget.budget_s), initial=min(round(run.elapsed0), round(run.budget.budget_s)),
+                   disable=not (cfg.progress and info.is_main), unit="s", dynamic_ncols=True)
+    else:
+        bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and info.is_main), unit="step",
+                   dynamic_ncols=True)
+    final_eval, loss, status, done = None, None, "complete", start
     window_tokens, window_start = 0.0, time.perf_counter()
 
     def checkpoint(step_done: int) -> None:
         if info.is_main:
-            save_checkpoint(out, step=step_done, model=model, optimizer=optimizer, scheduler=scheduler,
-                            trainer_state={"seed": cfg.seed, "data_position": step_done * cfg.grad_accum})
+            save_checkpoint(out, step=step_done, model=model, optimizer=run.optimizer, scheduler=run.scheduler,
+                            trainer_state={"seed": cfg.seed, "data_position": step_done * cfg.grad_accum,
+                                           "elapsed_s": clock.elapsed_s})
 
+    def progress() -> float:
+        # every rank trains at the same learning rate and stops at the same step: rank 0's clock decides
+        p = torch.tensor(run.budget.progress(), dtype=torch.float64)
+        if info.distributed:
+            torch.distributed.broadcast(p, 0)
+        return p.item()
+
+    governor, threads0 = None, torch.get_num_threads()
+    if cfg.threads == "adaptive":
+        from qkv.training.threads import ThreadGovernor
+
+        governor = ThreadGovernor()
+    elif isinstance(cfg.threads, int):
+        torch.set_num_threads(cfg.threads)
+    clock.start()
     with _StopFlag() as stop:
-        for step in range(start, cfg.steps):
-            loss, grad_norm, tokens = _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler,
-                                                  on_backward)
-            done = step + 1
+        while True:
+            if timed:
+                p = progress()
+                if p >= 1.0:
+                    break
+                run.scheduler.set_lr(p)
+            elif done >= cfg.steps:
+                break
+            lr = run.scheduler.get_last_lr()[0]
+            t_step = time.perf_counter()
+            loss, grad_norm, tokens = _train_step(model, run.ddp, run.batches, done, cfg, info, run.optimizer,
+                                                  run.scheduler, run.on_backward, run.precision)
+            if governor is not None:
+                governor.record(time.perf_counter() - t_step)
+            done += 1
             if not torch.isfinite(torch.tensor(loss)):
                 last = latest_checkpoint(out)
                 raise TrainingError(f"non-finite loss ({loss}) at step {done}; stopped without saving. "
                                     f"Last good checkpoint: {last or 'none'}. Lower --lr or raise --warmup-steps.")
             window_tokens += tokens
-            if done % cfg.log_every == 0 or done == cfg.steps:
+            last_step = not timed and done == cfg.steps
+            if done % cfg.log_every == 0 or last_step:
                 elapsed = time.perf_counter() - window_start
                 tps = window_tokens / max(elapsed, 1e-9)
                 window_tokens, window_start = 0.0, time.perf_counter()
                 if info.is_main:
-                    append_metrics(metrics_path, {"step": done, "loss": loss, "lr": scheduler.get_last_lr()[0],
-                                                  "grad_norm": grad_norm, "tokens_per_s": tps})
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
-            bar.update(1)
-            if done % cfg.eval_every == 0 or done == cfg.steps:
-                final_eval = evaluate(model, eval_batches, device=info.device, max_batches=cfg.eval_batches)
-                if info.is_main:
-                    append_metrics(metrics_path, {"step": done, **final_eval})
-                    bar.write(f"step {done}: held-out loss {final_eval['eval_loss']:.4f}, "
-                              f"accuracy {final_eval['accuracy']:.4f}")
+                    append_metrics(metrics_path, {"step": done, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                                                  "tokens_per_s": tps, "elapsed_s": round(clock.elapsed_s, 3),
+                                                  **({"threads": governor.current} if governor else {})})
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", **({"step": done} if timed else {}))
+            if timed:
+                bar.n = min(round(clock.elapsed_s), bar.total)
+                bar.refresh()
+            else:
+                bar.update(1)
+            if done % cfg.eval_every == 0 or last_step:
+                final_eval = _evaluate(run, metrics_path, done, clock, bar)
             stopping = bool(qdist.all_sum(torch.tensor(float(stop.hit))).item())
-            if done % cfg.save_every == 0 or done == cfg.steps or stopping:
+            if done % cfg.save_every == 0 or last_step or stopping:
                 checkpoint(done)
-            if stopping and done < cfg.steps:
+            if stopping and not last_step:
                 status = "interrupted"
                 break
+        if timed and status == "complete":
+            # the deadline: a last evaluation (unless this step had one) and checkpoint
+            if done % cfg.eval_every != 0:
+                final_eval = _evaluate(run, metrics_path, done, clock, bar)
+            if done % cfg.save_every != 0:
+                checkpoint(done)
     bar.close()
-    steps_done = step + 1 if cfg.steps > start else start
+    torch.set_num_threads(threads0)
     if info.is_main:
-        plot_curve(metrics_path, out / "curve.png", title=f"{cfg.preset} on {', '.join(cfg.corpus)}")
+        plot_curve(metrics_path, out / "curve.png", title=f"{cfg.preset} on {', '.join(cfg.corpus)}",
+                   x="minutes" if timed else "step")
         if status == "complete":
             from qkv.models.io import save
 
             tok = read_tokenizer_backend(out)
             save(model, out, tokenizer=tok)
-        update_run(out, status=status, steps_done=steps_done, final_eval=final_eval)
-    return PretrainResult(out, steps_done, status, final_eval, loss)
+        update_run(out, status=status, steps_done=done, final_eval=final_eval,
+                   **({"elapsed_s": round(clock.elapsed_s, 3)} if timed else {}))
+    return PretrainResult(out, done, status, final_eval, loss)
+
+
+def _evaluate(run: _Run, metrics_path: Path, done: int, clock: BudgetClock, bar) -> dict:
+    ev = evaluate(run.model, run.eval_batches, device=run.info.device, max_batches=run.cfg.eval_batches)
+    if run.info.is_main:
+        append_metrics(metrics_path, {"step": done, **ev, "elapsed_s": round(clock.elapsed_s, 3)})
+        bar.write(f"step {done}: held-out loss {ev['eval_loss']:.4f}, accuracy {ev['accuracy']:.4f}")
+    return ev
 
 
 def read_tokenizer_backend(out: Path):

@@ -62,14 +62,21 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_curve(metrics_path: Path, png_path: Path, title: str = "") -> Path | None:
-    """Training loss, held-out loss and held-out accuracy against step, as a PNG."""
+def plot_curve(metrics_path: Path, png_path: Path, title: str = "", *, x: str = "step",
+               accuracy_marks: dict[str, float] | None = None) -> Path | None:
+    """Training loss, held-out loss and held-out accuracy against step (``x="step"``) or training
+    minutes (``x="minutes"``, from the records' ``elapsed_s``), as a PNG; ``accuracy_marks`` draws a
+    labelled horizontal line at each given accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if x not in ("step", "minutes"):
+        raise ValueError(f"x={x!r}: expected 'step' or 'minutes'")
     rows = read_metrics(metrics_path)
+    if x == "minutes":
+        rows = [dict(r, step=r["elapsed_s"] / 60) for r in rows if "elapsed_s" in r]
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     held = [(r["step"], r["eval_loss"], r["accuracy"]) for r in rows if "eval_loss" in r]
     if not train and not held:
@@ -83,9 +90,14 @@ def plot_curve(metrics_path: Path, png_path: Path, title: str = "") -> Path | No
         ax2 = ax.twinx()
         ax2.plot(s, a, "s--", color="tab:green", label="held-out accuracy")
         ax2.set_ylabel("masked-token accuracy")
-        ax2.set_ylim(0, max(a) * 1.2 + 1e-9)
+        marks = accuracy_marks or {}
+        for label, level in marks.items():
+            ax2.axhline(level, color="tab:gray", ls=":", lw=1)
+            ax2.annotate(label, (s[0], level), textcoords="offset points", xytext=(2, 3), fontsize=7,
+                         color="tab:gray")
+        ax2.set_ylim(0, max([*a, *marks.values()]) * 1.2 + 1e-9)
         ax2.legend(loc="center right")
-    ax.set_xlabel("step")
+    ax.set_xlabel("step" if x == "step" else "training minutes")
     ax.set_ylabel("MLM loss")
     ax.set_title(title)
     ax.legend(loc="upper right")

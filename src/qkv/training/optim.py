@@ -12,21 +12,34 @@ __all__ = ["SCHEDULES", "ADAMW_IMPLS", "param_groups", "build_optimizer", "lr_fa
 SCHEDULES = ("linear", "cosine", "constant")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: matrices decay; biases, LayerNorm weights and 1-D tables do not.
+def param_groups(model: nn.Module, weight_decay: float, *, lr: float | None = None,
+                 position_lr_scale: float = 1.0) -> list[dict]:
+    """AdamW groups: matrices decay; biases, LayerNorm weights and 1-D tables do not.
 
-    Embedding tables are 2-D and decay, as in BERT. Tied parameters appear once.
+    Embedding tables are 2-D and decay, as in BERT. Tied parameters appear once. With
+    ``position_lr_scale ≠ 1`` the learned position-bias tables (``…score_bias.weight``: relative,
+    relative-alibi, t5) form a third group at ``lr · position_lr_scale`` without weight decay.
     """
-    decay, no_decay, seen = [], [], set()
-    for _, p in model.named_parameters():
+    if not position_lr_scale > 0:
+        raise ValueError(f"position_lr_scale={position_lr_scale!r} must be > 0")
+    decay, no_decay, position, seen = [], [], [], set()
+    for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    return [
+        if position_lr_scale != 1.0 and name.endswith("score_bias.weight"):
+            position.append(p)
+        else:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if position:
+        if lr is None:
+            raise ValueError("param_groups: a position_lr_scale needs the base lr")
+        groups.append({"params": position, "weight_decay": 0.0, "lr": lr * position_lr_scale})
+    return groups
 
 
 #: AdamW implementations: ``fused`` (one kernel per parameter: a single pass over param, grad and
@@ -38,7 +51,7 @@ _FUSED_DEVICES = ("cpu", "cuda")
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float,
                     betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                    impl: str = "auto") -> torch.optim.AdamW:
+                    impl: str = "auto", position_lr_scale: float = 1.0) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups` (BERT's ε = 1e-6).
 
     ``impl`` picks the implementation (see :data:`ADAMW_IMPLS`); all give the same update up to
@@ -49,7 +62,7 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float,
     """
     if impl not in ADAMW_IMPLS:
         raise ValueError(f"unknown AdamW implementation {impl!r}; allowed: {', '.join(ADAMW_IMPLS)}")
-    groups = param_groups(model, weight_decay)
+    groups = param_groups(model, weight_decay, lr=lr, position_lr_scale=position_lr_scale)
     if impl == "auto":
         params = [p for g in groups for p in g["params"]]
         ok = all(p.is_floating_point() and p.device.type in _FUSED_DEVICES for p in params)
