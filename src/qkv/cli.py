@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
-        help="pretrain cpu-small on 20 Newsgroups for 9 minutes and show what it learned "
+        help="pretrain cpu-small on 20 Newsgroups for 8 minutes and show what it learned "
         "(or --attention: the core showcase)",
         description="Pretrain the cpu-small preset with masked-language modelling on the 20 Newsgroups "
         "training split for --minutes of wall-clock training (the learning rate decays to zero at the "
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--attention", action="store_true", help="run the attention-core showcase instead")
     demo.add_argument("--out", default="runs/demo", help="run folder (default runs/demo); a folder an "
                       "earlier qkv demo made is replaced, any other non-empty folder is refused")
-    demo.add_argument("--minutes", type=float, default=9.0, help="training time in minutes (default 9; "
+    demo.add_argument("--minutes", type=float, default=8.0, help="training time in minutes (default 8; "
                       "data preparation, under a minute, and the final report come on top)")
     demo.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
                       help="auto (default): bf16 mixed precision where the CPU has native bf16, else fp32")

@@ -144,7 +144,7 @@ def _print_heads(stats, found) -> None:
         print("  no head puts ≥ 0.3 of its attention on one place")
 
 
-def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 9.0, seed: int = 0,
+def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int = 0,
                       precision: str = "auto", sentences=DEMO_SENTENCES) -> dict:
     """Run the demo (see the module docstring); returns its figures (also written to ``demo.json``).
 

@@ -394,8 +394,9 @@ def _loop(run: _Run, start: int) -> PretrainResult:
                                                   **({"threads": governor.current} if governor else {})})
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", **({"step": done} if timed else {}))
             if timed:
-                bar.n = min(round(clock.elapsed_s), bar.total)
-                bar.refresh()
+                second = min(int(clock.elapsed_s), bar.total)
+                if second > bar.n:  # at most one refresh a second
+                    bar.update(second - bar.n)
             else:
                 bar.update(1)
             if done % cfg.eval_every == 0 or last_step:
