@@ -69,7 +69,8 @@ def main(argv=None) -> int:
         if (step + 1) % 25 == 0:
             print(f"  step {step + 1}: " + ", ".join(f"{n} {arm['losses'][-1]:.3f}" for n, arm in arms.items()),
                   flush=True)
-    med = {n: statistics.median(arm["times"][5:]) for n, arm in arms.items()}
+    skip = min(5, a.steps // 2)  # the first steps warm up
+    med = {n: statistics.median(arm["times"][skip:]) for n, arm in arms.items()}
     tail = max(10, a.steps // 5)
     last = {n: statistics.fmean(arm["losses"][-tail:]) for n, arm in arms.items()}
     print(f"\nmedian step time: fp32 {med['fp32'] * 1e3:.0f} ms, bf16 {med['bf16'] * 1e3:.0f} ms "

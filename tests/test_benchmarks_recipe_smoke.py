@@ -51,3 +51,10 @@ def test_recipe_sweep_commands_are_qkv_pretrain_commands_that_parse():
     assert base.model["position"] == "alibi" and base.lr == 3e-3 and base.select_rate == 0.15
     mask = config_from_args(build_parser().parse_args(sweep.command("mask-40", 2.5, Path("o"))[1:]))
     assert mask.select_rate == 0.4 and json.dumps(mask.model) == json.dumps(base.model)
+
+
+def test_threads_benchmark_times_both_counts_idle_and_beside_a_busy_process(capsys):
+    bench = _load("threads")
+    assert bench.main(["--steps", "2", "--preset", "tiny", "--batch-size", "2", "--max-len", "8", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| idle |" in out and "| one other CPU-bound process |" in out and "as fast as" in out

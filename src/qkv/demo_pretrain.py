@@ -43,7 +43,7 @@ DEMO_SENTENCES = [
     ("the hockey [MASK] won the game last night", "team"),
     ("i do not [MASK] in god", "believe"),
 ]
-INSPECT_SENTENCE = "the space shuttle will be launched next year, and nobody knows what it will cost"
+INSPECT_SENTENCE = "the space shuttle will be launched next year and nobody knows what it will cost"
 
 
 class DemoError(ValueError):

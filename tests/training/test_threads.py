@@ -54,6 +54,11 @@ def test_one_core_has_nothing_to_choose():
     assert gov.candidates == (1,) and applied == [1]
 
 
+def test_a_load_present_from_the_start_is_found_at_the_first_probe():
+    gov, used, _ = _simulate([(120, BUSY)])
+    assert gov.switches and gov.switches[0][0] < 10 + 10  # first probe at 10 s, decided a few steps later
+
+
 def test_adaptive_threads_need_a_time_budget():
     with pytest.raises(ValueError, match="needs a time_budget"):
         TrainConfig(corpus="x", out="y", threads="adaptive")

@@ -31,13 +31,15 @@ class ThreadGovernor:
     Args:
         max_threads: the largest count (and the starting one); the other candidate is 1.
         probe_every_s: seconds between probes of the count not in use.
+        first_probe_s: seconds before the first probe (a load present from the start is found early).
         probe_steps: steps per probe (the first is discarded: caches warm up).
         window: recent step times kept per count.
         set_threads: how to apply a count (tests pass a recorder); default ``torch.set_num_threads``.
         clock: a monotonic clock in seconds.
     """
 
-    def __init__(self, max_threads: int | None = None, *, probe_every_s: float = 60.0, probe_steps: int = 4,
+    def __init__(self, max_threads: int | None = None, *, probe_every_s: float = 60.0, first_probe_s: float = 10.0,
+                 probe_steps: int = 4,
                  window: int = 8, set_threads: Callable[[int], None] = torch.set_num_threads,
                  clock: Callable[[], float] = time.monotonic):
         self.max_threads = int(max_threads or torch.get_num_threads())
@@ -47,7 +49,7 @@ class ThreadGovernor:
         self._set, self._clock = set_threads, clock
         self.current = self.preferred = self.candidates[0]
         self._probe_left, self._skip = 0, False
-        self._next_probe = clock() + probe_every_s
+        self._next_probe = clock() + min(first_probe_s, probe_every_s)
         self.switches: list[tuple[float, int]] = []  # (time, count) whenever the preferred count changes
         self._set(self.current)
 
