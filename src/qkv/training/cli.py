@@ -23,7 +23,7 @@ _D = None  # marks "not given": every option defaults to None so that --resume c
 
 # (flag, field, type, help) — defaults come from TrainConfig and are shown in --help
 _OPTIONS = [
-    ("--preset", "preset", str, "model preset: tiny, mini, small, base"),
+    ("--preset", "preset", str, "model preset: tiny, cpu-small, mini, small, base"),
     ("--eval-corpus", "eval_corpus", str, "held-out corpus spec(s), comma-separated (default: the "
      "named test split, else a deterministic --eval-fraction of the documents)"),
     ("--eval-fraction", "eval_fraction", float, "share of documents held out when no split is named"),

@@ -24,7 +24,7 @@ class TrainConfig:
     Attributes:
         corpus: training corpus specs (files, folders, ``dataset:NAME[:SPLIT]``).
         out: the run folder.
-        preset: model preset (``tiny``, ``mini``, ``small``, ``base``).
+        preset: model preset (``tiny``, ``cpu-small``, ``mini``, ``small``, ``base``).
         model: overrides of the preset's :class:`qkv.config.ModelConfig` fields.
         eval_corpus: held-out corpus specs; default the named test split, else ``eval_fraction``.
         eval_fraction: share of documents held out when no split is named.
