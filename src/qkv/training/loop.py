@@ -16,7 +16,6 @@ count over all ranks and micro-batches, not per rank).
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,18 +26,24 @@ from qkv.config import ModelConfig
 from qkv.data.corpus import CorpusOptions
 from qkv.data.masking import IGNORE_INDEX, MaskingConfig
 from qkv.data.pipeline import prepare_pretraining_data
+from qkv.errors import QkvError
 from qkv.models.builders import build_masked_lm
 from qkv.training import distributed as qdist
 from qkv.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from qkv.training.config import TrainConfig
+from qkv.training.finalise import finished_result, resume_eval
+from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
+from qkv.training.lock import acquire, release
 from qkv.training.metrics import append_metrics, evaluate, plot_curve
 from qkv.training.optim import build_optimizer, build_scheduler
 from qkv.training.rundir import RunError, check_out_dir, create_run_dir, read_run, truncate_metrics, update_run
+from qkv.training.stop import StepAbandoned
+from qkv.training.stop import StopFlag as _StopFlag
 
 __all__ = ["pretrain", "PretrainResult", "TrainingError"]
 
 
-class TrainingError(RuntimeError):
+class TrainingError(QkvError, RuntimeError):
     """Training stopped (e.g. a non-finite loss); the last good checkpoint is kept."""
 
 
@@ -83,7 +88,7 @@ def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
     tokenizer = cfg.tokenizer
     if resume:
         meta = read_run(out)
-        stored = TrainConfig.from_dict(meta["train_config"])
+        stored = TrainConfig.from_dict({**meta["train_config"], "out": cfg.out})  # a moved run is the same run
         diff = stored.diff(cfg)
         if diff:
             raise RunError(f"--resume: {out} was started with a different configuration:\n  " + "\n  ".join(diff))
@@ -99,6 +104,7 @@ def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
         lowercase=cfg.lowercase, max_len=cfg.max_len, progress=cfg.progress and info.is_main)
     model_config = _model_config(cfg, data.tokenizer.vocab_size)
     if resume:
+        check_data_fingerprints(meta, data, out)
         stored_mc = ModelConfig.from_dict(meta["model_config"])
         if stored_mc != model_config or meta["tokenizer"] != data.tokenizer.fingerprint():
             a, b = stored_mc.to_dict(), model_config.to_dict()
@@ -109,31 +115,11 @@ def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
     elif info.is_main:
         meta = {"format": "qkv-run", "status": "running", "train_config": cfg.to_dict(),
                 "model_config": model_config.to_dict(), "tokenizer": data.tokenizer.fingerprint(),
-                "data": data.summary()}
+                "data": data.summary(), "run_id": new_run_id(), "fingerprints": data_fingerprints(data)}
         create_run_dir(out, meta, data.tokenizer)
         if info.distributed:
             torch.distributed.barrier()
     return data, model_config
-
-
-class _StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint after the current step and exits."""
-
-    def __init__(self):
-        self.hit = False
-        self._old = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.hit = True
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler, on_backward=None):
@@ -173,6 +159,10 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None) -> Pre
     try:
         if info.is_main:
             check_out_dir(out, resume=resume)
+            if resume:
+                acquire(out)
+        if resume and (done := finished_result(out, cfg)) is not None:
+            return done
         data, model_config = _prepare(cfg, resume, info)
         torch.manual_seed(cfg.seed)
         model = build_masked_lm(model_config)
@@ -184,10 +174,12 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None) -> Pre
             ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device] if info.device.type == "cuda" else None)
         optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
         scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps, schedule=cfg.schedule)
-        start = 0
+        start, state = 0, {}
         ckpt = latest_checkpoint(out) if resume else None
         if ckpt is not None:
-            start = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)["step"]
+            state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler,
+                                    run_id=read_run(out).get("run_id"), max_step=cfg.steps)
+            start = state["step"]
         if info.is_main:
             truncate_metrics(out, start)
         masking = MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
@@ -198,30 +190,42 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None) -> Pre
         eval_batches = data.eval_batches(eval_bs, masking=masking, rank=info.rank,
                                          world_size=info.world_size)
         return _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start,
-                     on_backward)
+                     on_backward, resume_eval(state))
     finally:
+        if info.is_main:
+            release(out)
         qdist.teardown()
 
 
 def _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, start,
-          on_backward=None) -> PretrainResult:
+          on_backward=None, last_eval=None) -> PretrainResult:
     from tqdm.auto import tqdm
 
     metrics_path = out / "metrics.jsonl"
     bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and info.is_main), unit="step",
                dynamic_ncols=True)
-    final_eval, loss, status, step = None, None, "complete", start
+    final_eval, loss, status, step, abandoned = last_eval, None, "complete", start, False
     window_tokens, window_start = 0.0, time.perf_counter()
 
     def checkpoint(step_done: int) -> None:
         if info.is_main:
             save_checkpoint(out, step=step_done, model=model, optimizer=optimizer, scheduler=scheduler,
-                            trainer_state={"seed": cfg.seed, "data_position": step_done * cfg.grad_accum})
+                            trainer_state={"seed": cfg.seed, "data_position": step_done * cfg.grad_accum,
+                                           "run_id": read_run(out).get("run_id"), "last_eval": final_eval})
 
-    with _StopFlag() as stop:
+    with _StopFlag(allow_abandon=not info.distributed) as stop:
+        optimizer.register_step_pre_hook(stop.critical)  # a stop request abandons a step only before this
         for step in range(start, cfg.steps):
-            loss, grad_norm, tokens = _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler,
-                                                  on_backward)
+            try:
+                stop.abandonable = True
+                loss, grad_norm, tokens = _train_step(model, ddp, batches, step, cfg, info, optimizer,
+                                                      scheduler, on_backward)
+            except StepAbandoned:  # stopped inside gradient accumulation: keep the steps completed
+                optimizer.zero_grad(set_to_none=True)
+                if step > start or latest_checkpoint(out) is None:
+                    checkpoint(step)
+                status, abandoned = "interrupted", True
+                break
             done = step + 1
             if not torch.isfinite(torch.tensor(loss)):
                 last = latest_checkpoint(out)
@@ -250,7 +254,9 @@ def _loop(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batche
                 status = "interrupted"
                 break
     bar.close()
-    steps_done = step + 1 if cfg.steps > start else start
+    steps_done = step if abandoned else step + 1 if cfg.steps > start else start
+    if status == "complete" and final_eval is None:  # finalising a run whose last evaluation was lost
+        final_eval = evaluate(model, eval_batches, device=info.device, max_batches=cfg.eval_batches)
     if info.is_main:
         plot_curve(metrics_path, out / "curve.png", title=f"{cfg.preset} on {', '.join(cfg.corpus)}")
         if status == "complete":
