@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "sha256_file", "temp_path", "make_temp_dir",
-           "make_temp_file", "clean_stale_temps", "pid_alive", "replace_dir"]
+           "make_temp_file", "clean_stale_temps", "pid_alive", "replace_dir", "check_output_path"]
 
 _TMP = ".tmp-"
 
@@ -187,3 +187,24 @@ def replace_dir(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
         os.replace(tmp, dest)
         shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(dest.parent)
+
+
+def check_output_path(path: str | os.PathLike, what: str = "--out") -> None:
+    """Fail early, before any computation, when ``path`` cannot be created or replaced.
+
+    Raises:
+        QkvError: an ancestor is a file, the nearest existing folder is not writable, or ``path``
+            itself is a folder where a file is expected.
+    """
+    from qkv.errors import QkvError
+
+    path = Path(path)
+    if path.is_dir():
+        raise QkvError(f"{what} {path} is a folder; give a file name")
+    probe = path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise QkvError(f"{what} {path}: {probe} is a file, not a folder; choose another {what}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise QkvError(f"{what} {path}: {probe} is not writable; choose another {what}")

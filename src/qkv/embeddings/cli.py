@@ -226,9 +226,16 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
+    from qkv._fs import check_output_path
+    from qkv.embeddings.errors import EmbeddingError
     from qkv.embeddings.evaluate import evaluate_models, format_table, load_eval_data
+    from qkv.errors import check_device
 
     out = Path(args.out or f"eval-embeddings-{Path(args.dataset).stem}.json")
+    if args.k < 1:
+        raise EmbeddingError(f"--k {args.k}: k-NN needs at least one neighbour; give --k 1 or more")
+    check_output_path(out)  # before the computation, not after it
+    check_device(args.device)
     data = load_eval_data(args.dataset, max_train=args.max_train, max_test=args.max_test, seed=args.seed)
     log = (lambda m: print(m, file=sys.stderr)) if args.progress else (lambda m: None)
     result = evaluate_models(args.model, data, k=args.k, max_len=args.max_len, batch_size=args.batch_size,
