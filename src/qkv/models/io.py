@@ -32,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from qkv._faults import fault_point
 from qkv._fs import make_temp_dir, replace_dir
 from qkv.config import ModelConfig
 from qkv.models import hf
@@ -217,8 +218,10 @@ def _publish(tmp: Path, dest: Path, config_name: str) -> None:
         return
     names = sorted(p.name for p in tmp.iterdir())
     names.sort(key=lambda n: n == config_name)  # config last: a reader sees old or new, never half
-    for name in names:
+    for i, name in enumerate(names):
         os.replace(tmp / name, dest / name)
+        if i == 0:
+            fault_point("finalise.model")
     tmp.rmdir()
     for name in sorted(MODEL_FILES - set(names)):  # the old model's files: other config, old tokenizer
         (dest / name).unlink(missing_ok=True)

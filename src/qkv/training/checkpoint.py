@@ -35,6 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from qkv._faults import fault_point
 from qkv._fs import atomic_write_text, make_temp_dir, sha256_file
 from qkv.models.errors import CheckpointError
 
@@ -77,6 +78,7 @@ def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module,
         root.mkdir(parents=True, exist_ok=True)
         tmp = make_temp_dir(final)
         save_file(_state_dict_for_saving(model), str(tmp / "model.safetensors"))
+        fault_point("checkpoint.write")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         files = {f: sha256_file(tmp / f) for f in _CHECKED}
         state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None,
@@ -88,6 +90,7 @@ def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module,
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        fault_point("checkpoint.latest")
         atomic_write_text(root / LATEST, name + "\n")
     except OSError as e:
         if tmp is not None:

@@ -25,6 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from qkv._faults import fault_point
 from qkv._fs import atomic_write_text, make_temp_dir
 from qkv.errors import QkvError
 
@@ -100,8 +101,11 @@ def read_run(out: Path) -> dict[str, Any]:
 
 
 def update_run(out: Path, **fields: Any) -> None:
+    """Change ``fields`` of ``run.json`` (atomically)."""
     meta = read_run(out)
     meta.update(fields)
+    if fields.get("status") == "complete":
+        fault_point("finalise.run_json")
     atomic_write_text(Path(out) / RUN_JSON, json.dumps(meta, indent=2))
 
 

@@ -17,8 +17,9 @@ import sys
 __all__ = ["StopFlag", "StepAbandoned"]
 
 
-class StepAbandoned(Exception):
-    """Raised inside a training step's micro-batch phase when a stop is requested."""
+class StepAbandoned(BaseException):
+    """Raised inside a training step's micro-batch phase when a stop is requested (a BaseException,
+    so that no `except Exception` on the way swallows it)."""
 
 
 class StopFlag:
