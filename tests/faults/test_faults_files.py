@@ -5,7 +5,6 @@ never a traceback or a silently wrong result."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -195,7 +194,6 @@ def test_nan_vectors_are_refused_not_scored(tmp_path, model_copy, texts):
 def test_killed_embed_temp_files_are_cleaned_by_the_next_run(tmp_path, model_folder, capsys):
     text = tmp_path / "d.txt"
     text.write_text("one\ntwo\n")
-    junk = tmp_path / ".x.npy.tmp-999999999-" 
     import socket
 
     junk = tmp_path / f".x.npy.tmp-999999999-{socket.gethostname().replace('-', '_')}-abcdef12"

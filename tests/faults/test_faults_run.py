@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from faults_support import (
-    STEPS,
     env,
     flip_middle,
     kill_at_point,
