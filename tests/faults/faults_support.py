@@ -28,7 +28,7 @@ TINY_ARGS = ["--corpus", "dataset:pydoc", "--preset", "tiny", "--model", json.du
 
 def env(tmp: Path, **extra: str) -> dict:
     """The environment of a qkv subprocess: its own token cache, one thread, no GPU."""
-    e = dict(os.environ, QKV_CACHE_DIR=str(tmp / "cache"), OMP_NUM_THREADS="1", **extra)
+    e = {**os.environ, "QKV_CACHE_DIR": str(tmp / "cache"), "OMP_NUM_THREADS": "1", **extra}
     e.pop("CUDA_VISIBLE_DEVICES", None)
     e.pop("QKV_DEBUG", None)
     return e
