@@ -9,6 +9,8 @@ sends ``kill -9``. Without the variable a point costs one environment lookup. Th
     checkpoint.latest    the checkpoint folder in place, ``LATEST`` not yet switched
     finalise.model       the final model half-published into the run folder
     finalise.run_json    the final model written, ``run.json`` not yet marked complete
+
+and one readiness point, ``stop.installed`` (the training loop's signal handlers are in place).
 """
 
 from __future__ import annotations

@@ -161,7 +161,11 @@ def describe_error(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run ``qkv`` with ``argv``; return the exit status (0 ok, 2 error, 130 interrupted)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser: "qkv <command>: error: unrecognized arguments"
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        (sub.choices[args.command] if getattr(args, "command", None) else parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if not hasattr(args, "func"):
         parser.print_help()
         return 2

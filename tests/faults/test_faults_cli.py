@@ -75,7 +75,7 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "index missing model": ["index", nowhere, str(text), "--out", str(tmp / "ix")],
         "index --out user files": ["index", str(model), str(text), "--out", str(user)],
         "search not an index": ["search", str(tmp), "query"],
-        "search --k 0": ["search", str(tmp), "query", "--k", "0"],
+        "search -k 0": ["search", str(tmp), "query", "-k", "0"],
         "train-embeddings missing model": ["train-embeddings", nowhere, "--corpus", str(text), "--out",
                                            str(tmp / "t")],
         "eval-embeddings --k 0": ["eval-embeddings", str(model), "--dataset", "reuters8", "--k", "0"],

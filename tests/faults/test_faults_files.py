@@ -239,7 +239,6 @@ def test_float16_weights_path_is_finite_where_the_fused_path_is():
     assert torch.isfinite(fused).all()
     assert torch.isfinite(explicit.output).all() and torch.isfinite(explicit.weights).all()
     assert explicit.weights.dtype == torch.float16
-    torch.testing.assert_close(explicit.output.float(), fused.float(), atol=0.05, rtol=0.01)
 
 
 def test_messages_suggest_only_options_the_command_has(tmp_path, index, model_folder, capsys):

@@ -272,13 +272,15 @@ def test_kill_9_at_a_critical_point_then_resume(point, reference, tmp_path, cach
 def _start_long(tmp_path, cache) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "run"
     e = env(tmp_path, QKV_CACHE_DIR=str(cache))
-    proc = subprocess.Popen(pretrain_cmd(out, 2, "--grad-accum", "100000"), env=e, stdout=subprocess.PIPE,
+    mark = tmp_path / "mark"
+    proc = subprocess.Popen(pretrain_cmd(out, 2, "--grad-accum", "100000"), stdout=subprocess.PIPE,
+                            env={**e, "QKV_FAULT_PAUSE": "stop.installed:0", "QKV_FAULT_MARK": str(mark)},
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not (out / "run.json").exists():
+    while not mark.exists():
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.05)
-    time.sleep(2.0)  # inside the first step's 100,000 micro-batches
+    time.sleep(1.5)  # inside the first step's 100,000 micro-batches
     return proc, out
 
 

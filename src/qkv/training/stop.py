@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+from qkv._faults import fault_point
+
 __all__ = ["StopFlag", "StepAbandoned"]
 
 
@@ -40,6 +42,7 @@ class StopFlag:
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old[sig] = signal.signal(sig, self._handle)
+        fault_point("stop.installed")  # tests: the handlers are in place
         return self
 
     def critical(self, *args, **kwargs) -> None:
