@@ -5,7 +5,7 @@ import torch
 
 # Folders whose tests run tiny models or tensors: extra intra-op threads there only add contention on
 # a shared 2-core machine (and oversubscribe it when a test starts training subprocesses).
-ONE_THREAD_FOLDERS = ("nn", "training", "experiments")
+ONE_THREAD_FOLDERS = ("nn", "training", "experiments", "faults")
 
 
 @pytest.fixture(autouse=True)

@@ -145,7 +145,7 @@ def test_cli_convert_both_directions(tmp_path, capsys):
     with torch.no_grad():
         torch.testing.assert_close(theirs(ids, attention_mask=mask).logits, original(ids, mask).logits,
                                    atol=1e-4, rtol=0)
-    assert main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 1
+    assert main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
     assert "not a folder" in capsys.readouterr().err
 
 

@@ -1,8 +1,16 @@
-"""Command line: ``qkv SUBCOMMAND …`` — parse, build a dataclass or arguments, call the library."""
+"""Command line: ``qkv SUBCOMMAND …`` — parse, build a dataclass or arguments, call the library.
+
+Errors have one home: :func:`main`. A subcommand raises; ``main`` prints one line
+``qkv <command>: error: <message>`` (the message names the problem and the fix) and exits 2 —
+a Python traceback only with ``--debug`` (or ``QKV_DEBUG=1``). Ctrl-C prints one line and exits
+130; outputs appear only when complete, so an interrupted command leaves nothing half-written.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 __all__ = ["main", "build_parser"]
@@ -48,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     from qkv.experiments.cli import add_ablate_parser
 
     add_ablate_parser(sub)
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks (also QKV_DEBUG=1)")
+    for p in sub.choices.values():
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show Python tracebacks on errors (also QKV_DEBUG=1)")
     return parser
 
 
@@ -68,22 +80,65 @@ def _add_convert(sub) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from qkv.models.errors import CheckpointError
     from qkv.models.io import convert
 
-    try:
-        out = convert(args.src, args.dst, to=args.to)
-    except CheckpointError as e:
-        print(f"qkv convert: error: {e}", file=sys.stderr)
-        return 1
+    out = convert(args.src, args.dst, to=args.to)
     print(f"wrote {out}")
     return 0
+
+
+#: What a qkv run folder may hold; ``qkv demo`` replaces a folder only if it holds nothing else.
+_RUN_FILES = {"run.json", "tokenizer.json", "metrics.jsonl", "curve.png", "curve.tmp.png", "checkpoints",
+              "qkv.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", ".lock"}
+_DEMO_CORPUS = ["dataset:20newsgroups:train"]
+
+
+def _check_demo_args(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, demo options that cannot work or would delete foreign data."""
+    import json
+    from pathlib import Path
+
+    from qkv.errors import QkvError
+
+    if not (math.isfinite(args.minutes) and args.minutes > 0):
+        raise QkvError(f"--minutes {args.minutes}: give a positive number of minutes, e.g. --minutes 9")
+    out = Path(args.out)
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe != out and not probe.is_dir():
+        raise QkvError(f"--out {out}: {probe} is a file, not a folder; choose another --out")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise QkvError(f"--out {out} is a file; choose a folder (a previous demo run there is replaced)")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    if "run.json" not in entries:
+        raise QkvError(f"--out {out} holds files and no qkv run; the demo replaces only a run it made: "
+                       "choose another --out")
+    foreign = [n for n in entries if n not in _RUN_FILES and not n.startswith(".")]
+    try:
+        meta = json.loads((out / "run.json").read_text(encoding="utf-8"))
+        corpus = meta["train_config"]["corpus"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise QkvError(f"--out {out}: its run.json is not a qkv run's; the demo replaces only a run it "
+                       "made: choose another --out") from None
+    if foreign:
+        raise QkvError(f"--out {out} holds files qkv did not write ({', '.join(foreign[:5])}); the demo "
+                       "replaces only a run folder it made: move them or choose another --out")
+    if list(corpus) != _DEMO_CORPUS:
+        raise QkvError(f"--out {out} holds a qkv run that `qkv demo` did not make (trained on "
+                       f"{', '.join(map(str, corpus))}); choose another --out")
 
 
 def _demo(args: argparse.Namespace) -> int:
     from qkv.demo import run_attention_demo
     from qkv.demo_pretrain import DemoError, run_pretrain_demo
 
+    if not args.attention:
+        _check_demo_args(args)
     if args.attention:
         run_attention_demo(seed=args.seed)
         return 0
@@ -95,13 +150,53 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if figures.get("status", "complete") == "complete" else 130
 
 
+def describe_error(exc: BaseException) -> str:
+    """The one-line message the command line prints for ``exc``."""
+    from qkv.errors import QkvError
+
+    if isinstance(exc, QkvError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        what = exc.strerror or str(exc)
+        hint = {28: " (free some space and run the command again)",
+                13: " (choose a writable location)"}.get(exc.errno or 0, "")
+        return f"{where}{what}{hint}"
+    if isinstance(exc, (ValueError, TypeError)) and str(exc):
+        return str(exc)
+    return (f"{type(exc).__name__}: {exc} — an unexpected error; rerun with --debug for the traceback "
+            "and report it")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``qkv`` with ``argv``; return the exit status (0 ok, 2 error, 130 interrupted)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser: "qkv <command>: error: unrecognized arguments"
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        (sub.choices[args.command] if getattr(args, "command", None) else parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    debug = getattr(args, "debug", False) or os.environ.get("QKV_DEBUG", "") not in ("", "0")
+    name = f"qkv {args.command}"
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"\n{name}: interrupted; no output was left half-written (outputs appear only when "
+              "complete)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the reader left (`| head`)
+        return 0
+    except Exception as exc:  # the one handler of every subcommand's errors
+        if debug:
+            raise
+        print(f"{name}: error: {describe_error(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -92,15 +92,15 @@ def test_cli_analyze_and_inspect_on_a_model_folder(tiny_hf_folder, tiny_hf_model
 
     capsys.readouterr()
     assert main(["analyze", str(tmp_path / "no-such-model"), "--corpus", str(corpus), "--out",
-                 str(tmp_path / "x"), "--quiet"]) == 1
+                 str(tmp_path / "x"), "--quiet"]) == 2
     assert "no-such-model" in capsys.readouterr().err
     (tmp_path / "not-a-model").mkdir()
-    assert main(["inspect", str(tmp_path / "not-a-model"), "text", "--out", str(tmp_path / "x")]) == 1
+    assert main(["inspect", str(tmp_path / "not-a-model"), "text", "--out", str(tmp_path / "x")]) == 2
     assert "cannot load a model" in capsys.readouterr().err
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     assert main(["analyze", str(tiny_hf_folder), "--corpus", str(empty), "--out", str(tmp_path / "y"),
-                 "--max-len", str(MAX_LEN), "--quiet"]) == 1
+                 "--max-len", str(MAX_LEN), "--quiet"]) == 2
     assert "empty" in capsys.readouterr().err
-    assert main(["inspect", str(tiny_hf_folder), " ".join(pydoc_texts(1)), "--out", str(tmp_path / "z")]) == 1
+    assert main(["inspect", str(tiny_hf_folder), " ".join(pydoc_texts(1)), "--out", str(tmp_path / "z")]) == 2
     assert "window" in capsys.readouterr().err

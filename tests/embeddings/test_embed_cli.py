@@ -52,7 +52,7 @@ def test_empty_modes_on_the_command_line(tiny_model, text_file, tmp_path, capsys
     assert vecs.shape == (6, 24) and not vecs[1].any() and not vecs[4].any()
     err = tmp_path / "e.npy"
     assert main(["embed", str(tiny_model), str(text_file), "--out", str(err), "--empty", "error",
-                 "--no-progress"]) == 1
+                 "--no-progress"]) == 2
     assert "empty document" in capsys.readouterr().err
     assert not err.exists() and _leftovers(tmp_path) == []
 
@@ -75,7 +75,7 @@ def test_non_utf8_input_fails_without_partial_output(tiny_model, tmp_path, capsy
     src.write_bytes(b"fine line\nanother fine line\ncaf\xe9 au lait\n")
     out = tmp_path / "v.npy"
     assert main(["embed", str(tiny_model), str(src), "--out", str(out), "--chunk-size", "1",
-                 "--no-progress"]) == 1
+                 "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "not valid UTF-8 at line 3, byte offset 31" in err and "--encoding-errors replace" in err
     assert not out.exists() and _leftovers(tmp_path) == []  # the first chunks were written, then removed
@@ -90,7 +90,7 @@ def test_model_without_tokenizer_fails_before_writing(tiny_model, text_file, tmp
     for name in ("qkv.json", "model.safetensors"):
         shutil.copy(tiny_model / name, bare / name)
     out = tmp_path / "v.npy"
-    assert main(["embed", str(bare), str(text_file), "--out", str(out), "--no-progress"]) == 1
+    assert main(["embed", str(bare), str(text_file), "--out", str(out), "--no-progress"]) == 2
     assert "has no tokenizer" in capsys.readouterr().err
     assert not out.exists() and _leftovers(tmp_path) == []
 
@@ -98,7 +98,7 @@ def test_model_without_tokenizer_fails_before_writing(tiny_model, text_file, tmp
 @pytest.mark.parametrize("name", ["v.csv", "v", "v.npz"])
 def test_unknown_output_format(tiny_model, text_file, tmp_path, capsys, name):
     code = main(["embed", str(tiny_model), str(text_file), "--out", str(tmp_path / name), "--no-progress"])
-    assert code == 1
+    assert code == 2
     err = capsys.readouterr().err
     assert "unknown output format" in err and "allowed: .npy, .jsonl, .parquet" in err
     assert not (tmp_path / name).exists() and _leftovers(tmp_path) == []
@@ -110,7 +110,7 @@ def test_parquet_needs_pyarrow_or_writes(tiny_model, text_file, tmp_path, capsys
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        assert code == 1 and "pip install pyarrow" in capsys.readouterr().err and not out.exists()
+        assert code == 2 and "pip install pyarrow" in capsys.readouterr().err and not out.exists()
         return
     assert code == 0
     table = pq.read_table(out)

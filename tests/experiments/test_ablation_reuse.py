@@ -101,6 +101,6 @@ def test_a_folder_that_is_not_a_harness_folder_is_an_error(tmp_path, cache, caps
     with pytest.raises(ValueError, match="not a harness folder"):
         run_ablation(_config(tmp_path, _grid(tmp_path, FIRST), "x", reuse=(str(tmp_path / "empty"),)))
     assert main(["ablate", "--grid", "heads", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o"),
-                 "--reuse", str(tmp_path / "nowhere")]) == 1
+                 "--reuse", str(tmp_path / "nowhere")]) == 2
     assert "--reuse" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "o").exists()

@@ -183,17 +183,17 @@ def test_cli_help_list_and_errors(tmp_path, capsys, cache):
     assert main(["ablate", "--list-grids"]) == 0
     listing = capsys.readouterr().out
     assert "projections: qkv, no-qkv, no-qkv-no-out" in listing and "positions:" in listing
-    assert main(["ablate", "--grid", "nope", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o")]) == 1
+    assert main(["ablate", "--grid", "nope", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o")]) == 2
     assert "unknown grid 'nope'" in capsys.readouterr().err
-    assert main(["ablate", "--grid", "heads"]) == 1
+    assert main(["ablate", "--grid", "heads"]) == 2
     assert "--corpus, --out required" in capsys.readouterr().err
     assert main(["ablate", "--grid", "heads", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o"),
-                 "--set", "model.heads=3"]) == 1
+                 "--set", "model.heads=3"]) == 2
     assert "unknown model key 'heads'" in capsys.readouterr().err
     assert main(["ablate", "--grid", "heads", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o"),
-                 "--variants", "h2,h3"]) == 1
+                 "--variants", "h2,h3"]) == 2
     assert "grid 'heads' has no variant 'h3'; its variants: h1, h2, h4, h8" in capsys.readouterr().err
     assert main(["ablate", "--grid", "heads", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "o"),
-                 "--variants", ","]) == 1
+                 "--variants", ","]) == 2
     assert "--variants ',': give variant names" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # errors stop before anything is written

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 __all__ = ["add_analysis_parsers"]
 
@@ -51,23 +50,16 @@ def add_analysis_parsers(sub) -> None:
     i.set_defaults(func=_inspect)
 
 
-def _fail(command: str, exc: Exception) -> int:
-    print(f"qkv {command}: error: {exc}", file=sys.stderr)
-    return 1
-
 
 def _analyze(args: argparse.Namespace) -> int:
     from qkv.analysis.analyze import AnalyzeOptions, run_analyze
 
-    try:
-        opts = AnalyzeOptions(
-            max_len=args.max_len or None, long_text=args.long_text, max_windows_per_doc=args.max_windows,
-            batch_size=args.batch_size, token_sample=args.token_sample, seed=args.seed,
-        )
-        result, paths = run_analyze(args.model, args.corpus, args.out, opts, max_docs=args.max_docs,
-                                    progress=not args.quiet)
-    except (ValueError, OSError) as exc:
-        return _fail("analyze", exc)
+    opts = AnalyzeOptions(
+        max_len=args.max_len or None, long_text=args.long_text, max_windows_per_doc=args.max_windows,
+        batch_size=args.batch_size, token_sample=args.token_sample, seed=args.seed,
+    )
+    result, paths = run_analyze(args.model, args.corpus, args.out, opts, max_docs=args.max_docs,
+                                progress=not args.quiet)
     print(f"analysed {result.n_docs} documents ({result.n_contexts} windows, {result.n_tokens} tokens) "
           f"in {result.seconds['total']:.1f} s")
     print(f"report: {paths['html']}  (also {paths['md'].name}, {paths['json'].name}, figures *.png)")
@@ -77,11 +69,8 @@ def _analyze(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from qkv.analysis.viewer import run_inspect
 
-    try:
-        ins, paths = run_inspect(args.model, args.text, args.out, text_b=args.pair,
-                                 long_text="truncate" if args.truncate else "error")
-    except (ValueError, OSError) as exc:
-        return _fail("inspect", exc)
+    ins, paths = run_inspect(args.model, args.text, args.out, text_b=args.pair,
+                             long_text="truncate" if args.truncate else "error")
     n_layers, n_heads, t, _ = ins.attentions.shape
     print(f"{t} tokens, {n_layers} layers × {n_heads} heads")
     print(f"viewer: {paths['viewer']}  (also {paths['overview'].name} and attention_layer_*.png)")

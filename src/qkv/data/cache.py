@@ -8,12 +8,16 @@ fingerprint (its serialised ``tokenizer.json``) and the cache format version. It
   or ``uint32``; no special tokens (packing adds them);
 * ``word_starts.bin`` — ``uint8`` 0/1 per token: 1 where the token begins a word (whole-word masking);
 * ``doc_offsets.bin`` — ``int64``, ``n_docs + 1`` offsets: document d is ``tokens[off[d]:off[d+1]]``;
-* ``meta.json``       — counts, dtype, fingerprints, special ids, corpus description.
+* ``meta.json``       — counts, dtype, fingerprints, special ids, corpus description, and the
+  sha256 of each of the three arrays.
 
 Documents that tokenise to nothing are dropped. The folder is written under a temporary name and
 renamed into place only when complete (an atomic directory rename), so an interrupted tokenisation
 never leaves a cache that looks good; leftovers of killed processes are removed on the next build.
-Reopening (:func:`open_token_cache`) only maps the files: O(1) whatever the corpus size.
+Reopening (:func:`open_token_cache`) maps the files and checks them against ``meta.json``: sizes,
+sha256 (one read of the arrays), document offsets that rise from 0 to the token count, and token ids
+below the vocabulary size — a damaged cache is never trained on. :func:`build_token_cache` rebuilds
+a damaged entry (with a warning) instead of using it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from qkv._fs import sha256_file
 from qkv.data.corpus import Corpus
 from qkv.data.errors import CacheError, EmptyCorpusError
 from qkv.data.tokenizer import WordPieceTokenizer
@@ -38,7 +44,7 @@ from qkv.data.tokenizer import WordPieceTokenizer
 __all__ = ["TokenCache", "cache_key", "build_token_cache", "open_token_cache", "default_cache_dir",
            "CACHE_FORMAT"]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: meta.json holds the arrays' sha256
 _FILES = ("tokens.bin", "word_starts.bin", "doc_offsets.bin", "meta.json")
 
 
@@ -100,19 +106,38 @@ def open_token_cache(path: str | os.PathLike) -> TokenCache:
     if missing:
         raise CacheError(f"token cache {path} is incomplete (missing {', '.join(missing)}); delete it and "
                          "tokenise again")
-    meta = json.loads((path / "meta.json").read_text())
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CacheError(f"token cache {path}: meta.json is not readable JSON ({e}); delete {path} and "
+                         "tokenise again") from None
+    if not isinstance(meta, dict):
+        raise CacheError(f"token cache {path}: meta.json is not a JSON object; delete {path}")
     if meta.get("format") != CACHE_FORMAT:
         raise CacheError(f"token cache {path} has format {meta.get('format')}, this qkv reads "
                          f"{CACHE_FORMAT}; delete it and tokenise again")
-    dtype, n, d = np.dtype(meta["dtype"]), int(meta["n_tokens"]), int(meta["n_docs"])
+    try:
+        dtype, n, d = np.dtype(meta["dtype"]), int(meta["n_tokens"]), int(meta["n_docs"])
+        sums, vocab = dict(meta["sha256"]), int(meta["vocab_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CacheError(f"token cache {path}: meta.json lacks or garbles {e}; delete {path}") from None
     expect = {"tokens.bin": n * dtype.itemsize, "word_starts.bin": n, "doc_offsets.bin": (d + 1) * 8}
     for name, size in expect.items():
         got = (path / name).stat().st_size
         if got != size:
             raise CacheError(f"token cache {path}: {name} has {got} bytes, expected {size}; delete it")
+    for name in ("tokens.bin", "word_starts.bin", "doc_offsets.bin"):
+        if sha256_file(path / name) != sums.get(name):
+            raise CacheError(f"token cache {path}: {name} differs from what was written (sha256 mismatch: "
+                             f"damaged); delete {path} and tokenise again")
     tokens = np.memmap(path / "tokens.bin", dtype=dtype, mode="r", shape=(n,))
     word_starts = np.memmap(path / "word_starts.bin", dtype=np.uint8, mode="r", shape=(n,)).view(np.bool_)
     offsets = np.memmap(path / "doc_offsets.bin", dtype=np.int64, mode="r", shape=(d + 1,))
+    if offsets[0] != 0 or offsets[-1] != n or (d and not (np.diff(offsets) > 0).all()):
+        raise CacheError(f"token cache {path}: doc_offsets.bin does not rise from 0 to {n}; delete {path}")
+    if n and int(tokens.max()) >= vocab:
+        raise CacheError(f"token cache {path}: tokens.bin holds ids ≥ the vocabulary size {vocab}; "
+                         f"delete {path}")
     return TokenCache(path, tokens, word_starts, offsets, meta, reused=True)
 
 
@@ -151,7 +176,11 @@ def build_token_cache(corpus: Corpus, tokenizer: WordPieceTokenizer,
     key = cache_key(corpus, tokenizer)
     final = cache_dir / key[:32]
     if (final / "meta.json").is_file():
-        return open_token_cache(final)
+        try:
+            return open_token_cache(final)
+        except CacheError as e:  # damaged: build it again rather than train on it
+            print(f"qkv: {e} — rebuilding it", file=sys.stderr)
+            shutil.rmtree(final, ignore_errors=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
     _clean_stale(cache_dir)
     tmp = cache_dir / f".tmp-{key[:12]}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{socket.gethostname()}"
@@ -165,6 +194,7 @@ def build_token_cache(corpus: Corpus, tokenizer: WordPieceTokenizer,
                 "n_docs": n_docs, "corpus": corpus.describe(), "corpus_fingerprint": corpus.fingerprint(),
                 "sources": corpus.sources[:100], "tokenizer_fingerprint": tokenizer.fingerprint(),
                 "vocab_size": tokenizer.vocab_size, "special_ids": list(tokenizer.special.ids),
+                "sha256": {f: sha256_file(tmp / f) for f in _FILES[:3]},
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         with open(tmp / "meta.json", "w") as fh:
             json.dump(meta, fh, indent=2)

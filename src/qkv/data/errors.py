@@ -7,6 +7,8 @@ line can print ``str(error)`` and stop before any training starts.
 
 from __future__ import annotations
 
+from qkv.errors import QkvError
+
 __all__ = [
     "CorpusError",
     "CorpusNotFoundError",
@@ -21,7 +23,7 @@ __all__ = [
 ]
 
 
-class CorpusError(ValueError):
+class CorpusError(QkvError):
     """Base class: a corpus (or tokenizer / cache) input the pipeline cannot use."""
 
 

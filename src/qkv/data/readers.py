@@ -159,8 +159,8 @@ def _decode(data: bytes, path: Path, line_no: int, offset: int, errors: str) -> 
         raise CorpusDecodeError(
             f"{path}: not valid UTF-8 at byte offset {offset + e.start} {where}(line {line_no}): "
             f"{e.reason}, bytes {data[e.start:e.start + 4]!r}. Convert the file to UTF-8 (e.g. iconv), or "
-            "pass encoding_errors='replace' (--encoding-errors replace) to read it with U+FFFD in place "
-            "of the bad bytes."
+            "pass encoding_errors='replace' (in qkv pretrain, embed and index: --encoding-errors replace) to "
+            "read it with U+FFFD in place of the bad bytes."
         ) from None
 
 

@@ -1,5 +1,5 @@
 """``qkv embed``, ``qkv index``, ``qkv search``, ``qkv train-embeddings``, ``qkv eval-embeddings``:
-parse, one library call, print where the result went. Errors print one line and exit 1."""
+parse, one library call, print where the result went. Errors are printed by :func:`qkv.cli.main`."""
 
 from __future__ import annotations
 
@@ -129,10 +129,6 @@ def add_embedding_parsers(sub) -> None:
     v.set_defaults(func=_eval)
 
 
-def _fail(command: str, exc: BaseException) -> int:
-    print(f"qkv {command}: error: {exc}", file=sys.stderr)
-    return 1
-
 
 def _embedder_kwargs(args) -> dict:
     return dict(pooling=args.pooling, layers=args.layers, normalize=args.normalize,
@@ -165,19 +161,14 @@ def _report(stats, empty_ids, mode: str) -> str:
 
 
 def _embed(args) -> int:
-    from qkv.data.errors import CorpusError
     from qkv.embeddings.embedder import Embedder
-    from qkv.embeddings.errors import EmbeddingError
     from qkv.embeddings.streams import open_writer, output_format
 
-    try:
-        output_format(args.out)  # an unknown format fails before the model is loaded
-        embedder = Embedder(args.model, chunk_size=args.chunk_size, **_embedder_kwargs(args))
-        with open_writer(args.out, embedder.dim) as writer:
-            for ids, vectors in embedder.embed_stream(_records(args, args.input)):
-                writer.write(ids, vectors)
-    except (EmbeddingError, CorpusError, OSError) as e:
-        return _fail("embed", e)
+    output_format(args.out)  # an unknown format fails before the model is loaded
+    embedder = Embedder(args.model, chunk_size=args.chunk_size, **_embedder_kwargs(args))
+    with open_writer(args.out, embedder.dim) as writer:
+        for ids, vectors in embedder.embed_stream(_records(args, args.input)):
+            writer.write(ids, vectors)
     print(f"wrote {writer.rows} × {embedder.dim} vectors to {args.out}: "
           f"{_report(embedder.stats, embedder.empty_ids, args.empty)}")
     if args.empty == "skip" and embedder.stats.empty and args.out.endswith(".npy"):
@@ -186,28 +177,19 @@ def _embed(args) -> int:
 
 
 def _index(args) -> int:
-    from qkv.data.errors import CorpusError
-    from qkv.embeddings.errors import EmbeddingError
     from qkv.embeddings.search import build_index
 
-    try:
-        meta = build_index(args.model, _records(args, args.corpus), args.out, source=args.corpus,
-                           **{k: v for k, v in _embedder_kwargs(args).items() if k != "normalize"})
-    except (EmbeddingError, CorpusError, OSError) as e:
-        return _fail("index", e)
+    meta = build_index(args.model, _records(args, args.corpus), args.out, source=args.corpus,
+                       **{k: v for k, v in _embedder_kwargs(args).items() if k != "normalize"})
     print(f"indexed {meta['count']} documents ({meta['dim']}-d, {meta['long_documents']} longer than one "
           f"window, {meta['empty_skipped']} empty left out) into {args.out}")
     return 0
 
 
 def _search(args) -> int:
-    from qkv.embeddings.errors import EmbeddingError
     from qkv.embeddings.search import search
 
-    try:
-        results = search(args.index, args.query, k=args.k, device=args.device)
-    except (EmbeddingError, OSError) as e:
-        return _fail("search", e)
+    results = search(args.index, args.query, k=args.k, device=args.device)
     for query, hits in zip(args.query, results):
         if args.json:
             for h in hits:
@@ -223,25 +205,20 @@ def _search(args) -> int:
 
 def _train(args) -> int:
     from qkv.data.corpus import open_corpus
-    from qkv.data.errors import CorpusError
     from qkv.embeddings.contrastive import ContrastiveConfig, train_embeddings
-    from qkv.embeddings.errors import EmbeddingError
     from qkv.embeddings.evaluate import subsample
 
-    try:
-        cfg = ContrastiveConfig(mode=args.objective, temperature=args.temperature, steps=args.steps,
-                                batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
-                                pooling=args.pooling, layers=tuple(args.layers), dropout=args.dropout,
-                                seed=args.seed)
-        corpus = open_corpus(args.corpus, text_field=args.text_field, label_field=args.label_field)
-        texts, labels = corpus.labelled()
-        notes: list[str] = []
-        texts, labels = subsample(texts, labels, args.max_docs, args.seed, "training data", notes)
-        source = corpus.describe() + (f" ({notes[0]})" if notes else "")
-        result = train_embeddings(args.model, texts, args.out, cfg, labels=labels, device=args.device,
-                                  progress=args.progress, source=source)
-    except (EmbeddingError, CorpusError, OSError) as e:
-        return _fail("train-embeddings", e)
+    cfg = ContrastiveConfig(mode=args.objective, temperature=args.temperature, steps=args.steps,
+                            batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
+                            pooling=args.pooling, layers=tuple(args.layers), dropout=args.dropout,
+                            seed=args.seed)
+    corpus = open_corpus(args.corpus, text_field=args.text_field, label_field=args.label_field)
+    texts, labels = corpus.labelled()
+    notes: list[str] = []
+    texts, labels = subsample(texts, labels, args.max_docs, args.seed, "training data", notes)
+    source = corpus.describe() + (f" ({notes[0]})" if notes else "")
+    result = train_embeddings(args.model, texts, args.out, cfg, labels=labels, device=args.device,
+                              progress=args.progress, source=source)
     print(f"{cfg.mode}: {cfg.steps} steps on {len(texts)} documents in {result.seconds:.0f} s; loss on a "
           f"fixed batch {result.initial_loss:.4f} -> {result.final_loss:.4f}. Model folder: {result.out} "
           f"(qkv embed {result.out} …)")
@@ -249,20 +226,22 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from qkv.data.errors import CorpusError
+    from qkv._fs import check_output_path
     from qkv.embeddings.errors import EmbeddingError
     from qkv.embeddings.evaluate import evaluate_models, format_table, load_eval_data
+    from qkv.errors import check_device
 
     out = Path(args.out or f"eval-embeddings-{Path(args.dataset).stem}.json")
-    try:
-        data = load_eval_data(args.dataset, max_train=args.max_train, max_test=args.max_test, seed=args.seed)
-        log = (lambda m: print(m, file=sys.stderr)) if args.progress else (lambda m: None)
-        result = evaluate_models(args.model, data, k=args.k, max_len=args.max_len, batch_size=args.batch_size,
-                                 device=args.device, progress=args.progress, log=log)
-    except (EmbeddingError, CorpusError, OSError) as e:
-        return _fail("eval-embeddings", e)
+    if args.k < 1:
+        raise EmbeddingError(f"--k {args.k}: k-NN needs at least one neighbour; give --k 1 or more")
+    check_output_path(out)  # before the computation, not after it
+    check_device(args.device)
+    data = load_eval_data(args.dataset, max_train=args.max_train, max_test=args.max_test, seed=args.seed)
+    log = (lambda m: print(m, file=sys.stderr)) if args.progress else (lambda m: None)
+    result = evaluate_models(args.model, data, k=args.k, max_len=args.max_len, batch_size=args.batch_size,
+                             device=args.device, progress=args.progress, log=log)
     result["command"] = "qkv " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["eval-embeddings"] else None
-    from qkv.training.checkpoint import atomic_write_text
+    from qkv._fs import atomic_write_text
 
     atomic_write_text(out, json.dumps(result, indent=2))
     print(format_table(result))

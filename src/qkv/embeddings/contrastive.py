@@ -34,9 +34,10 @@ import torch.nn.functional as F
 
 from qkv.embeddings.embedder import EMBEDDING_JSON, folder_defaults
 from qkv.embeddings.errors import EmbeddingError
-from qkv.embeddings.streams import make_public_dir
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
+from qkv.embeddings.streams import make_public_dir
 from qkv.embeddings.windows import TokenizerView, pad_batch
+from qkv.errors import check_device
 
 __all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "contrastive_loss", "train_embeddings"]
 
@@ -204,6 +205,7 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     tok = TokenizerView(model.tokenizer)
     ids = [np.concatenate([[tok.cls_id], t[:window - 2], [tok.sep_id]]).astype(np.int64)
            for t in tok.encode(texts)]
+    check_device(device)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     encoder.to(device).train()
     torch.manual_seed(cfg.seed)

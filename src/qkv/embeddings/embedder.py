@@ -33,6 +33,7 @@ import torch
 from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
 from qkv.embeddings.windows import TokenizerView, length_batches, make_windows, pad_batch
+from qkv.errors import check_device
 
 __all__ = ["embed", "Embedder", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON", "folder_defaults",
            "resolve_model"]
@@ -177,6 +178,7 @@ class Embedder:
         if device is None:
             device = next(self.encoder.parameters()).device if self.model_ref is None else (
                 "cuda" if torch.cuda.is_available() else "cpu")
+        check_device(device)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EmbeddingError(f"device={device!r} asked for, but torch sees no CUDA device")
@@ -320,8 +322,8 @@ def _empty_error(ids: list) -> EmptyDocumentError:
     shown = ", ".join(map(repr, ids[:10])) + (" …" if len(ids) > 10 else "")
     return EmptyDocumentError(
         f"{len(ids)} empty document(s) (empty or whitespace only): {shown}. An empty text has no tokens "
-        "to pool; remove them, or choose empty='zero' (an all-zero vector) or, for streams and the "
-        "command line, empty='skip' (--empty skip)")
+        "to pool; remove them, or choose empty='zero' (an all-zero vector) or, for streams and for "
+        "qkv embed and qkv index, empty='skip' (--empty skip)")
 
 
 def embed(model_or_path, texts: Sequence[str] | str, *, pooling: str | None = None, layers=None,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from qkv.errors import QkvError
+
 __all__ = ["EmbeddingError", "EmptyDocumentError", "InputFormatError", "OutputFormatError"]
 
 
-class EmbeddingError(ValueError):
+class EmbeddingError(QkvError):
     """Input the embedder cannot use: a model folder, an option, a document or a file. The message
     names the bad value and the way out, so that a command line can print it and stop."""
 

@@ -2,14 +2,17 @@
 
 Index folder (written under a temporary name and renamed into place when complete)::
 
-    index.json     format, model folder (absolute path) and its weights' sha256, the embedding
-                   options (pooling, layers, window, stride), count N, width C, source
+    index.json     format, model folder (absolute path), the sha256 of its weights and of its
+                   tokenizer files, the embedding options (pooling, layers, window, stride),
+                   count N, width C, source
     vectors.npy    (N,C) float32, L2-normalised: cosine = dot product
     texts.jsonl    one {"id": …, "text": …} per document, in vector order
     offsets.npy    (N,) int64 byte offset of each line of texts.jsonl (results are read by seeking)
 
-Queries are embedded with the same model and options. The vectors are memory-mapped and scored in
-blocks, so an index larger than memory can be searched.
+Queries are embedded with the same model and options; a model whose weights or tokenizer changed
+since indexing is refused (its vectors would not be comparable). The vectors are memory-mapped and
+scored in blocks, so an index larger than memory can be searched; files that disagree with
+``index.json`` (truncated, damaged) and non-finite vectors are refused with a message.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from array import array
 from collections import deque
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from qkv._fs import make_temp_dir
 from qkv.embeddings.errors import EmbeddingError
 
 __all__ = ["build_index", "search", "load_index_meta", "Hit", "INDEX_JSON"]
@@ -63,6 +66,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+
+
+def _tokenizer_sha256(model_dir: Path) -> dict[str, str]:
+    return {n: _sha256(model_dir / n) for n in _TOKENIZER_FILES if (model_dir / n).is_file()}
+
+
 def _stat(path: Path) -> list[int]:
     st = path.stat()
     return [st.st_size, st.st_mtime_ns]
@@ -89,7 +99,7 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
     embed_options = {"empty": "skip", **embed_options, "normalize": True}
     embedder = Embedder(model, **embed_options)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = make_temp_dir(out)
     make_public_dir(tmp)
     try:
         pending: deque[tuple[int, Any, str]] = deque()
@@ -119,6 +129,7 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
         meta = {"format": INDEX_FORMAT, "version": 1, "model": str(Path(model).resolve()),
                 "model_weights_sha256": _sha256(weights) if weights else None,
                 "model_weights_stat": _stat(weights) if weights else None,
+                "model_tokenizer_sha256": _tokenizer_sha256(Path(model)),
                 "embedding": embedder.options(), "count": rows, "dim": embedder.dim, "source": source,
                 "empty_skipped": embedder.stats.empty, "long_documents": embedder.stats.long_documents,
                 "truncated": embedder.stats.truncated, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -142,6 +153,8 @@ def load_index_meta(index: str | os.PathLike) -> dict[str, Any]:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise EmbeddingError(f"{index} is not an index folder made by `qkv index` ({e})") from None
+    if not isinstance(meta, dict):
+        raise EmbeddingError(f"{path}: not a JSON object; the index is damaged: rebuild it with qkv index")
     if meta.get("format") != INDEX_FORMAT:
         raise EmbeddingError(f"{path}: format {meta.get('format')!r}, expected {INDEX_FORMAT!r}")
     return meta
@@ -188,19 +201,53 @@ def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
                                          and _sha256(weights) != expected)):
         raise EmbeddingError(f"the model in {model} changed since the index was built; rebuild it with "
                              "qkv index")
+    tok = meta.get("model_tokenizer_sha256")
+    if tok is not None and _tokenizer_sha256(model) != tok:
+        raise EmbeddingError(f"the tokenizer in {model} changed since the index {index} was built; its "
+                             "vectors no longer match queries: rebuild it with qkv index")
+    empty = [i for i, q in enumerate(queries) if not str(q).strip()]
+    if empty:
+        raise EmbeddingError(f"query {empty[0] + 1} is empty; give a query with words")
+    vectors, offsets = _open_arrays(Path(index), meta)
     opts = {key: meta["embedding"][key] for key in ("pooling", "layers", "max_len", "stride", "truncate")}
     embedder = Embedder(str(model), normalize=True, device=device, **opts)
     q = embedder.embed(queries).astype(np.float32)  # (Q,C)
-    vectors = np.load(Path(index) / "vectors.npy", mmap_mode="r")
-    offsets = np.load(Path(index) / "offsets.npy")
+    if not np.isfinite(q).all():
+        raise EmbeddingError(f"the model in {model} gives non-finite (NaN/inf) query vectors; its weights are "
+                             "damaged")
     scores, rows = _top_k(vectors, q, k)
+    if not np.isfinite(scores).all():
+        raise EmbeddingError(f"{Path(index) / 'vectors.npy'} holds non-finite (NaN/inf) vectors; the index is "
+                             "damaged: rebuild it with qkv index")
     out = []
     with open(Path(index) / "texts.jsonl", "rb") as fh:
         for qs, qr in zip(scores, rows):
             hits = []
             for rank, (s, r) in enumerate(zip(qs.tolist(), qr.tolist()), 1):
                 fh.seek(int(offsets[r]))
-                doc = json.loads(fh.readline())
-                hits.append(Hit(rank, float(s), doc["id"], doc["text"]))
+                try:
+                    doc = json.loads(fh.readline())
+                    hits.append(Hit(rank, float(s), doc["id"], doc["text"]))
+                except (ValueError, KeyError, TypeError):
+                    raise EmbeddingError(f"{Path(index) / 'texts.jsonl'}: damaged at document {r}; rebuild "
+                                         "the index with qkv index") from None
             out.append(hits)
     return out
+
+
+def _open_arrays(index: Path, meta: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``vectors.npy`` (memory-mapped) and ``offsets.npy`` of an index, checked against ``index.json``."""
+    try:
+        vectors = np.load(index / "vectors.npy", mmap_mode="r")
+        offsets = np.load(index / "offsets.npy")
+    except (OSError, ValueError, EOFError) as e:
+        raise EmbeddingError(f"index {index}: cannot read its arrays ({e}); rebuild it with qkv index") from None
+    n, dim = meta.get("count"), meta.get("dim")
+    if vectors.shape != (n, dim) or offsets.shape != (n,):
+        raise EmbeddingError(f"index {index}: vectors {vectors.shape} / offsets {offsets.shape} disagree with "
+                             f"index.json ({n} × {dim}): truncated or damaged; rebuild it with qkv index")
+    size = (index / "texts.jsonl").stat().st_size if (index / "texts.jsonl").is_file() else -1
+    if n and (size < 0 or offsets.min() < 0 or offsets.max() >= size):
+        raise EmbeddingError(f"index {index}: texts.jsonl is missing or shorter than its offsets say; "
+                             "rebuild it with qkv index")
+    return vectors, offsets

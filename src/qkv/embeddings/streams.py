@@ -24,7 +24,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +31,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from qkv.embeddings.errors import InputFormatError, OutputFormatError
+from qkv._fs import check_output_path, make_temp_file
+from qkv.embeddings.errors import EmbeddingError, InputFormatError, OutputFormatError
 
 __all__ = ["read_records", "input_format", "open_writer", "output_format", "OUTPUT_FORMATS", "VectorWriter",
            "PARQUET_PIP"]
@@ -147,6 +147,7 @@ def output_format(path: str | os.PathLike) -> str:
         except ImportError:
             raise OutputFormatError(f"writing {path} needs pyarrow, which is not installed; install it with "
                                     f"`{PARQUET_PIP}`, or write .npy or .jsonl instead") from None
+    check_output_path(path)
     if not Path(path).parent.resolve().is_dir():
         raise OutputFormatError(f"cannot write {path}: folder {Path(path).parent} does not exist")
     return suffix
@@ -159,7 +160,7 @@ class VectorWriter(ABC):
 
     def __init__(self, path: str | os.PathLike, dim: int):
         self.path, self.dim, self.rows = Path(path), int(dim), 0
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent)
+        fd, tmp = make_temp_file(self.path)  # also removes temp files of killed writers of this path
         os.close(fd)
         self.tmp = Path(tmp)
         os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make the output private
@@ -169,6 +170,10 @@ class VectorWriter(ABC):
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[1] != self.dim or len(ids) != len(vectors):
             raise ValueError(f"expected {len(ids)} rows of width {self.dim}, got {vectors.shape}")
+        if not np.isfinite(vectors).all():
+            bad = [ids[i] for i in np.flatnonzero(~np.isfinite(vectors).all(axis=1))[:5]]
+            raise EmbeddingError(f"non-finite (NaN/inf) vectors for document(s) {bad}: the model produces "
+                                 "NaN/inf — its weights are damaged or it overflows; check the model folder")
         self._write(ids, vectors)
         self.rows += len(ids)
 

@@ -118,19 +118,13 @@ def _list_grids() -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from qkv.data.errors import CorpusError
-    from qkv.training.rundir import RunError
 
     if args.list_grids:
         return _list_grids()
     from qkv.experiments.runner import run_ablation
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, flush=True))
-    try:
-        result = run_ablation(config_from_args(args), log=log)
-    except (CorpusError, RunError, ValueError, json.JSONDecodeError) as e:
-        print(f"qkv ablate: error: {e}", file=sys.stderr)
-        return 1
+    result = run_ablation(config_from_args(args), log=log)
     print(result.table)
     print(f"\n{result.out / 'results.md'}, {result.out / 'results.csv'}, {result.out / 'loss_curves.png'}")
     if result.status == "interrupted":

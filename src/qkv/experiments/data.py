@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from qkv.experiments.grid import DATA_FIELDS
-from qkv.training.checkpoint import atomic_write_text
+from qkv._fs import atomic_write_text
 
 __all__ = ["prepare_shared_data", "corpus_options"]
 

@@ -19,7 +19,7 @@ from qkv.experiments.grid import Grid
 from qkv.experiments.plan import Job
 from qkv.experiments.ranking import ranking_section
 from qkv.experiments.reuse import REUSED_KEY
-from qkv.training.checkpoint import atomic_write_text
+from qkv._fs import atomic_write_text
 
 __all__ = ["write_report", "format_table", "table_columns", "CSV_COLUMNS"]
 

@@ -40,7 +40,7 @@ from qkv.experiments.plan import Job, merge_overrides, plan_jobs, validate_grid
 from qkv.experiments.report import write_report
 from qkv.experiments.reuse import check_sources, reuse_runs
 from qkv.experiments.worker import is_finished, read_result, run_job
-from qkv.training.checkpoint import atomic_write_text
+from qkv._fs import atomic_write_text
 from qkv.training.config import TrainConfig
 
 __all__ = ["AblationConfig", "AblationResult", "run_ablation"]

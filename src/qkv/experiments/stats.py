@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from qkv.training.checkpoint import atomic_write_text
+from qkv._fs import atomic_write_text
 
 __all__ = ["attention_summary", "encoder_attentions", "grad_norms", "EarlyStats"]
 

@@ -29,7 +29,7 @@ import torch
 from qkv.experiments.plan import Job
 from qkv.experiments.reuse import REUSED_KEY
 from qkv.experiments.stats import EarlyStats, attention_summary, encoder_attentions
-from qkv.training.checkpoint import atomic_write_text
+from qkv._fs import atomic_write_text
 
 __all__ = ["run_job", "is_finished", "read_result", "RESULT_JSON", "EARLY_JSON"]
 

@@ -11,7 +11,11 @@ Two folder formats:
 Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` attaches the tokenizer as
 ``model.tokenizer`` (a ``tokenizers.Tokenizer``) and :func:`save` / :func:`export_hf` write it
 back. Writes are atomic: files go to a temporary folder beside the target, which is then renamed
-into place (or, when the target exists, each file is renamed over the old one, config last).
+into place. A target that is a model folder (only model and tokenizer files) is replaced as a
+whole (:func:`qkv._fs.replace_dir`): no file of the old model — an old tokenizer, the other
+format's config — survives, and ``convert X X`` leaves X loadable at every moment. A target that
+holds more (a run folder) gets the new files renamed over the old ones, config last, and the old
+model's files that the new one does not have removed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import json
 import os
 import pickle
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from qkv._faults import fault_point
+from qkv._fs import make_temp_dir, replace_dir
 from qkv.config import ModelConfig
 from qkv.models import hf
 from qkv.models.builders import build_model
@@ -41,6 +46,9 @@ HF_CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 HF_PICKLE = "pytorch_model.bin"
 FORMAT_VERSION = 1
+#: The files a model folder consists of (what :func:`save` / :func:`export_hf` may write or replace).
+MODEL_FILES = frozenset({QKV_CONFIG, HF_CONFIG, WEIGHTS, HF_PICKLE, "tokenizer.json", "vocab.txt",
+                         "tokenizer_config.json", "special_tokens_map.json", "embedding.json"})
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, Tensor]:
@@ -150,6 +158,10 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
                               f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
     model.load_state_dict(state, strict=True)
     model.tokenizer = load_tokenizer(folder)
+    if model.tokenizer is not None and model.tokenizer.get_vocab_size() > config.vocab_size:
+        raise CheckpointError(f"{folder}: the tokenizer has {model.tokenizer.get_vocab_size()} tokens but the "
+                              f"model's vocabulary only {config.vocab_size}; ids beyond it cannot be embedded. "
+                              "Put the tokenizer the model was trained with into the folder")
     return model.eval()
 
 
@@ -160,7 +172,11 @@ def load_tokenizer(folder: str | os.PathLike):
 
     folder = Path(folder)
     if (folder / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+        try:
+            return Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as e:  # tokenizers raises a bare Exception on a damaged file
+            raise CheckpointError(f"{folder / 'tokenizer.json'}: not a readable tokenizer "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
     if not (folder / "vocab.txt").is_file():
         return None
     settings = {}
@@ -190,25 +206,33 @@ def _write_tokenizer(tokenizer, folder: Path, *, hf_config: bool, max_len: int) 
         (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
+def is_model_folder(folder: Path) -> bool:
+    """True when ``folder`` holds only model files (:data:`MODEL_FILES`) and hidden entries."""
+    return all(p.name in MODEL_FILES or p.name.startswith(".") for p in Path(folder).iterdir())
+
+
 def _publish(tmp: Path, dest: Path, config_name: str) -> None:
-    """Move the finished folder ``tmp`` to ``dest`` atomically (file by file, config last)."""
-    if not dest.exists():
-        os.replace(tmp, dest)
+    """Move the finished folder ``tmp`` to ``dest`` atomically (see the module docstring)."""
+    if not dest.exists() or is_model_folder(dest):
+        replace_dir(tmp, dest)
         return
-    if not dest.is_dir():
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"{dest}: exists and is not a folder")
     names = sorted(p.name for p in tmp.iterdir())
     names.sort(key=lambda n: n == config_name)  # config last: a reader sees old or new, never half
-    for name in names:
+    for i, name in enumerate(names):
         os.replace(tmp / name, dest / name)
+        if i == 0:
+            fault_point("finalise.model")
     tmp.rmdir()
+    for name in sorted(MODEL_FILES - set(names)):  # the old model's files: other config, old tokenizer
+        (dest / name).unlink(missing_ok=True)
 
 
 def _write_folder(dest: Path, config_name: str, fill) -> None:
     dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise CheckpointError(f"{dest}: exists and is not a folder; choose another destination")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    tmp = make_temp_dir(dest)
     try:
         fill(tmp)
     except BaseException:
@@ -279,5 +303,12 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
         raise ValueError(f"to={to!r} is not allowed; allowed: qkv, hf")
     if to is None:
         to = "hf" if (Path(src) / QKV_CONFIG).is_file() else "qkv"
+    dst_path = Path(dst)
+    if dst_path.exists() and not dst_path.is_dir():
+        raise CheckpointError(f"{dst}: exists and is not a folder; choose another destination")
+    if dst_path.is_dir() and not is_model_folder(dst_path):
+        extra = sorted(p.name for p in dst_path.iterdir() if p.name not in MODEL_FILES and not p.name.startswith("."))
+        raise CheckpointError(f"{dst}: holds files that are not part of a model ({', '.join(extra[:5])}); "
+                              "convert replaces the destination as a whole: choose an empty or model-only folder")
     model = load(src)
     return export_hf(model, dst) if to == "hf" else save(model, dst)

@@ -168,10 +168,17 @@ def softmax_scores_(scores: Tensor, *, bias: Bias | None, mask: Tensor | None, c
 
 
 def _explicit_block(q, k, v, similarity, bias, mask, dropout_p):
-    scores = similarity.scores(q, k)  # (B,H,t,S)
+    half = q.dtype in (torch.float16, torch.bfloat16) and getattr(similarity, "has_dot_form", False)
+    if half:  # scores and softmax in float32, as the fused kernel does: qᵀk may overflow float16
+        qd, kd, scale = similarity.as_dot(q, k)
+        scores = (qd.float() * scale) @ kd.float().transpose(-2, -1)  # (B,H,t,S) float32
+    else:
+        scores = similarity.scores(q, k)  # (B,H,t,S)
     if bias is not None:
-        scores = scores + bias.to(scores.dtype)  # as on the sdpa path: the bias follows q's dtype
+        scores = scores + bias.to(q.dtype).to(scores.dtype)  # as on the sdpa path: the bias follows q's dtype
     weights = masked_softmax(scores, mask)  # (B,H,t,S)
+    if half:
+        weights = weights.to(q.dtype)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (B,H,t,S)(B,H,S,E) -> (B,H,t,E)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import sys
 from pathlib import Path
 
 __all__ = ["add_pretrain_parser", "config_from_args"]
@@ -103,14 +101,14 @@ def add_pretrain_parser(sub) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The run's :class:`TrainConfig`: stored (resume) or file config, overlaid with given options."""
-    from qkv.training.config import TrainConfig
+    from qkv.training.config import TrainConfig, parse_json_object, read_config_file
     from qkv.training.rundir import read_run
 
     base: dict = {}
     if args.resume:
         base = read_run(Path(args.out))["train_config"]
     elif args.config:
-        base = json.loads(Path(args.config).read_text(encoding="utf-8"))
+        base = read_config_file(args.config)
     given = {name: getattr(args, name) for _, name, _, _ in _OPTIONS}
     given.update(whole_word=args.whole_word, lowercase=args.lowercase, progress=args.progress,
                  unigram_bias=args.unigram_bias)
@@ -120,7 +118,7 @@ def config_from_args(args: argparse.Namespace):
     if args.corpus:
         given["corpus"] = tuple(args.corpus)
     if args.model:
-        given["model"] = json.loads(args.model)
+        given["model"] = parse_json_object(args.model, "--model")
     data = {**base, **given, "out": args.out}
     if "corpus" not in data:
         raise ValueError("--corpus is required (a file, a folder or dataset:NAME[:SPLIT])")
@@ -128,16 +126,10 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from qkv.data.errors import CorpusError
-    from qkv.training.loop import TrainingError, pretrain
-    from qkv.training.rundir import RunError
+    from qkv.training.loop import pretrain
 
-    try:
-        cfg = config_from_args(args)
-        result = pretrain(cfg, resume=args.resume)
-    except (CorpusError, RunError, TrainingError, ValueError, json.JSONDecodeError) as e:
-        print(f"qkv pretrain: error: {e}", file=sys.stderr)
-        return 1
+    cfg = config_from_args(args)  # errors: printed by qkv.cli.main
+    result = pretrain(cfg, resume=args.resume)
     if result.status != "complete":
         print(f"interrupted after step {result.steps_done}; checkpoint saved. Continue with:\n"
               f"  qkv pretrain --out {result.out} --resume")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 
-__all__ = ["TrainConfig", "RESUME_MAY_CHANGE"]
+__all__ = ["TrainConfig", "RESUME_MAY_CHANGE", "read_config_file", "parse_json_object"]
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
 RESUME_MAY_CHANGE = ("device", "progress", "log_every", "threads")
@@ -105,6 +106,7 @@ class TrainConfig:
     log_every: int = 10
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         if isinstance(self.corpus, str):
             object.__setattr__(self, "corpus", (self.corpus,))
         object.__setattr__(self, "corpus", tuple(str(c) for c in self.corpus))
@@ -155,6 +157,7 @@ class TrainConfig:
             raise ValueError(f"device={self.device!r} is not allowed; allowed: auto, cpu, cuda")
         if not isinstance(self.model, dict):
             raise ValueError(f"model overrides must be a dict of ModelConfig fields, got {self.model!r}")
+        _check_masking(self)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -169,9 +172,13 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; allowed: {', '.join(sorted(names))}")
         data = dict(data)
-        data["corpus"] = tuple(data["corpus"])
-        if data.get("eval_corpus") is not None:
-            data["eval_corpus"] = tuple(data["eval_corpus"])
+        if "corpus" not in data:
+            raise ValueError("corpus is required (a file, a folder or dataset:NAME[:SPLIT])")
+        for name in ("corpus", "eval_corpus"):  # a single spec may be given as a string
+            if isinstance(data.get(name), (str, os.PathLike)):
+                data[name] = (data[name],)
+            elif isinstance(data.get(name), (list, tuple)):
+                data[name] = tuple(data[name])
         return cls(**data)
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -184,3 +191,64 @@ class TrainConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str, os.PathLike),
+          "tuple[str, ...]": (tuple, list, str, os.PathLike), "dict[str, Any]": (dict,)}
+
+
+def _check_field_types(cfg) -> None:
+    """Raise ``ValueError`` naming the field when a value has the wrong JSON type (e.g. a string
+    where a number belongs), so that a bad config file is refused with a message, not a crash."""
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        optional = ann.endswith(" | None")
+        base = ann[: -len(" | None")] if optional else ann
+        allowed = _TYPES.get(base)
+        if allowed is None or (optional and v is None):
+            continue
+        wrong = not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed)
+        if not wrong and base == "tuple[str, ...]" and isinstance(v, (tuple, list)):
+            wrong = not all(isinstance(x, (str, os.PathLike)) for x in v)
+        if not wrong and base == "float" and not math.isfinite(v):
+            raise ValueError(f"{f.name}={v!r} must be a finite number")
+        if wrong:
+            want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+                    "tuple[str, ...]": "a string or a list of strings", "dict[str, Any]": "a JSON object"}[base]
+            raise ValueError(f"{f.name}={v!r} must be {want}{' or null' if optional else ''}")
+
+
+def _check_masking(cfg) -> None:
+    from qkv.data.masking import MaskingConfig
+
+    if not 0 < cfg.select_rate <= 1:
+        raise ValueError(f"select_rate={cfg.select_rate!r} must be in (0, 1]: it is the share of tokens "
+                         "the model learns to predict (--select-rate, default 0.15)")
+    MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
+
+
+def parse_json_object(text: str, what: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object; ``ValueError`` naming ``what`` otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: expected a JSON object {{…}}, found {type(data).__name__}")
+    return data
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON object of a ``--config`` file.
+
+    Raises:
+        ValueError: a missing or unreadable file, invalid JSON, or not an object (names the file).
+    """
+    try:
+        text = open(path, encoding="utf-8").read()
+    except FileNotFoundError:
+        raise ValueError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--config {path}: cannot read it ({e})") from None
+    return parse_json_object(text, f"--config {path}")

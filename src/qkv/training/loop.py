@@ -16,7 +16,6 @@ count over all ranks and micro-batches, not per rank).
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,20 +26,26 @@ from qkv.config import ModelConfig
 from qkv.data.corpus import CorpusOptions
 from qkv.data.masking import IGNORE_INDEX, MaskingConfig
 from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
+from qkv.errors import QkvError
 from qkv.models.builders import build_masked_lm
 from qkv.training import distributed as qdist
 from qkv.training.budget import BudgetClock, timed_lr_factor
 from qkv.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from qkv.training.config import TrainConfig
+from qkv.training.finalise import finished_result, resume_eval
+from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
+from qkv.training.lock import acquire, release
 from qkv.training.metrics import append_metrics, evaluate, plot_curve
 from qkv.training.optim import build_optimizer, build_scheduler
 from qkv.training.precision import autocast, resolve_precision
 from qkv.training.rundir import RunError, check_out_dir, create_run_dir, read_run, truncate_metrics, update_run
+from qkv.training.stop import StepAbandoned
+from qkv.training.stop import StopFlag as _StopFlag
 
 __all__ = ["pretrain", "PretrainResult", "TrainingError"]
 
 
-class TrainingError(RuntimeError):
+class TrainingError(QkvError, RuntimeError):
     """Training stopped (e.g. a non-finite loss); the last good checkpoint is kept."""
 
 
@@ -126,7 +131,7 @@ def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
     tokenizer = cfg.init_from if cfg.init_from is not None else cfg.tokenizer
     if resume:
         meta = read_run(out)
-        stored = TrainConfig.from_dict(meta["train_config"])
+        stored = TrainConfig.from_dict({**meta["train_config"], "out": cfg.out})  # a moved run is the same run
         diff = stored.diff(cfg)
         if diff:
             raise RunError(f"--resume: {out} was started with a different configuration:\n  " + "\n  ".join(diff))
@@ -142,6 +147,7 @@ def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
         lowercase=cfg.lowercase, max_len=cfg.max_len, progress=cfg.progress and info.is_main)
     model_config = _model_config(cfg, data.tokenizer.vocab_size)
     if resume:
+        check_data_fingerprints(meta, data, out)
         stored_mc = ModelConfig.from_dict(meta["model_config"])
         if stored_mc != model_config or meta["tokenizer"] != data.tokenizer.fingerprint():
             a, b = stored_mc.to_dict(), model_config.to_dict()
@@ -152,31 +158,11 @@ def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
     elif info.is_main:
         meta = {"format": "qkv-run", "status": "running", "train_config": cfg.to_dict(),
                 "model_config": model_config.to_dict(), "tokenizer": data.tokenizer.fingerprint(),
-                "data": data.summary()}
+                "data": data.summary(), "run_id": new_run_id(), "fingerprints": data_fingerprints(data)}
         create_run_dir(out, meta, data.tokenizer)
         if info.distributed:
             torch.distributed.barrier()
     return data, model_config
-
-
-class _StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint after the current step and exits."""
-
-    def __init__(self):
-        self.hit = False
-        self._old = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.hit = True
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler, on_backward=None,
@@ -251,6 +237,10 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
     try:
         if info.is_main:
             check_out_dir(out, resume=resume)
+            if resume:
+                acquire(out)
+        if resume and (done := finished_result(out, cfg)) is not None:
+            return done
         if cfg.init_from is not None and not Path(cfg.init_from).is_dir():
             raise ValueError(f"--init-from {cfg.init_from}: not a folder; give a qkv run or model folder, or a "
                              "Hugging Face BERT folder")
@@ -282,10 +272,13 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
         else:
             scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
                                         schedule=cfg.schedule)
-        start, elapsed = 0, 0.0
+        start, elapsed, state = 0, 0.0, {}
         ckpt = latest_checkpoint(out) if resume else None
         if ckpt is not None:
-            state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
+            # a time-budgeted run has no step limit to check a checkpoint's step against
+            state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler,
+                                    run_id=read_run(out).get("run_id"),
+                                    max_step=cfg.steps if budget is None else None)
             start, elapsed = state["step"], float(state.get("elapsed_s", 0.0))
         if budget is not None:
             budget = scheduler.clock = BudgetClock(cfg.time_budget * 60, elapsed_s=elapsed, clock=clock)
@@ -301,8 +294,10 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
                                          world_size=info.world_size)
         run = _Run(cfg, info, out, model, ddp, optimizer, scheduler, batches, eval_batches, precision,
                    budget, elapsed, clock, on_backward)
-        return _loop(run, start)
+        return _loop(run, start, resume_eval(state))
     finally:
+        if info.is_main:
+            release(out)
         qdist.teardown()
 
 
@@ -324,7 +319,7 @@ class _Run:
     on_backward: object
 
 
-def _loop(run: _Run, start: int) -> PretrainResult:
+def _loop(run: _Run, start: int, last_eval: dict | None = None) -> PretrainResult:
     from tqdm.auto import tqdm
 
     cfg, info, out, model = run.cfg, run.info, run.out, run.model
@@ -338,14 +333,15 @@ def _loop(run: _Run, start: int) -> PretrainResult:
     else:
         bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and info.is_main), unit="step",
                    dynamic_ncols=True)
-    final_eval, loss, status, done = None, None, "complete", start
+    final_eval, loss, status, done = last_eval, None, "complete", start
     window_tokens, window_start = 0.0, time.perf_counter()
 
     def checkpoint(step_done: int) -> None:
         if info.is_main:
             save_checkpoint(out, step=step_done, model=model, optimizer=run.optimizer, scheduler=run.scheduler,
                             trainer_state={"seed": cfg.seed, "data_position": step_done * cfg.grad_accum,
-                                           "elapsed_s": clock.elapsed_s})
+                                           "elapsed_s": clock.elapsed_s, "run_id": read_run(out).get("run_id"),
+                                           "last_eval": final_eval})
 
     def progress() -> float:
         # every rank trains at the same learning rate and stops at the same step: rank 0's clock decides
@@ -362,7 +358,8 @@ def _loop(run: _Run, start: int) -> PretrainResult:
     elif isinstance(cfg.threads, int):
         torch.set_num_threads(cfg.threads)
     clock.start()
-    with _StopFlag() as stop:
+    with _StopFlag(allow_abandon=not info.distributed) as stop:
+        run.optimizer.register_step_pre_hook(stop.critical)  # a stop request abandons a step only before this
         while True:
             if timed:
                 p = progress()
@@ -373,8 +370,16 @@ def _loop(run: _Run, start: int) -> PretrainResult:
                 break
             lr = run.scheduler.get_last_lr()[0]
             t_step = time.perf_counter()
-            loss, grad_norm, tokens = _train_step(model, run.ddp, run.batches, done, cfg, info, run.optimizer,
-                                                  run.scheduler, run.on_backward, run.precision)
+            try:
+                stop.abandonable = True
+                loss, grad_norm, tokens = _train_step(model, run.ddp, run.batches, done, cfg, info, run.optimizer,
+                                                      run.scheduler, run.on_backward, run.precision)
+            except StepAbandoned:  # stopped inside gradient accumulation: keep the steps completed
+                run.optimizer.zero_grad(set_to_none=True)
+                if done > start or latest_checkpoint(out) is None:
+                    checkpoint(done)
+                status = "interrupted"
+                break
             if governor is not None:
                 governor.record(time.perf_counter() - t_step)
             done += 1
@@ -415,6 +420,8 @@ def _loop(run: _Run, start: int) -> PretrainResult:
                 checkpoint(done)
     bar.close()
     torch.set_num_threads(threads0)
+    if status == "complete" and final_eval is None:  # finalising a run whose last evaluation was lost
+        final_eval = evaluate(model, run.eval_batches, device=info.device, max_batches=cfg.eval_batches)
     if info.is_main:
         plot_curve(metrics_path, out / "curve.png", title=f"{cfg.preset} on {', '.join(cfg.corpus)}",
                    x="minutes" if timed else "step")

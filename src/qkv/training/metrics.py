@@ -1,9 +1,15 @@
-"""Metrics: held-out evaluation of a masked-LM model, the JSONL log, and the curve PNG."""
+"""Metrics: held-out evaluation of a masked-LM model, the JSONL log, and the curve PNG.
+
+The log ``metrics.jsonl`` is append-only: each record is one line written by a single ``write``
+on a file opened with ``O_APPEND``, so a crash can tear at most the last line. Readers skip a torn
+last line; a damaged line elsewhere is an error that names the file and the line.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -11,7 +17,7 @@ import torch
 from qkv.data.masking import IGNORE_INDEX
 from qkv.training.distributed import all_sum
 
-__all__ = ["evaluate", "append_metrics", "read_metrics", "plot_curve"]
+__all__ = ["evaluate", "append_metrics", "read_metrics", "parse_metrics", "plot_curve"]
 
 
 @torch.no_grad()
@@ -51,15 +57,60 @@ def evaluate(model: torch.nn.Module, batches, *, device: torch.device, max_batch
 
 
 def append_metrics(path: Path, record: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    """Append ``record`` as one JSON line, in one ``write`` (crash-safe: whole line or a torn last one)."""
+    data = (json.dumps(record) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def parse_metrics(path: Path, *, repair: bool = False) -> list[dict]:
+    """The records of a metrics log; a torn last line (a crash mid-append) is skipped.
+
+    Args:
+        path: ``metrics.jsonl``.
+        repair: also accept a last line that is complete JSON but lacks its newline.
+
+    Raises:
+        RunError: a line other than the last is not a JSON object (names the file and line).
+    """
+    from qkv.training.rundir import RunError
+
+    raw = Path(path).read_bytes()
+    lines = raw.split(b"\n")
+    torn = lines.pop() if lines else b""  # after the last newline: empty, or a torn append
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            row = None
+        if not isinstance(row, dict):
+            if i == len(lines) and not torn.strip():  # the last line, torn before its newline was lost
+                continue
+            raise RunError(f"{path}: line {i} is not a JSON object; the log is damaged before its last "
+                           "line (fix or delete that line, then --resume)")
+        rows.append(row)
+    if torn.strip() and repair:
+        try:
+            row = json.loads(torn)
+            if isinstance(row, dict):
+                rows.append(row)
+        except (ValueError, UnicodeDecodeError):
+            pass
+    return rows
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics log (``[]`` when there is none); see :func:`parse_metrics`."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return parse_metrics(path)
 
 
 def plot_curve(metrics_path: Path, png_path: Path, title: str = "", *, x: str = "step",

@@ -9,7 +9,12 @@
 
 A new run folder is assembled under a temporary name next to its destination and renamed into
 place only once ``run.json`` and the tokenizer are written, so a run that fails before training
-never leaves a folder that ``--resume`` could mistake for a good one.
+never leaves a folder that ``--resume`` could mistake for a good one. The folder is born locked
+(``.lock``, :mod:`qkv.training.lock`) by the process that made it, so a second process racing
+for the same ``--out`` is refused.
+
+``metrics.jsonl`` is append-only, one whole line per write; a line torn by a crash mid-append
+can only be the last one, and :func:`truncate_metrics` (run on every resume) drops it.
 """
 
 from __future__ import annotations
@@ -17,18 +22,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from qkv.training.checkpoint import atomic_write_text
+from qkv._faults import fault_point
+from qkv._fs import atomic_write_text, make_temp_dir
+from qkv.errors import QkvError
 
 __all__ = ["RunError", "check_out_dir", "create_run_dir", "read_run", "update_run", "truncate_metrics"]
 
 RUN_JSON = "run.json"
 
 
-class RunError(ValueError):
+class RunError(QkvError):
     """A run folder problem the user must fix (the message says how)."""
 
 
@@ -56,15 +62,22 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
 
 def create_run_dir(out: Path, meta: dict[str, Any], tokenizer) -> Path:
     """Create ``out`` with ``run.json`` and ``tokenizer.json``, atomically."""
+    from qkv.training.lock import write_lock
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = make_temp_dir(out)
     try:
         tokenizer.save(tmp)
         (tmp / RUN_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        if out.exists():  # an empty folder (checked before)
-            out.rmdir()
-        os.replace(tmp, out)
+        write_lock(tmp)
+        try:
+            if out.exists():  # an empty folder (checked before)
+                out.rmdir()
+            os.replace(tmp, out)
+        except OSError as e:  # another process created the run meanwhile
+            raise RunError(f"{out} was created by another process while this run prepared its data; "
+                           f"continue that run with --resume or choose another --out ({e.strerror})") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -72,23 +85,41 @@ def create_run_dir(out: Path, meta: dict[str, Any], tokenizer) -> Path:
 
 
 def read_run(out: Path) -> dict[str, Any]:
+    """``run.json`` of run folder ``out``, checked to be a qkv run.
+
+    Raises:
+        RunError: unreadable, not JSON, or not a run's ``run.json`` (the message names the file).
+    """
+    path = Path(out) / RUN_JSON
     try:
-        return json.loads((Path(out) / RUN_JSON).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise RunError(f"cannot read {Path(out) / RUN_JSON}: {e}") from e
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"cannot read {path}: {e}; the run folder is damaged") from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("train_config"), dict):
+        raise RunError(f"{path} is not a qkv run's run.json (no train_config object); the run folder is damaged")
+    return meta
 
 
 def update_run(out: Path, **fields: Any) -> None:
+    """Change ``fields`` of ``run.json`` (atomically)."""
     meta = read_run(out)
     meta.update(fields)
+    if fields.get("status") == "complete":
+        fault_point("finalise.run_json")
     atomic_write_text(Path(out) / RUN_JSON, json.dumps(meta, indent=2))
 
 
 def truncate_metrics(out: Path, step: int) -> None:
-    """Keep only the metrics of steps ≤ ``step`` (those the resumed run will not log again)."""
+    """Keep only the metrics of steps ≤ ``step`` (those the resumed run will not log again).
+
+    A last line torn by a crash mid-append is dropped (it is always the newest record, which the
+    resumed run writes again); a damaged line elsewhere raises :class:`RunError` naming it.
+    """
     path = Path(out) / "metrics.jsonl"
     if not path.is_file():
         return
-    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    from qkv.training.metrics import parse_metrics
+
+    rows = parse_metrics(path, repair=True)
+    keep = [json.dumps(r) for r in rows if r.get("step", 0) <= step]
     atomic_write_text(path, "".join(line + "\n" for line in keep))

@@ -1,0 +1,38 @@
+"""Fault-injection points: :func:`fault_point` marks a place where a crash matters.
+
+The test suite (``tests/faults/``) kills real processes exactly there. With the environment variable
+``QKV_FAULT_PAUSE="NAME[,NAME…]:SECONDS"``, a process that reaches a named point appends the name
+to the file ``$QKV_FAULT_MARK`` (when set) and sleeps ``SECONDS`` — a window in which the test
+sends ``kill -9``. Without the variable a point costs one environment lookup. The points:
+
+    checkpoint.write     a checkpoint half-written in its temporary folder
+    checkpoint.latest    the checkpoint folder in place, ``LATEST`` not yet switched
+    finalise.model       the final model half-published into the run folder
+    finalise.run_json    the final model written, ``run.json`` not yet marked complete
+
+and one readiness point, ``stop.installed`` (the training loop's signal handlers are in place).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+__all__ = ["fault_point", "POINTS"]
+
+POINTS = ("checkpoint.write", "checkpoint.latest", "finalise.model", "finalise.run_json")
+
+
+def fault_point(name: str) -> None:
+    """Pause here if ``$QKV_FAULT_PAUSE`` names ``name`` (see the module docstring)."""
+    spec = os.environ.get("QKV_FAULT_PAUSE")
+    if not spec:
+        return
+    names, _, seconds = spec.rpartition(":")
+    if name not in names.split(","):
+        return
+    mark = os.environ.get("QKV_FAULT_MARK")
+    if mark:
+        with open(mark, "a", encoding="utf-8") as fh:
+            fh.write(name + "\n")
+    time.sleep(float(seconds))

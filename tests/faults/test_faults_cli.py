@@ -1,0 +1,157 @@
+"""Every subcommand with bad arguments: one clear ``qkv <command>: error:`` line, a non-zero exit,
+no Python traceback (unless ``--debug``). To add a case, add a row to :func:`_cases`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+from qkv.cli import build_parser, main
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors (unknown option, bad type): exit 2 with usage
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
+    afile = tmp / "afile"
+    afile.write_text("x")
+    cfg_list, cfg_types, cfg_bad = tmp / "list.json", tmp / "types.json", tmp / "bad.json"
+    cfg_list.write_text("[1, 2]")
+    cfg_types.write_text(json.dumps({"corpus": ["dataset:pydoc"], "lr": "fast"}))
+    cfg_bad.write_text("{oops")
+    user = tmp / "user"
+    user.mkdir()
+    (user / "thesis.tex").write_text("mine")
+    text = tmp / "docs.txt"
+    text.write_text("one document\nanother one\n")
+    nowhere = str(tmp / "nowhere")
+    return {
+        "demo --minutes nan": ["demo", "--minutes", "nan", "--out", str(tmp / "d")],
+        "demo --minutes -1": ["demo", "--minutes", "-1", "--out", str(tmp / "d")],
+        "demo --out a file": ["demo", "--out", str(afile)],
+        "demo --out under a file": ["demo", "--out", str(afile / "run")],
+        "demo --out user files": ["demo", "--out", str(user)],
+        "demo --minutes text": ["demo", "--minutes", "soon"],
+        "convert missing src": ["convert", nowhere, str(tmp / "c")],
+        "convert src a file": ["convert", str(afile), str(tmp / "c")],
+        "convert dst a file": ["convert", str(model), str(afile)],
+        "convert dst user files": ["convert", str(model), str(user)],
+        "convert --to bad": ["convert", str(model), str(tmp / "c"), "--to", "onnx"],
+        "pretrain no corpus": ["pretrain", "--out", str(tmp / "r")],
+        "pretrain --config missing": ["pretrain", "--out", str(tmp / "r"), "--config", nowhere],
+        "pretrain --config list": ["pretrain", "--out", str(tmp / "r"), "--config", str(cfg_list)],
+        "pretrain --config types": ["pretrain", "--out", str(tmp / "r"), "--config", str(cfg_types)],
+        "pretrain --config bad json": ["pretrain", "--out", str(tmp / "r"), "--config", str(cfg_bad)],
+        "pretrain --model bad json": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"),
+                                      "--model", "{x"],
+        "pretrain --model list": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"), "--model", "[]"],
+        "pretrain --select-rate 0": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"),
+                                     "--select-rate", "0"],
+        "pretrain --device banana": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"),
+                                     "--device", "banana"],
+        "pretrain --steps 0": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"), "--steps", "0"],
+        "pretrain --lr nan": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"), "--lr", "nan"],
+        "pretrain --resume no run": ["pretrain", "--out", nowhere, "--resume"],
+        "pretrain --out under a file": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(afile / "r")],
+        "pretrain missing corpus": ["pretrain", "--corpus", nowhere, "--out", str(tmp / "r")],
+        "pretrain unknown dataset": ["pretrain", "--corpus", "dataset:wikipedia", "--out", str(tmp / "r")],
+        "pretrain unknown option": ["pretrain", "--out", str(tmp / "r"), "--time-travel"],
+        "analyze missing model": ["analyze", nowhere, "--corpus", "dataset:pydoc", "--out", str(tmp / "a")],
+        "analyze missing corpus": ["analyze", str(model), "--corpus", nowhere, "--out", str(tmp / "a"), "--quiet"],
+        "inspect missing model": ["inspect", nowhere, "text", "--out", str(tmp / "i")],
+        "embed missing model": ["embed", nowhere, str(text), "--out", str(tmp / "e.npy")],
+        "embed bad suffix": ["embed", str(model), str(text), "--out", str(tmp / "e.xls")],
+        "embed --out under a file": ["embed", str(model), str(text), "--out", str(afile / "e.npy")],
+        "embed missing input": ["embed", str(model), nowhere, "--out", str(tmp / "e.npy")],
+        "embed --device banana": ["embed", str(model), str(text), "--out", str(tmp / "e.npy"), "--device", "banana"],
+        "index missing model": ["index", nowhere, str(text), "--out", str(tmp / "ix")],
+        "index --out user files": ["index", str(model), str(text), "--out", str(user)],
+        "search not an index": ["search", str(tmp), "query"],
+        "search -k 0": ["search", str(tmp), "query", "-k", "0"],
+        "train-embeddings missing model": ["train-embeddings", nowhere, "--corpus", str(text), "--out",
+                                           str(tmp / "t")],
+        "eval-embeddings --k 0": ["eval-embeddings", str(model), "--dataset", "reuters8", "--k", "0"],
+        "eval-embeddings --out under a file": ["eval-embeddings", str(model), "--dataset", "reuters8",
+                                               "--out", str(afile / "r.json")],
+        "eval-embeddings unknown dataset": ["eval-embeddings", str(model), "--dataset", "nope"],
+        "ablate unknown grid": ["ablate", "--grid", "nope", "--corpus", "dataset:pydoc", "--out", str(tmp / "ab")],
+        "ablate no corpus": ["ablate", "--grid", "heads"],
+    }
+
+
+def test_every_subcommand_is_covered(tmp_path, model_folder):
+    parser = build_parser()
+    commands = set(next(a for a in parser._actions if a.dest == "command").choices)
+    covered = {name.split()[0] for name in _cases(tmp_path, model_folder)}
+    assert commands <= covered, sorted(commands - covered)
+
+
+def test_bad_arguments_give_one_clear_line_and_no_traceback(tmp_path, model_folder, capsys):
+    failures = []
+    for name, argv in _cases(tmp_path, model_folder).items():
+        code, err = _run(argv, capsys)
+        command = argv[0]
+        lines = [x for x in err.splitlines() if x.startswith(f"qkv {command}: error:")]
+        if code in (0, None) or "Traceback" in err or len(lines) != 1 or len(lines[0]) < 30:
+            failures.append(f"{name}: exit {code}, stderr {err[-400:]!r}")
+    assert not failures, "\n".join(failures)
+    assert (tmp_path / "user" / "thesis.tex").read_text() == "mine"
+
+
+def test_messages_name_the_problem(tmp_path, model_folder, capsys):
+    cases = _cases(tmp_path, model_folder)
+    expect = {
+        "pretrain --select-rate 0": "select_rate",
+        "pretrain --config types": "lr='fast' must be a number",
+        "pretrain --config missing": "no such file",
+        "pretrain --config list": "expected a JSON object",
+        "pretrain --device banana": "device",
+        "demo --out user files": "holds files and no qkv run",
+        "eval-embeddings --k 0": "--k 0",
+        "eval-embeddings --out under a file": "is a file, not a folder",
+        "embed --device banana": "'banana' is not a device",
+    }
+    for name, fragment in expect.items():
+        code, err = _run(cases[name], capsys)
+        assert code == 2 and fragment in err, (name, err)
+        assert "learning rate" not in err or name != "pretrain --select-rate 0"
+
+
+def test_corpus_as_a_string_in_config_is_one_spec(tmp_path):
+    from qkv.training.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({"corpus": "small.txt", "out": str(tmp_path / "r")})
+    assert cfg.corpus == ("small.txt",)
+
+
+def test_traceback_only_with_debug_in_a_real_process(tmp_path):
+    import os
+
+    cmd = [sys.executable, "-m", "qkv", "pretrain", "--out", str(tmp_path / "r"), "--config", str(tmp_path / "no")]
+    env = {k: v for k, v in os.environ.items() if k != "QKV_DEBUG"}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"qkv pretrain: error: --config {tmp_path / 'no'}: no such file"]
+    r = subprocess.run([*cmd, "--debug"], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "Traceback" in r.stderr
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**env, "QKV_DEBUG": "1"})
+    assert "Traceback" in r.stderr
+
+
+def test_demo_never_deletes_a_folder_it_did_not_make(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"format": "qkv-run", "train_config": {"corpus": ["mine.txt"]}}))
+    code, err = _run(["demo", "--out", str(run)], capsys)
+    assert code == 2 and "did not make" in err and (run / "run.json").is_file()
+    (run / "notes.txt").write_text("keep me")
+    code, err = _run(["demo", "--out", str(run)], capsys)
+    assert code == 2 and "notes.txt" in err and (run / "notes.txt").read_text() == "keep me"
