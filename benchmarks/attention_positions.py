@@ -4,7 +4,7 @@ Legend: B batch, N sequence length (T = S = N), H heads, D head dim, C model wid
 
 For each N every variant runs forward + backward in this process, interleaved (the order rotates
 each repetition) after warm-up, and the median time is reported with its ratio to the no-position
-run (DESIGN.md §5). Two scopes:
+run. Two scopes:
 
 * ``layer`` — ``qkv.nn.MultiHeadAttention(C, H)`` with the variant's slot (a score-bias module or
   a q/k transform from ``build_positions``), input ``x (B,N,C)`` requiring grad;

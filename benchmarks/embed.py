@@ -10,7 +10,7 @@ that both compute the same tokens) and the same batch size, and return vectors i
 * qkv: ``qkv.embed(..., truncate=True)``: the same batches size, but windows sorted by length
   within a chunk (length grouping), so little padding is computed.
 
-Timing (DESIGN.md §5): the documents are cut into segments of ``--segment`` documents in input
+Timing: the documents are cut into segments of ``--segment`` documents in input
 order; each segment is embedded by both, alternating which goes first, after a warm-up; the sums
 are compared. The vectors of the two are checked to agree. ``--windows`` also times qkv without
 truncation (every token of every post, long posts averaged over windows).

@@ -3,7 +3,7 @@
 Legend: B batch, T length, C model width, F feed-forward width, L layers, V vocabulary,
 N masked (labelled) positions in a batch.
 
-What is compared (DESIGN.md §5): the *same* function trained the same way.
+What is compared: the *same* function trained the same way.
 
 * Identical config: a qkv preset (``mini``: 4 layers × 256, 4 heads, F 1024, V 30522; ``small``:
   6 × 512, 8 heads, F 2048) turned into a ``BertConfig`` with qkv's exporter, **hidden and attention

@@ -6,7 +6,7 @@ Both variants are the *same* model object (``MaskedLM.sparse_prediction`` toggle
 same labels; they give the same loss (checked here). Dense runs the vocabulary projection at all
 B·T positions, ``(B·T, C) × (C, V)``; sparse only at the N labelled ones, ``(N, C) × (C, V)``.
 
-Timing (DESIGN.md §5): after warm-up, the two variants alternate (the order flips each repetition)
+Timing: after warm-up, the two variants alternate (the order flips each repetition)
 in this process; medians are reported with the ratio dense/sparse.
 """
 

@@ -9,7 +9,6 @@ a Python traceback only with ``--debug`` (or ``QKV_DEBUG=1``). Ctrl-C prints one
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
@@ -88,65 +87,15 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 #: What a qkv run folder may hold; ``qkv demo`` replaces a folder only if it holds nothing else.
-_RUN_FILES = {"run.json", "tokenizer.json", "metrics.jsonl", "curve.png", "curve.tmp.png", "checkpoints",
-              "qkv.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", ".lock"}
-_DEMO_CORPUS = ["dataset:20newsgroups:train"]
-
-
-def _check_demo_args(args: argparse.Namespace) -> None:
-    """Refuse, before anything runs, demo options that cannot work or would delete foreign data."""
-    import json
-    from pathlib import Path
-
-    from qkv.errors import QkvError
-
-    if not (math.isfinite(args.minutes) and args.minutes > 0):
-        raise QkvError(f"--minutes {args.minutes}: give a positive number of minutes, e.g. --minutes 9")
-    out = Path(args.out)
-    probe = out
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if probe != out and not probe.is_dir():
-        raise QkvError(f"--out {out}: {probe} is a file, not a folder; choose another --out")
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise QkvError(f"--out {out} is a file; choose a folder (a previous demo run there is replaced)")
-    entries = sorted(p.name for p in out.iterdir())
-    if not entries:
-        return
-    if "run.json" not in entries:
-        raise QkvError(f"--out {out} holds files and no qkv run; the demo replaces only a run it made: "
-                       "choose another --out")
-    foreign = [n for n in entries if n not in _RUN_FILES and not n.startswith(".")]
-    try:
-        meta = json.loads((out / "run.json").read_text(encoding="utf-8"))
-        corpus = meta["train_config"]["corpus"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise QkvError(f"--out {out}: its run.json is not a qkv run's; the demo replaces only a run it "
-                       "made: choose another --out") from None
-    if foreign:
-        raise QkvError(f"--out {out} holds files qkv did not write ({', '.join(foreign[:5])}); the demo "
-                       "replaces only a run folder it made: move them or choose another --out")
-    if list(corpus) != _DEMO_CORPUS:
-        raise QkvError(f"--out {out} holds a qkv run that `qkv demo` did not make (trained on "
-                       f"{', '.join(map(str, corpus))}); choose another --out")
-
-
 def _demo(args: argparse.Namespace) -> int:
     from qkv.demo import run_attention_demo
-    from qkv.demo_pretrain import DemoError, run_pretrain_demo
+    from qkv.demo_pretrain import run_pretrain_demo
 
-    if not args.attention:
-        _check_demo_args(args)
     if args.attention:
         run_attention_demo(seed=args.seed)
         return 0
-    try:
-        figures = run_pretrain_demo(args.out, minutes=args.minutes, seed=args.seed, precision=args.precision)
-    except DemoError as e:
-        print(f"qkv demo: error: {e}", file=sys.stderr)
-        return 2
+    # bad --minutes or an --out the demo did not make: a DemoError (a QkvError) before anything runs
+    figures = run_pretrain_demo(args.out, minutes=args.minutes, seed=args.seed, precision=args.precision)
     return 0 if figures.get("status", "complete") == "complete" else 130
 
 

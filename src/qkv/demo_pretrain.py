@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
+
+from qkv.errors import QkvError
 
 __all__ = ["DEMO_MARK", "DemoError", "DEMO_SENTENCES", "claim_demo_dir", "run_pretrain_demo"]
 
@@ -46,7 +47,7 @@ DEMO_SENTENCES = [
 INSPECT_SENTENCE = "the space shuttle will be launched next year and nobody knows what it will cost"
 
 
-class DemoError(ValueError):
+class DemoError(QkvError):
     """The demo cannot run as asked (the message says why and what to do)."""
 
 

@@ -28,7 +28,7 @@ KILLS = int(os.environ.get("QKV_CAMPAIGN_KILLS", "32"))
 
 def _metrics(out):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in rows]
 
 
 @pytest.mark.slow

@@ -114,7 +114,7 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "pretrain --config missing": "no such file",
         "pretrain --config list": "expected a JSON object",
         "pretrain --device banana": "device",
-        "demo --out user files": "holds files and no qkv run",
+        "demo --out user files": "was not made by qkv demo; it is left untouched",
         "eval-embeddings --k 0": "--k 0",
         "eval-embeddings --out under a file": "is a file, not a folder",
         "embed --device banana": "'banana' is not a device",
@@ -151,7 +151,8 @@ def test_demo_never_deletes_a_folder_it_did_not_make(tmp_path, capsys):
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"format": "qkv-run", "train_config": {"corpus": ["mine.txt"]}}))
     code, err = _run(["demo", "--out", str(run)], capsys)
-    assert code == 2 and "did not make" in err and (run / "run.json").is_file()
+    assert code == 2 and "not made by qkv demo" in err and (run / "run.json").is_file()
+    (run / ".qkv-demo").write_text("{}")  # the demo's mark, but a file the demo did not write
     (run / "notes.txt").write_text("keep me")
     code, err = _run(["demo", "--out", str(run)], capsys)
     assert code == 2 and "notes.txt" in err and (run / "notes.txt").read_text() == "keep me"

