@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qkv._fs import pid_alive
 from qkv.experiments.data import prepare_shared_data
 from qkv.experiments.grid import Grid, load_grid
 from qkv.experiments.plan import Job, merge_overrides, plan_jobs, validate_grid
@@ -117,16 +118,6 @@ class AblationResult:
     table: str
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _lock_path(job: Job) -> Path:
     run = Path(job.run_dir)
     return run.parent / f"{run.name}.lock"
@@ -144,7 +135,7 @@ def _try_lock(job: Job) -> int | None:
                 pid = int(path.read_text().strip() or 0)
             except (OSError, ValueError):
                 pid = 0
-            if pid and pid != os.getpid() and _pid_alive(pid):
+            if pid and pid != os.getpid() and pid_alive(pid):
                 return pid
             path.unlink(missing_ok=True)
             continue
