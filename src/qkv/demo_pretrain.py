@@ -162,7 +162,7 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     from qkv.training.precision import resolve_precision
 
     if not (isinstance(minutes, (int, float)) and np.isfinite(minutes) and 0 < minutes <= 24 * 60):
-        raise DemoError(f"--minutes {minutes!r} must be a number of minutes in (0, 1440], e.g. 9")
+        raise DemoError(f"--minutes {minutes!r} must be a number of minutes in (0, 1440], e.g. 8")
     t0 = time.perf_counter()
     out_path = Path(out)
     claim_demo_dir(out_path)
