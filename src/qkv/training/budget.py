@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from qkv.training.optim import SCHEDULES
 
-__all__ = ["BudgetClock", "timed_lr_factor"]
+__all__ = ["BudgetClock", "TimedScheduler", "timed_lr_factor"]
 
 
 def timed_lr_factor(step: int, progress: float, *, warmup_steps: int, schedule: str) -> float:
@@ -82,3 +82,34 @@ class BudgetClock:
 
     def expired(self) -> bool:
         return self.elapsed_s >= self.budget_s
+
+
+class TimedScheduler:
+    """The learning rate of a time-budgeted run (:func:`timed_lr_factor`),
+    with the scheduler interface the loop and checkpoints use. Its state: the optimiser steps
+    taken and the training seconds spent."""
+
+    def __init__(self, optimizer, clock: BudgetClock, *, warmup_steps: int, schedule: str):
+        self.optimizer, self.clock = optimizer, clock
+        self.warmup_steps, self.schedule = warmup_steps, schedule
+        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
+        self.steps = 0
+
+    def set_lr(self, progress: float) -> None:
+        """Set the learning rate of the next step from the share ``progress`` of the budget spent."""
+        f = timed_lr_factor(self.steps, progress, warmup_steps=self.warmup_steps,
+                            schedule=self.schedule)
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs):
+            g["lr"] = base * f
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "elapsed_s": self.clock.elapsed_s, "base_lrs": self.base_lrs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps, self.base_lrs = int(state["steps"]), list(state["base_lrs"])

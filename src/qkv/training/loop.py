@@ -29,11 +29,12 @@ from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
 from qkv.errors import QkvError
 from qkv.models.builders import build_masked_lm
 from qkv.training import distributed as qdist
-from qkv.training.budget import BudgetClock, timed_lr_factor
+from qkv.training.budget import BudgetClock, TimedScheduler
 from qkv.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from qkv.training.config import TrainConfig
 from qkv.training.finalise import finished_result, resume_eval
 from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
+from qkv.training.init_from import load_for_pretraining
 from qkv.training.lock import acquire, release
 from qkv.training.metrics import append_metrics, evaluate, plot_curve
 from qkv.training.optim import build_optimizer, build_scheduler
@@ -87,33 +88,6 @@ def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
 def _initial_model(cfg: TrainConfig):
     """The model ``cfg.init_from`` names, as a masked LM (``model`` overrides applied)."""
     return load_for_pretraining(cfg.init_from, **cfg.model)
-
-
-def load_for_pretraining(path: str, **overrides):
-    """A masked LM from any folder :func:`qkv.load` reads; an encoder without a masked-LM head
-    (e.g. a sentence-embedding BERT) gets a new head — BERT-initialised, decoder tied to the word
-    embeddings — and ``new_head=True`` on the returned model's ``init_info``."""
-    from qkv.models.errors import CheckpointError
-    from qkv.models.io import load
-    from qkv.models.mlm import MaskedLM
-
-    try:
-        loaded = load(path, **overrides)
-    except (CheckpointError, ValueError, TypeError) as e:
-        raise ValueError(f"--init-from {path}: {e}") from e
-    if isinstance(loaded, MaskedLM):
-        return _InitModel(loaded.config, loaded, new_head=False)
-    torch.manual_seed(0)
-    model = build_masked_lm(loaded.config)
-    model.encoder.load_state_dict(loaded.state_dict(), strict=True)
-    return _InitModel(loaded.config, model, new_head=True)
-
-
-@dataclass
-class _InitModel:
-    config: ModelConfig
-    model: torch.nn.Module
-    new_head: bool
 
 
 def init_unigram_bias(model, tokens, vocab_size: int, *, max_tokens: int = 20_000_000) -> None:
@@ -192,37 +166,6 @@ def _train_step(model, ddp, batches, step, cfg, info, optimizer, scheduler, on_b
     return loss, grad_norm, tokens
 
 
-class _TimedScheduler:
-    """The learning rate of a time-budgeted run (:func:`~qkv.training.budget.timed_lr_factor`),
-    with the scheduler interface the loop and checkpoints use. Its state: the optimiser steps
-    taken and the training seconds spent."""
-
-    def __init__(self, optimizer, clock: BudgetClock, *, warmup_steps: int, schedule: str):
-        self.optimizer, self.clock = optimizer, clock
-        self.warmup_steps, self.schedule = warmup_steps, schedule
-        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
-        self.steps = 0
-
-    def set_lr(self, progress: float) -> None:
-        """Set the learning rate of the next step from the share ``progress`` of the budget spent."""
-        f = timed_lr_factor(self.steps, progress, warmup_steps=self.warmup_steps,
-                            schedule=self.schedule)
-        for g, base in zip(self.optimizer.param_groups, self.base_lrs):
-            g["lr"] = base * f
-
-    def step(self) -> None:
-        self.steps += 1
-
-    def get_last_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
-
-    def state_dict(self) -> dict:
-        return {"steps": self.steps, "elapsed_s": self.clock.elapsed_s, "base_lrs": self.base_lrs}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.steps, self.base_lrs = int(state["steps"]), list(state["base_lrs"])
-
-
 def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
              clock=time.monotonic) -> PretrainResult:
     """Run (or resume) masked-LM pretraining as ``cfg`` says; see the module docstring.
@@ -268,7 +211,7 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
                                     position_lr_scale=cfg.position_lr_scale)
         budget = BudgetClock(cfg.time_budget * 60, clock=clock) if cfg.time_budget is not None else None
         if budget is not None:
-            scheduler = _TimedScheduler(optimizer, budget, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
+            scheduler = TimedScheduler(optimizer, budget, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
         else:
             scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
                                         schedule=cfg.schedule)
