@@ -88,27 +88,20 @@ def command(name: str, minutes: float, out: Path, extra: dict | None = None) -> 
 
 def head_specialisation(run: Path, n_blocks: int = 64) -> dict:
     """Largest previous/next-token share over heads, and heads with either ≥ 0.3."""
-    import torch
-
     import qkv
-    from qkv.analysis.heads import HeadAccumulator
+    from qkv.analysis.specialisation import block_head_statistics
     from qkv.data.cache import open_token_cache
     from qkv.data.packing import PackedBlocks
     from qkv.data.tokenizer import load_tokenizer
 
     meta = json.loads((run / "run.json").read_text())
-    model = qkv.load(run).eval()
     tok = load_tokenizer(run)
     blocks = PackedBlocks(open_token_cache(meta["data"]["eval_cache"]), meta["train_config"]["max_len"],
                           tok.special)
-    acc = HeadAccumulator(tok.special.cls, tok.special.sep)
     idx = list(range(0, len(blocks), max(1, len(blocks) // n_blocks)))[:n_blocks]
-    with torch.no_grad():
-        for start in range(0, len(idx), 16):
-            b = blocks.batch(idx[start:start + 16])
-            out = model(b.input_ids, b.attention_mask, output_attentions=True)
-            acc.update(torch.stack(out.attentions), b.attention_mask, b.input_ids)
-    s = acc.result()
+    b = blocks.batch(idx)
+    s = block_head_statistics(qkv.load(run), b.input_ids, b.attention_mask, cls_id=tok.special.cls,
+                              sep_id=tok.special.sep)
     both = (s.prev_share >= 0.3) | (s.next_share >= 0.3)
     return {"max_prev": float(s.prev_share.max()), "max_next": float(s.next_share.max()),
             "heads_ge_0.3": int(both.sum()), "min_entropy": float(s.entropy.min()),
