@@ -25,7 +25,8 @@ from qkv.data.errors import (
     DocumentTooLongError,
 )
 
-__all__ = ["CorpusOptions", "Document", "iter_file_documents", "file_format", "DEFAULT_MAX_DOC_BYTES"]
+__all__ = ["CorpusOptions", "Document", "iter_file_documents", "file_format", "DEFAULT_MAX_DOC_BYTES",
+           "iter_records", "record_format", "RECORD_FORMATS"]
 
 DEFAULT_MAX_DOC_BYTES = 4 << 20  # 4 MiB: far above real documents, far below a memory problem
 _WHITESPACE = (b" ", b"\t", b"\f", b"\v", b"\r")
@@ -252,3 +253,80 @@ def iter_file_documents(path: Path, opts: CorpusOptions) -> Iterator[Document]:
         raise CorpusError(f"{path}: not a readable gzip file ({e})") from None
     except (IsADirectoryError, PermissionError) as e:
         raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+
+
+#: Record-file formats by name ending (a ``.gz`` suffix is looked through).
+RECORD_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+
+
+def record_format(path: Path) -> str | None:
+    """``"jsonl"``, ``"csv"`` or ``"tsv"`` from the file name (``.gz`` looked through), else ``None``."""
+    name = Path(path).name.lower().removesuffix(".gz")
+    return next((fmt for ext, fmt in RECORD_FORMATS.items() if name.endswith(ext)), None)
+
+
+def iter_records(path: Path, *, encoding_errors: str = "strict") -> Iterator[tuple[str, dict]]:
+    """Stream ``(source, record)`` from a JSONL file (one object per non-blank line) or a CSV/TSV
+    file whose first row names the columns (values stay strings); ``source`` is ``file:line``.
+
+    Raises:
+        CorpusFormatError: invalid JSON, a line that is not an object, a CSV row with another number
+            of fields than the header, an empty header or an unknown format (each names file and line).
+        CorpusDecodeError, CorpusError: invalid UTF-8 (strict), an unreadable file or a broken ``.gz``.
+    """
+    import csv
+    import io
+
+    path = Path(path)
+    fmt = record_format(path)
+    if fmt is None:
+        raise CorpusFormatError(f"{path}: not a record file; expected .jsonl, .csv or .tsv (optionally .gz)")
+    try:
+        with _open(path) as fh:
+            if fmt == "jsonl":
+                opts = CorpusOptions(encoding_errors=encoding_errors)
+                for line_no, offset, data in _raw_lines(fh, path, opts, split=False):
+                    line = _decode(data, path, line_no, offset, encoding_errors).strip()
+                    if not line:
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise CorpusFormatError(f"{path}, line {line_no}: not valid JSON ({e.msg} at column "
+                                                f"{e.colno}); every non-blank line must be one JSON object") from None
+                    if not isinstance(obj, dict):
+                        raise CorpusFormatError(f"{path}, line {line_no}: expected a JSON object, got "
+                                                f"{type(obj).__name__}")
+                    yield f"{path}:{line_no}", obj
+                return
+            raw = fh.read()
+            if raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+            try:
+                text = raw.decode("utf-8", encoding_errors)
+            except UnicodeDecodeError as e:
+                line_no = raw[:e.start].count(b"\n") + 1
+                raise CorpusDecodeError(f"{path}, line {line_no}: invalid UTF-8 at byte offset {e.start}; fix "
+                                        "the file or read it with encoding_errors='replace'") from None
+            reader = csv.reader(io.StringIO(text, newline=""), delimiter="," if fmt == "csv" else "\t")
+            try:
+                header = next(reader, None)
+                if not header or not any(h.strip() for h in header):
+                    raise CorpusFormatError(f"{path}: the first row must name the columns (e.g. text,label)")
+                header = [h.strip() for h in header]
+                for row in reader:
+                    if not row or not any(c.strip() for c in row):
+                        continue
+                    if len(row) != len(header):
+                        raise CorpusFormatError(
+                            f"{path}, line {reader.line_num}: {len(row)} fields, but the header has "
+                            f"{len(header)} ({', '.join(header)}); quote fields that contain the delimiter")
+                    yield f"{path}:{reader.line_num}", dict(zip(header, row))
+            except csv.Error as e:
+                raise CorpusFormatError(f"{path}, line {reader.line_num}: not valid {fmt.upper()} ({e})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise CorpusError(f"{path}: not a readable gzip file ({e})") from None
+    except (IsADirectoryError, PermissionError) as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: no such file") from None

@@ -18,25 +18,25 @@ __all__ = ["finished_result", "resume_eval"]
 
 
 def finished_result(out: Path, cfg):
-    """The :class:`~qkv.training.loop.PretrainResult` of a complete run in ``out``, else ``None``.
+    """The :class:`~qkv.training.engine.TrainResult` of a complete run in ``out``, else ``None``.
+    ``cfg``: the run's configuration (a ``TrainConfig`` or ``FinetuneConfig``).
 
     Raises:
         RunError: the run is complete but ``cfg`` differs from its configuration.
     """
-    from qkv.training.config import TrainConfig
-    from qkv.training.loop import PretrainResult
+    from qkv.training.engine import TrainResult
 
     meta = read_run(out)
     if meta.get("status") != "complete" or not isinstance(meta.get("final_eval"), dict):
         return None
     if not all((Path(out) / f).is_file() for f in ("qkv.json", "model.safetensors")):
         return None
-    stored = TrainConfig.from_dict({**meta["train_config"], "out": cfg.out})
+    stored = type(cfg).from_dict({**meta["train_config"], "out": cfg.out})
     diff = stored.diff(cfg)
     if diff:
         raise RunError(f"--resume: {out} is a complete run of a different configuration:\n  " + "\n  ".join(diff))
-    return PretrainResult(Path(out), int(meta.get("steps_done", stored.steps)), "complete",
-                          meta["final_eval"], None)
+    return TrainResult(Path(out), int(meta.get("steps_done", stored.steps)), "complete",
+                       meta["final_eval"], None)
 
 
 def resume_eval(state: dict) -> dict | None:

@@ -114,10 +114,11 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_curve(metrics_path: Path, png_path: Path, title: str = "", *, x: str = "step",
-               accuracy_marks: dict[str, float] | None = None) -> Path | None:
-    """Training loss, held-out loss and held-out accuracy against step (``x="step"``) or training
-    minutes (``x="minutes"``, from the records' ``elapsed_s``), as a PNG; ``accuracy_marks`` draws a
-    labelled horizontal line at each given accuracy."""
+               accuracy_marks: dict[str, float] | None = None, metric: str = "accuracy",
+               metric_label: str = "masked-token accuracy", loss_label: str = "MLM loss") -> Path | None:
+    """Training loss, held-out loss and a held-out ``metric`` (default masked-token accuracy) against
+    step (``x="step"``) or training minutes (``x="minutes"``, from the records' ``elapsed_s``), as a
+    PNG; ``accuracy_marks`` draws a labelled horizontal line at each given level of the metric."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,7 +130,8 @@ def plot_curve(metrics_path: Path, png_path: Path, title: str = "", *, x: str = 
     if x == "minutes":
         rows = [dict(r, step=r["elapsed_s"] / 60) for r in rows if "elapsed_s" in r]
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    held = [(r["step"], r["eval_loss"], r["accuracy"]) for r in rows if "eval_loss" in r]
+    held = [(r["step"], r["eval_loss"], r[metric]) for r in rows
+            if "eval_loss" in r and isinstance(r.get(metric), (int, float))]
     if not train and not held:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
@@ -139,17 +141,17 @@ def plot_curve(metrics_path: Path, png_path: Path, title: str = "", *, x: str = 
         s, l, a = zip(*held)
         ax.plot(s, l, "o-", label="held-out loss")
         ax2 = ax.twinx()
-        ax2.plot(s, a, "s--", color="tab:green", label="held-out accuracy")
-        ax2.set_ylabel("masked-token accuracy")
+        ax2.plot(s, a, "s--", color="tab:green", label=f"held-out {metric_label}")
+        ax2.set_ylabel(metric_label)
         marks = accuracy_marks or {}
         for label, level in marks.items():
             ax2.axhline(level, color="tab:gray", ls=":", lw=1)
             ax2.annotate(label, (s[0], level), textcoords="offset points", xytext=(2, 3), fontsize=7,
                          color="tab:gray")
-        ax2.set_ylim(0, max([*a, *marks.values()]) * 1.2 + 1e-9)
+        ax2.set_ylim(min(0, *a), max([*a, *marks.values()]) * 1.2 + 1e-9)
         ax2.legend(loc="center right")
     ax.set_xlabel("step" if x == "step" else "training minutes")
-    ax.set_ylabel("MLM loss")
+    ax.set_ylabel(loss_label)
     ax.set_title(title)
     ax.legend(loc="upper right")
     fig.tight_layout()
