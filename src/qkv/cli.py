@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     from qkv.training.cli import add_pretrain_parser
 
     add_pretrain_parser(sub)
+    from qkv.finetune.cli import add_finetune_parsers
+
+    add_finetune_parsers(sub)
     from qkv.analysis.cli import add_analysis_parsers
 
     add_analysis_parsers(sub)

@@ -1,0 +1,171 @@
+"""``qkv finetune`` and ``qkv predict``: parse → :class:`FinetuneConfig` → :func:`finetune`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+__all__ = ["add_finetune_parsers", "config_from_args"]
+
+
+def _threads(text: str):
+    from qkv.training.cli import _threads as parse
+
+    return parse(text)
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def _baselines(text: str) -> tuple[str, ...]:
+    return () if text.strip().lower() == "none" else _csv(text)
+
+
+# (flag, field, type, help) — defaults come from FinetuneConfig and are shown in --help
+_OPTIONS = [
+    ("--task", "task", str, "sequence-classification, token-classification or regression"),
+    ("--eval", "eval", _csv, "held-out data spec(s), comma-separated (default: the named dataset's test split, "
+     "else a seeded --eval-fraction of the training examples)"),
+    ("--eval-fraction", "eval_fraction", float, "share of training examples held out when no --eval is given"),
+    ("--text-field", "text_field", str, "JSONL field / CSV column of the text"),
+    ("--label-field", "label_field", str, "JSONL field / CSV column of the label (or regression target)"),
+    ("--tokens-field", "tokens_field", str, "JSONL field of the word list (token-classification)"),
+    ("--tags-field", "tags_field", str, "JSONL field of the tag list (token-classification)"),
+    ("--labels", "labels", _csv, "the label set in id order, comma-separated (default: sorted training labels, or "
+     "the model's head labels)"),
+    ("--max-len", "max_len", int, "tokens per window, [CLS]/[SEP] included"),
+    ("--stride", "stride", int, "text tokens between window starts of a long text (default ¾ of a window)"),
+    ("--pooling", "pooling", str, "sequence tasks: pooler (BERT's [CLS] -> dense -> tanh; needed for Hugging Face "
+     "export), cls or mean"),
+    ("--classifier-dropout", "classifier_dropout", float, "dropout before the classifier"),
+    ("--dropout", "dropout", float, "override the model's hidden dropout (default: keep it)"),
+    ("--attention-dropout", "attention_dropout", float, "attention dropout (0 keeps the fused attention kernel)"),
+    ("--epochs", "epochs", float, "passes over the training windows (not used with --steps/--time-budget)"),
+    ("--steps", "steps", int, "optimiser steps (default: from --epochs)"),
+    ("--time-budget", "time_budget", float, "train for this many minutes; the learning rate reaches zero at the "
+     "deadline"),
+    ("--batch-size", "batch_size", int, "windows per process per micro-batch"),
+    ("--grad-accum", "grad_accum", int, "micro-batches per optimiser step"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
+    ("--warmup-steps", "warmup_steps", int, "linear warm-up steps (default 10 %% of the steps)"),
+    ("--schedule", "schedule", str, "after warm-up: linear, cosine or constant"),
+    ("--clip-norm", "clip_norm", float, "gradient clipping norm"),
+    ("--eval-every", "eval_every", int, "steps between held-out evaluations on a sample (default ~4 per run)"),
+    ("--save-every", "save_every", int, "steps between checkpoints (default: --eval-every)"),
+    ("--eval-sample", "eval_sample", int, "held-out examples scored at the evaluations during training (the final "
+     "report scores all)"),
+    ("--eval-batch-size", "eval_batch_size", int, "windows per batch when scoring"),
+    ("--max-train", "max_train", int, "use a seeded random subsample of at most N training examples"),
+    ("--max-eval", "max_eval", int, "use a seeded random subsample of at most N held-out examples"),
+    ("--baselines", "baselines", _baselines, "comma-separated: tfidf, frozen (sequence tasks), word-tag (token "
+     "tasks), or none"),
+    ("--seed", "seed", int, "seed of the new head, data order and dropout"),
+    ("--device", "device", str, "auto, cpu or cuda"),
+    ("--precision", "precision", str, "fp32, bf16 or auto (bf16 where the CPU has native bf16)"),
+    ("--threads", "threads", _threads, "intra-op CPU threads: a number, or 'adaptive' (with --time-budget)"),
+    ("--log-every", "log_every", int, "log training metrics every N steps"),
+]
+
+
+def add_finetune_parsers(sub) -> None:
+    from qkv.finetune.config import FinetuneConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)}
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune an encoder for sequence classification, token classification or regression",
+        description="Put a task head on a pretrained encoder (a qkv model or run folder, or a Hugging Face BERT "
+        "folder, with or without a head) and train it. Data: dataset:NAME[:SPLIT] (20newsgroups, reuters8, "
+        "reuters52, kjv), .jsonl (text + label, or tokens + tags), .csv/.tsv with a header row, or CoNLL-style "
+        "token files. Long texts are read in windows (every token seen; predictions averaged), or cut to one "
+        "window with --truncate (counted). Every input problem is reported before training. Writes a run folder "
+        "with metrics.jsonl, curve.png, checkpoints, the fine-tuned model (qkv.load / qkv predict / qkv convert), "
+        "report.json/.md with accuracy, macro-F1 and per-class figures (entity F1 for tokens, RMSE and "
+        "Pearson/Spearman for regression) against TF-IDF and frozen-vector baselines on the same split, and "
+        "confusion.png. SIGINT/SIGTERM save a checkpoint; --resume continues bit-identically.",
+    )
+    p.add_argument("model", help="the folder of the model to fine-tune")
+    p.add_argument("--train", action="append", default=None, metavar="SPEC",
+                   help="training data: dataset:NAME[:SPLIT], a .jsonl/.csv/.tsv file or a CoNLL file; repeatable")
+    p.add_argument("--out", required=True, help="the run folder")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--config", help="a JSON file of FinetuneConfig fields (command-line options override it)")
+    for flag, name, typ, text in _OPTIONS:
+        p.add_argument(flag, dest=name, type=typ, default=None, help=f"{text} (default: {defaults[name]})")
+    p.add_argument("--truncate", dest="truncate", action="store_true", default=None,
+                   help="keep only the first window of a long text (counted and reported)")
+    p.add_argument("--reset-head", dest="reset_head", action="store_true", default=None,
+                   help="replace a task head the model already has (e.g. other labels)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bars")
+    p.set_defaults(func=_finetune)
+
+    q = sub.add_parser(
+        "predict",
+        help="labels (and probabilities) of new texts with a fine-tuned model",
+        description="Predict with a fine-tuning run folder (or any folder with a task head): a text file (one "
+        "input per line), .jsonl/.csv/.tsv (the --text-field; an 'id' field is kept), or for token models a "
+        "CoNLL file or .jsonl with --tokens-field. Writes JSONL: id, label and probabilities per label "
+        "(classification), value (regression), or tokens and tags. Long texts are read in the run's windows.",
+    )
+    q.add_argument("run", help="the fine-tuning run (or model) folder")
+    q.add_argument("input", help="the inputs")
+    q.add_argument("--out", required=True, help="the .jsonl file to write (atomically)")
+    q.add_argument("--text-field", default="text", help="field/column of the text (default: text)")
+    q.add_argument("--tokens-field", default="tokens", help="field of the word list (default: tokens)")
+    q.add_argument("--batch-size", type=int, default=64, help="windows per batch (default: 64)")
+    q.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    q.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
+    q.set_defaults(func=_predict)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The run's :class:`FinetuneConfig`: stored (resume) or file config, overlaid with given options."""
+    from qkv.finetune.config import FinetuneConfig
+    from qkv.training.config import read_config_file
+    from qkv.training.rundir import read_run
+
+    base: dict = {}
+    if args.resume:
+        base = read_run(Path(args.out))["train_config"]
+    elif args.config:
+        base = read_config_file(args.config)
+    given = {name: getattr(args, name) for _, name, _, _ in _OPTIONS}
+    given.update(truncate=args.truncate, reset_head=args.reset_head, progress=args.progress)
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.train:
+        given["train"] = tuple(args.train)
+    data = {**base, **given, "model": args.model, "out": args.out}
+    for name, flag in (("train", "--train"), ("task", "--task")):
+        if name not in data:
+            raise ValueError(f"{flag} is required")
+    return FinetuneConfig.from_dict(data)
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from qkv.finetune.run import finetune
+
+    cfg = config_from_args(args)
+    result = finetune(cfg, resume=args.resume)
+    if result.status != "complete":
+        print(f"interrupted after step {result.steps_done}; checkpoint saved. Continue with:\n"
+              f"  qkv finetune {cfg.model} --out {result.out} --resume")
+        return 130
+    print(f"run folder: {result.out}  (report: {result.out / 'report.md'}, curve: {result.out / 'curve.png'}"
+          + (f", confusion matrix: {result.out / 'confusion.png'}" if cfg.task == "sequence-classification" else "")
+          + f"; predict: qkv predict {result.out} INPUT --out predictions.jsonl)")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from qkv.finetune.predict import predict_file
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} must be ≥ 1")
+    info = predict_file(args.run, args.input, args.out, batch_size=args.batch_size, text_field=args.text_field,
+                        tokens_field=args.tokens_field, progress=args.progress, device=args.device)
+    extra = f", {info['long']} long inputs read in several windows" if info["long"] else ""
+    print(f"wrote {info['inputs']} predictions to {info['out']} ({info['windows']} windows{extra})")
+    return 0

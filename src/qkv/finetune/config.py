@@ -1,0 +1,224 @@
+"""The fine-tuning configuration: one frozen, JSON-serialisable dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from qkv.training.config import RESUME_MAY_CHANGE, _check_field_types
+from qkv.training.optim import SCHEDULES
+from qkv.training.precision import PRECISIONS
+
+__all__ = ["FinetuneConfig", "TASKS", "BASELINES", "POOLINGS"]
+
+TASKS = ("sequence-classification", "token-classification", "regression")
+#: Baselines trained and scored in the same run: TF-IDF + logistic (ridge) regression, logistic
+#: (ridge) regression on the starting model's frozen mean-pooled vectors, and for token tasks the
+#: most frequent tag of each training word.
+BASELINES = ("tfidf", "frozen", "word-tag")
+POOLINGS = ("pooler", "cls", "mean")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Everything a fine-tuning run depends on.
+
+    Attributes:
+        model: the starting model folder (qkv model or run folder, Hugging Face BERT folder —
+            with or without a task head).
+        task: ``sequence-classification``, ``token-classification`` or ``regression``.
+        train: training data specs: ``dataset:NAME[:SPLIT]``, ``.jsonl``, ``.csv``/``.tsv`` (also
+            ``.gz``), CoNLL-style token files (``.conll``, ``.txt``) for token classification.
+        out: the run folder.
+        eval: held-out data specs; default the named dataset's test split, else a seeded
+            ``eval_fraction`` of the training examples.
+        eval_fraction: share of training examples held out when no eval data is given.
+        text_field, label_field: columns/fields of text and label (sequence tasks).
+        tokens_field, tags_field: fields of the word list and tag list (token tasks, JSONL).
+        labels: the label set in id order (default: the sorted labels of the training data, or the
+            starting model's head labels).
+        max_len: tokens per window, ``[CLS]``/``[SEP]`` included.
+        stride: content tokens between window starts of a long document (default ¾ of a window).
+        truncate: keep only the first window of a long document instead of all its windows
+            (counted and reported; never silent).
+        pooling: how a sequence task reads the encoder: ``pooler`` (BERT's: ``[CLS]`` → dense → tanh;
+            needed for Hugging Face export), ``cls``, ``mean``.
+        classifier_dropout: dropout before the classifier.
+        dropout, attention_dropout: override the model's dropout rates (``None``: keep them;
+            ``attention_dropout`` defaults to 0 so attention runs on the fused kernel).
+        reset_head: replace a task head the starting model already has.
+        epochs: passes over the training windows (not used with ``steps`` or ``time_budget``).
+        steps: optimiser steps; default from ``epochs``.
+        time_budget: train for this many minutes (the learning rate reaches zero at the deadline).
+        batch_size, grad_accum, lr, weight_decay, warmup_steps, schedule, clip_norm: optimisation;
+            ``warmup_steps`` defaults to 10 % of the steps (of one epoch with a time budget).
+        eval_every, save_every: steps between held-out evaluations / checkpoints (default: about
+            4 per run, and at the end).
+        eval_sample: examples of the held-out data scored at the evaluations during training (a
+            fixed seeded sample; the final report scores all of them).
+        eval_batch_size: windows per batch at evaluation and prediction.
+        max_train, max_eval: use a seeded random subsample of at most this many examples (reported).
+        baselines: what else is trained and scored on the same split (see :data:`BASELINES`);
+            ``frozen`` and ``tfidf`` for sequence tasks, ``word-tag`` for token tasks.
+        seed, device, precision, threads, progress, log_every: as in pretraining.
+    """
+
+    model: str
+    task: str
+    train: tuple[str, ...]
+    out: str
+    eval: tuple[str, ...] | None = None
+    eval_fraction: float = 0.2
+    text_field: str = "text"
+    label_field: str = "label"
+    tokens_field: str = "tokens"
+    tags_field: str = "tags"
+    labels: tuple[str, ...] | None = None
+    max_len: int = 128
+    stride: int | None = None
+    truncate: bool = False
+    pooling: str = "pooler"
+    classifier_dropout: float = 0.1
+    dropout: float | None = None
+    attention_dropout: float | None = 0.0
+    reset_head: bool = False
+    epochs: float = 3.0
+    steps: int | None = None
+    time_budget: float | None = None
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_steps: int | None = None
+    schedule: str = "linear"
+    clip_norm: float = 1.0
+    eval_every: int | None = None
+    save_every: int | None = None
+    eval_sample: int = 500
+    eval_batch_size: int = 64
+    max_train: int | None = None
+    max_eval: int | None = None
+    baselines: tuple[str, ...] = ("tfidf", "frozen", "word-tag")
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    threads: int | str | None = None
+    progress: bool = True
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("train", "eval", "labels", "baselines"):
+            v = getattr(self, name)
+            if isinstance(v, (str, os.PathLike)):
+                v = (v,)
+            if isinstance(v, list):
+                v = tuple(v)
+            if isinstance(v, tuple):
+                v = tuple(str(x) for x in v)
+            object.__setattr__(self, name, v)
+        for name in ("model", "out"):
+            if isinstance(getattr(self, name), os.PathLike):
+                object.__setattr__(self, name, str(getattr(self, name)))
+        _check_field_types(self)
+        if self.task not in TASKS:
+            raise ValueError(f"task={self.task!r} is not allowed; allowed: {', '.join(TASKS)}")
+        if not self.model:
+            raise ValueError("model is empty: give the folder of the model to fine-tune")
+        if not self.train:
+            raise ValueError("train is empty: give a training data spec (dataset:NAME, .jsonl, .csv, .tsv, .conll)")
+        if self.eval is not None and not self.eval:
+            raise ValueError("eval is empty: give a held-out data spec, or leave it out to hold out eval_fraction")
+        for name in ("batch_size", "grad_accum", "eval_sample", "eval_batch_size", "log_every"):
+            _positive_int(name, getattr(self, name))
+        for name in ("steps", "eval_every", "save_every", "max_train", "max_eval", "stride"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.warmup_steps is not None and (not isinstance(self.warmup_steps, int) or self.warmup_steps < 0):
+            raise ValueError(f"warmup_steps={self.warmup_steps!r} must be an int ≥ 0")
+        if not isinstance(self.max_len, int) or self.max_len < 3:
+            raise ValueError(f"max_len={self.max_len!r} must be an int ≥ 3")
+        if self.stride is not None and self.stride > self.max_len - 2:
+            raise ValueError(f"stride={self.stride} must be ≤ max_len − 2 = {self.max_len - 2} (the text tokens "
+                             "of one window); a larger stride would skip tokens")
+        if not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise ValueError(f"epochs={self.epochs!r} must be a positive number")
+        if self.time_budget is not None and not (self.time_budget > 0 and math.isfinite(self.time_budget)):
+            raise ValueError(f"time_budget={self.time_budget!r} must be a positive number of minutes")
+        if self.steps is not None and self.time_budget is not None:
+            raise ValueError("steps and time_budget are both set: give one (--steps or --time-budget)")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} is not allowed; allowed: {', '.join(SCHEDULES)}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling={self.pooling!r} is not allowed; allowed: {', '.join(POOLINGS)}")
+        for name in ("lr", "clip_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay={self.weight_decay!r} must be ≥ 0")
+        if not 0 < self.eval_fraction < 1:
+            raise ValueError(f"eval_fraction={self.eval_fraction!r} must be in (0, 1)")
+        for name in ("classifier_dropout", "dropout", "attention_dropout"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v < 1:
+                raise ValueError(f"{name}={v!r} must be in [0, 1)")
+        unknown = [b for b in self.baselines if b not in BASELINES]
+        if unknown:
+            raise ValueError(f"unknown baseline(s) {unknown}; allowed: {', '.join(BASELINES)} (or none)")
+        if self.labels is not None:
+            if len(set(self.labels)) != len(self.labels) or not all(self.labels):
+                raise ValueError(f"labels={list(self.labels)} must be distinct non-empty names")
+            if self.task == "regression":
+                raise ValueError("labels are for classification; a regression task has none")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is not allowed; allowed: auto, cpu, cuda")
+        if self.threads is not None:
+            t = self.threads
+            if t != "adaptive" and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+                raise ValueError(f"threads={t!r} must be a number ≥ 1 or 'adaptive'")
+            if t == "adaptive" and self.time_budget is None:
+                raise ValueError("threads='adaptive' needs a time_budget: a step-count run stays "
+                                 "bit-reproducible only with a fixed thread count")
+
+    @property
+    def sequence_task(self) -> bool:
+        """Whether each example is one text with one target (classification or regression)."""
+        return self.task != "token-classification"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for name in ("train", "eval", "labels", "baselines"):
+            out[name] = list(out[name]) if out[name] is not None else None
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FinetuneConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown FinetuneConfig field(s) {unknown}; allowed: {', '.join(sorted(names))}")
+        missing = [n for n in ("model", "task", "train", "out") if n not in data]
+        if missing:
+            raise ValueError(f"missing FinetuneConfig field(s): {', '.join(missing)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> FinetuneConfig:
+        return dataclasses.replace(self, **changes)
+
+    def diff(self, other: FinetuneConfig, *, ignore: tuple[str, ...] = RESUME_MAY_CHANGE) -> list[str]:
+        """Lines ``field: this → other`` for every field that differs (except ``ignore``)."""
+        a, b = self.to_dict(), other.to_dict()
+        return [f"{k}: {a[k]!r} → {b[k]!r}" for k in a if k not in ignore and a[k] != b[k]]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _positive_int(name: str, v: Any) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name}={v!r} must be an int ≥ 1")

@@ -1,0 +1,108 @@
+"""Inputs of ``qkv predict``, and a fine-tuned model with its tokenizer and task settings."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from qkv.finetune.examples import FinetuneDataError
+
+__all__ = ["load_task_model", "read_inputs", "TokenizerFile"]
+
+
+class TokenizerFile:
+    """A ``tokenizers.Tokenizer`` that saves itself as ``tokenizer.json`` into a folder."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def save(self, folder) -> None:
+        self.backend.save(str(Path(folder) / "tokenizer.json"))
+
+
+def load_task_model(folder: str | os.PathLike):
+    """``(model, tokenizer view, settings)`` of a fine-tuning run or any folder with a task head.
+
+    ``settings``: ``task``, ``labels``, ``label_kind``, ``max_len``, ``stride``, ``truncate`` — from the
+    run's ``run.json`` when there is one, else from the head (windows of 128 tokens, or the model's
+    window if shorter, stride ¾ of a window).
+
+    Raises:
+        FinetuneDataError: not a loadable folder, no task head, or no tokenizer.
+    """
+    from qkv.embeddings.windows import TokenizerView
+    from qkv.models.errors import CheckpointError
+    from qkv.models.io import load
+
+    folder = Path(folder)
+    try:
+        model = load(folder)
+    except CheckpointError as e:
+        raise FinetuneDataError(f"cannot load {folder}: {e}") from None
+    task = getattr(model, "task", None)
+    if task is None:
+        raise FinetuneDataError(f"{folder}: the model has no task head (it is a {type(model).__name__}); fine-tune "
+                                f"it first: qkv finetune {folder} --task … --train … --out RUN")
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise FinetuneDataError(f"{folder}: no tokenizer (tokenizer.json or vocab.txt) beside the weights")
+    run = folder / "run.json"
+    settings = None
+    if run.is_file():
+        meta = json.loads(run.read_text(encoding="utf-8"))
+        settings = meta.get("finetune")
+    if not isinstance(settings, dict):
+        window = min(128, model.config.max_len)
+        settings = {"task": task.task, "labels": list(task.labels), "label_kind": "str", "max_len": window,
+                    "stride": max(1, 3 * (window - 2) // 4), "truncate": False}
+    return model.eval(), TokenizerView(tok), settings
+
+
+def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field: str = "tokens"):
+    """``(ids, inputs)``: texts (sequence models) or word lists (token models) of ``spec``.
+
+    A ``.jsonl``/``.csv``/``.tsv`` file gives its ``text_field`` (or ``tokens_field``) and its ``id``
+    field when present (else the line number); a CoNLL file (token models) gives its sentences; any
+    other file is plain text, one input per non-blank line.
+    """
+    from qkv.data.errors import CorpusError
+    from qkv.data.readers import iter_records, record_format
+    from qkv.finetune.examples import read_conll
+
+    path = Path(spec)
+    if not path.is_file():
+        raise FinetuneDataError(f"{spec}: no such file; give a text file (one input per line), .jsonl, .csv or "
+                                ".tsv (or a CoNLL file for a token model)")
+    ids, inputs = [], []
+    if record_format(path):
+        field = tokens_field if task == "token-classification" else text_field
+        try:
+            for source, rec in iter_records(path):
+                if field not in rec:
+                    keys = ", ".join(map(repr, list(rec)[:12]))
+                    opt = "--tokens-field" if task == "token-classification" else "--text-field"
+                    raise FinetuneDataError(f"{source}: no field {field!r} (found: {keys}); choose it with {opt}")
+                value = rec[field]
+                if task == "token-classification":
+                    if not isinstance(value, list) or not value or not all(isinstance(w, str) and w for w in value):
+                        raise FinetuneDataError(f"{source}: {field!r} must be a non-empty list of words")
+                elif not isinstance(value, str) or not value.strip():
+                    raise FinetuneDataError(f"{source}: {field!r} must be a non-empty string")
+                ids.append(rec.get("id", source.rsplit(":", 1)[-1]))
+                inputs.append(value if task == "token-classification" else value.strip())
+        except CorpusError as e:
+            raise FinetuneDataError(str(e)) from None
+    elif task == "token-classification":
+        ex = read_conll(path, with_tags=False)
+        ids, inputs = [s.rsplit(":", 1)[-1] for s in ex.sources], ex.inputs
+    else:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for line_no, line in enumerate(fh, 1):
+                    if line.strip():
+                        ids.append(line_no)
+                        inputs.append(line.strip())
+        except UnicodeDecodeError as e:
+            raise FinetuneDataError(f"{spec}: not valid UTF-8 ({e.reason}); convert it to UTF-8") from None
+    return ids, inputs

@@ -1,0 +1,104 @@
+"""The end of a fine-tuning run: the whole held-out split scored, the baselines, the report files.
+
+Writes (each atomically) ``report.json`` (every figure), ``report.md`` (the tables),
+``confusion.png`` (classification) and ``eval_predictions.jsonl``; prints the tables; adds a summary
+to ``run.json``. Nothing here selects a model on the held-out data: the model scored is the one
+at the end of training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from qkv._fs import atomic_write_text
+
+__all__ = ["final_report"]
+
+
+def _baselines(cfg, train, held, train_t, held_t, labels, stride: int) -> dict[str, dict]:
+    from qkv.finetune.baselines import frozen_baseline, tfidf_baseline, word_tag_baseline
+
+    out: dict[str, dict] = {}
+    if cfg.task == "token-classification":
+        if "word-tag" in cfg.baselines:
+            out["most frequent tag per word"] = word_tag_baseline(train.inputs, train.targets, held.inputs,
+                                                                  held.targets)
+        return out
+    if "tfidf" in cfg.baselines:
+        out["TF-IDF + " + ("ridge" if cfg.task == "regression" else "logistic regression")] = tfidf_baseline(
+            train.inputs, train_t, held.inputs, held_t, task=cfg.task, labels=labels)
+    if "frozen" in cfg.baselines:
+        out["frozen mean-pooled vectors + " + ("ridge" if cfg.task == "regression" else "logistic regression")] = \
+            frozen_baseline(cfg.model, train.inputs, train_t, held.inputs, held_t, task=cfg.task, labels=labels,
+                            max_len=cfg.max_len, stride=stride, truncate=cfg.truncate,
+                            batch_size=cfg.eval_batch_size, progress=cfg.progress)
+    return out
+
+
+def _format(task: str, report: dict, baselines: dict[str, dict]) -> str:
+    from qkv.finetune.metrics import format_classification, format_regression, format_token
+
+    if task == "regression":
+        return format_regression(report, baselines=baselines)
+    if task == "token-classification":
+        lines = [format_token(report)]
+        for name, rep in baselines.items():
+            lines.append(f"\nbaseline — {name}:\n{format_token(rep)}")
+        return "\n".join(lines)
+    return format_classification(report, baselines=baselines)
+
+
+def _predictions(task: str, held, held_t, outputs: dict, labels, kind: str) -> str:
+    as_label = (lambda s: int(s)) if kind == "int" else (lambda s: s)
+    lines = []
+    for e, src in enumerate(held.sources):
+        o = outputs[e]
+        if task == "regression":
+            rec = {"source": src, "target": float(held_t[e]), "value": float(o[0])}
+        elif task == "token-classification":
+            rec = {"source": src, "tokens": held.inputs[e], "tags": list(held.targets[e]),
+                   "predicted": [labels[int(t)] for t in o]}
+        else:
+            k = int(np.argmax(o))
+            rec = {"source": src, "label": as_label(labels[held_t[e]]), "predicted": as_label(labels[k]),
+                   "probability": round(float(o[k]), 6)}
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    return "".join(line + "\n" for line in lines)
+
+
+def final_report(cfg, objective, model, train, held, train_t, held_t, labels, kind: str, out: Path, *,
+                 train_seconds: float, notes: list[str], stride: int) -> dict:
+    """Score everything held out, run the baselines, write the report files; return the report."""
+    from qkv.finetune.metrics import plot_confusion
+    from qkv.training.rundir import update_run
+
+    t0 = time.perf_counter()
+    every = np.arange(len(held))
+    ev = objective.evaluate(model, rows=np.arange(len(objective.held.ids)), examples=every, progress=cfg.progress)
+    report = dict(ev["report"], eval_loss=ev["eval_loss"])
+    eval_s = time.perf_counter() - t0
+    baselines = _baselines(cfg, train, held, train_t, held_t, list(labels), stride)
+    result = {"task": cfg.task, "model": cfg.model, "train": list(cfg.train), "held_out_examples": len(held),
+              "train_examples": len(train), "train_seconds": round(float(train_seconds), 1),
+              "eval_seconds": round(eval_s, 1), "fine_tuned": report, "baselines": baselines, "notes": notes}
+    text = _format(cfg.task, report, baselines)
+    if cfg.task == "sequence-classification":
+        plot_confusion(report["confusion"], list(labels), out / "confusion.png",
+                       title=f"{Path(cfg.model).name} fine-tuned on {', '.join(cfg.train)} — held out")
+    atomic_write_text(out / "eval_predictions.jsonl", _predictions(cfg.task, held, held_t, ev["outputs"], labels, kind))
+    atomic_write_text(out / "report.json", json.dumps(result, indent=1))
+    md = [f"# Fine-tuning report: {cfg.task}", "", f"- model: `{cfg.model}`", f"- training data: "
+          f"{', '.join(cfg.train)} ({len(train)} examples); held out: {len(held)} examples",
+          f"- training time {result['train_seconds']:.0f} s; held-out scoring {eval_s:.0f} s",
+          *[f"- note: {n}" for n in notes], "", "```", text, "```", ""]
+    atomic_write_text(out / "report.md", "\n".join(md))
+    headline = {k: report[k] for k in ("accuracy", "macro_f1", "rmse", "pearson", "spearman", "token_accuracy",
+                                       "entity_f1") if k in report}
+    update_run(out, report=headline, baselines={n: {k: b[k] for k in headline if k in b}
+                                                for n, b in baselines.items()})
+    print(text, flush=True)
+    return result
