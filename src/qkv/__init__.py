@@ -3,7 +3,8 @@
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "load", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
-           "build_masked_lm", "load_tokenizer", "embed"]
+           "build_masked_lm", "load_tokenizer", "embed", "TaskConfig", "SequenceClassifier", "TokenClassifier",
+           "attach_task_head"]
 
 # Public names imported on first use, so that ``import qkv`` stays light (no torch until needed).
 _LAZY = {
@@ -16,6 +17,10 @@ _LAZY = {
     "build_encoder": "qkv.models.builders",
     "build_masked_lm": "qkv.models.builders",
     "embed": "qkv.embeddings.embedder",
+    "TaskConfig": "qkv.models.heads",
+    "SequenceClassifier": "qkv.models.heads",
+    "TokenClassifier": "qkv.models.heads",
+    "attach_task_head": "qkv.models.builders",
 }
 
 

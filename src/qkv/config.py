@@ -66,6 +66,9 @@ class ModelConfig:
         layer_norm_eps: LayerNorm epsilon (BERT: 1e-12).
         pad_token_id: id of the padding token (its embedding row starts at zero, gets no grad).
         initializer_range: standard deviation of the normal weight initialisation.
+        pooler: give the encoder BERT's pooler (``tanh(dense(h[:, 0]))``, its ``pooler_output``).
+            Set on import when a Hugging Face checkpoint has one (so that it is kept and exported
+            again), and by the task-model builders for sequence tasks that pool with it.
     """
 
     vocab_size: int = _BERT_VOCAB
@@ -94,6 +97,7 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     initializer_range: float = 0.02
+    pooler: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
@@ -129,7 +133,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"{name}={value!r} must be a positive number")
-        for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only"):
+        for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only", "pooler"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if not isinstance(self.similarity_kwargs, dict):

@@ -1,8 +1,12 @@
-"""Models built from a :class:`~qkv.config.ModelConfig`: builders, the masked-LM model, checkpoint
-folders in and out (qkv and Hugging Face BERT)."""
+"""Models built from a :class:`~qkv.config.ModelConfig`: builders, the masked-LM model, task models
+(sequence classification, regression, token classification), checkpoint folders in and out (qkv
+and Hugging Face BERT)."""
 
-from qkv.models.builders import build_encoder, build_masked_lm, build_model, init_weights
+from qkv.models.builders import (attach_task_head, build_encoder, build_masked_lm, build_model,
+                                 build_task_model, init_weights)
 from qkv.models.errors import CheckpointError
+from qkv.models.heads import (POOLINGS, TASKS, SequenceClassifier, TaskConfig, TaskModel, TaskOutput,
+                              TokenClassifier)
 from qkv.models.io import convert, export_hf, load, load_tokenizer, save
 from qkv.models.mlm import MaskedLM, MaskedLMHead, MaskedLMOutput
 
@@ -10,6 +14,8 @@ __all__ = [
     "build_encoder",
     "build_masked_lm",
     "build_model",
+    "build_task_model",
+    "attach_task_head",
     "init_weights",
     "CheckpointError",
     "convert",
@@ -20,4 +26,11 @@ __all__ = [
     "MaskedLM",
     "MaskedLMHead",
     "MaskedLMOutput",
+    "TASKS",
+    "POOLINGS",
+    "TaskConfig",
+    "TaskOutput",
+    "TaskModel",
+    "SequenceClassifier",
+    "TokenClassifier",
 ]

@@ -2,11 +2,15 @@
 
 Two folder formats:
 
-* **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder",
-  "config": {…ModelConfig…}}``) and ``model.safetensors`` with qkv tensor names.
+* **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder" |
+  "sequence_classification" | "token_classification", "config": {…ModelConfig…}}``, plus
+  ``"task": {…TaskConfig…}`` for the two task kinds; regression is a ``sequence_classification``
+  whose task says so) and ``model.safetensors`` with qkv tensor names.
 * **Hugging Face BERT**: ``config.json`` with ``model_type: bert`` and ``model.safetensors`` or
   ``pytorch_model.bin``; the latter is read only with ``torch.load(weights_only=True)``, which
-  refuses any pickle that would run code.
+  refuses any pickle that would run code. Kept: the encoder, its pooler, the masked-LM head, and
+  the classifier of ``BertForSequenceClassification`` / ``BertForTokenClassification`` with its
+  class names; a head qkv does not support is refused, never dropped (:mod:`qkv.models.hf`).
 
 Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` attaches the tokenizer as
 ``model.tokenizer`` (a ``tokenizers.Tokenizer``) and :func:`save` / :func:`export_hf` write it
@@ -36,8 +40,9 @@ from qkv._faults import fault_point
 from qkv._fs import make_temp_dir, replace_dir
 from qkv.config import ModelConfig
 from qkv.models import hf
-from qkv.models.builders import build_model
+from qkv.models.builders import build_model, build_task_model
 from qkv.models.errors import CheckpointError
+from qkv.models.heads import TaskConfig
 
 __all__ = ["load", "save", "export_hf", "convert", "load_tokenizer", "read_weights", "CheckpointError"]
 
@@ -46,6 +51,8 @@ HF_CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 HF_PICKLE = "pytorch_model.bin"
 FORMAT_VERSION = 1
+#: ``qkv.json`` kinds: the model classes :func:`load` builds.
+KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification")
 #: The files a model folder consists of (what :func:`save` / :func:`export_hf` may write or replace).
 MODEL_FILES = frozenset({QKV_CONFIG, HF_CONFIG, WEIGHTS, HF_PICKLE, "tokenizer.json", "vocab.txt",
                          "tokenizer_config.json", "special_tokens_map.json", "embedding.json"})
@@ -100,6 +107,18 @@ def _check_state(state: dict[str, Tensor], model: nn.Module, source: Path) -> No
                               "the config disagrees with the weights")
 
 
+def _build(config: ModelConfig, masked_lm: bool, task: TaskConfig | None) -> nn.Module:
+    if task is not None:
+        return build_task_model(config, task, init=False)
+    return build_model(config, masked_lm=masked_lm, init=False)
+
+
+def _kind(masked_lm: bool, task: TaskConfig | None) -> str:
+    if task is not None:
+        return "sequence_classification" if task.is_sequence else "token_classification"
+    return "masked_lm" if masked_lm else "encoder"
+
+
 def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
     """Load a qkv model folder or a Hugging Face BERT folder.
 
@@ -110,32 +129,43 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
             while training).
 
     Returns:
-        A :class:`qkv.models.mlm.MaskedLM` when the checkpoint has a masked-LM head, else a
-        :class:`qkv.nn.encoder.Encoder`, in eval mode, with ``.config`` and ``.tokenizer``
-        (``None`` when the folder has none).
+        A :class:`qkv.models.heads.SequenceClassifier` (sequence classification, regression) or
+        :class:`qkv.models.heads.TokenClassifier` when the checkpoint has a task head (its
+        ``.task`` a :class:`~qkv.models.heads.TaskConfig`), a :class:`qkv.models.mlm.MaskedLM`
+        when it has a masked-LM head, else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
+        ``.config`` and ``.tokenizer`` (``None`` when the folder has none).
 
     Raises:
-        CheckpointError: not a checkpoint folder; missing, mis-shaped or unexpected tensors; a
-            config that disagrees with the weights; a pickle that would run code.
+        CheckpointError: not a checkpoint folder; missing, mis-shaped, unexpected or unknown
+            tensors; a head qkv does not support; a config that disagrees with the weights; a
+            pickle that would run code.
     """
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a folder")
     if (folder / QKV_CONFIG).is_file():
         meta = _read_json(folder / QKV_CONFIG)
-        if meta.get("format") != "qkv" or meta.get("kind") not in ("masked_lm", "encoder"):
-            raise CheckpointError(f"{folder / QKV_CONFIG}: expected format 'qkv' and kind 'masked_lm' or "
-                                  f"'encoder', found {meta.get('format')!r} / {meta.get('kind')!r}")
+        if meta.get("format") != "qkv" or meta.get("kind") not in KINDS:
+            raise CheckpointError(f"{folder / QKV_CONFIG}: expected format 'qkv' and kind one of "
+                                  f"{', '.join(KINDS)}; found {meta.get('format')!r} / {meta.get('kind')!r}")
         try:
             config = ModelConfig.from_dict({**meta.get("config", {}), **overrides})
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{folder / QKV_CONFIG}: {e}") from e
-        masked_lm = meta["kind"] == "masked_lm"
+        masked_lm, task = meta["kind"] == "masked_lm", None
+        if meta["kind"] in ("sequence_classification", "token_classification"):
+            try:
+                task = TaskConfig.from_dict(meta.get("task"))
+            except (ValueError, TypeError) as e:
+                raise CheckpointError(f"{folder / QKV_CONFIG}: task: {e}") from e
+            if _kind(False, task) != meta["kind"]:
+                raise CheckpointError(f"{folder / QKV_CONFIG}: kind {meta['kind']!r} disagrees with task "
+                                      f"{task.task!r}")
         source = folder / WEIGHTS
         if not source.is_file():
             raise CheckpointError(f"{folder}: missing {WEIGHTS}")
         state = read_weights(source)
-        model = build_model(config, masked_lm=masked_lm, init=False)
+        model = _build(config, masked_lm, task)
         _check_state(state, model, source)
     elif (folder / HF_CONFIG).is_file():
         hf_config = _read_json(folder / HF_CONFIG)
@@ -147,12 +177,13 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
             raise CheckpointError(f"{folder}: no weights; expected {WEIGHTS} or {HF_PICKLE}, found "
                                   f"{sorted(p.name for p in folder.iterdir())}")
         tensors = read_weights(source)
-        masked_lm = hf.has_mlm_head(tensors)
-        config = hf.config_from_hf(hf_config, source=str(folder / HF_CONFIG))
-        state = hf.state_dict_from_hf(tensors, config, masked_lm=masked_lm, source=str(source))
+        masked_lm, task = hf.head_from_hf(hf_config, tensors, source=str(folder / HF_CONFIG))
+        pooler = hf.has_pooler(tensors) or (task is not None and task.is_sequence)  # else: a missing tensor
+        config = hf.config_from_hf(hf_config, source=str(folder / HF_CONFIG), pooler=pooler)
+        state = hf.state_dict_from_hf(tensors, config, masked_lm=masked_lm, task=task, source=str(source))
         if overrides:
             config = config.replace(**overrides)
-        model = build_model(config, masked_lm=masked_lm, init=False)
+        model = _build(config, masked_lm, task)
     else:
         raise CheckpointError(f"{folder}: not a qkv or BERT checkpoint folder; expected {QKV_CONFIG} or "
                               f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
@@ -241,24 +272,28 @@ def _write_folder(dest: Path, config_name: str, fill) -> None:
     _publish(tmp, dest, config_name)
 
 
-def _model_parts(model: nn.Module) -> tuple[ModelConfig, bool]:
+def _model_parts(model: nn.Module) -> tuple[ModelConfig, bool, TaskConfig | None]:
+    """``(config, masked_lm, task)`` of a qkv model."""
+    from qkv.models.heads import TaskModel
     from qkv.models.mlm import MaskedLM
     from qkv.nn.encoder import Encoder
 
     config = getattr(model, "config", None)
-    if not isinstance(config, ModelConfig) or not isinstance(model, (MaskedLM, Encoder)):
-        raise ValueError("expected a qkv MaskedLM or Encoder with a .config (build it with "
-                         f"qkv.models.builders or qkv.load), got {type(model).__name__}")
-    return config, isinstance(model, MaskedLM)
+    if not isinstance(config, ModelConfig) or not isinstance(model, (MaskedLM, Encoder, TaskModel)):
+        raise ValueError("expected a qkv MaskedLM, Encoder, SequenceClassifier or TokenClassifier with a "
+                         f".config (build it with qkv.models.builders or qkv.load), got {type(model).__name__}")
+    return config, isinstance(model, MaskedLM), model.task if isinstance(model, TaskModel) else None
 
 
 def save(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
     """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer (the given one,
     else ``model.tokenizer`` if set). Atomic. Returns the folder."""
-    config, masked_lm = _model_parts(model)
+    config, masked_lm, task = _model_parts(model)
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    meta = {"format": "qkv", "version": FORMAT_VERSION, "kind": "masked_lm" if masked_lm else "encoder",
+    meta = {"format": "qkv", "version": FORMAT_VERSION, "kind": _kind(masked_lm, task),
             "config": config.to_dict()}
+    if task is not None:
+        meta["task"] = task.to_dict()
 
     def fill(tmp: Path) -> None:
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
@@ -271,18 +306,21 @@ def save(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
 
 
 def export_hf(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
-    """Write a folder that ``transformers.BertForMaskedLM`` (masked-LM model) or ``BertModel``
-    (encoder) ``from_pretrained`` loads. Atomic. Returns the folder.
+    """Write a folder that ``transformers`` ``from_pretrained`` loads: as ``BertForMaskedLM``
+    (masked-LM model), ``BertForSequenceClassification`` (sequence classification, regression;
+    ``AutoModelForSequenceClassification``), ``BertForTokenClassification`` or ``BertModel``
+    (encoder); the pooler's weights too when the model has one. Atomic. Returns the folder.
 
     Raises:
-        CheckpointError: the model uses options BERT cannot express (named in the message).
+        CheckpointError: the model uses options BERT cannot express (named in the message), e.g.
+            a sequence head that pools with ``"cls"`` or ``"mean"``: keep it in the qkv format.
     """
-    config, masked_lm = _model_parts(model)
-    hf_config = hf.config_to_hf(config, masked_lm=masked_lm)
+    config, masked_lm, task = _model_parts(model)
+    hf_config = hf.config_to_hf(config, masked_lm=masked_lm, task=task)
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
 
     def fill(tmp: Path) -> None:
-        tensors = hf.state_dict_to_hf(model.state_dict(), config, masked_lm=masked_lm)
+        tensors = hf.state_dict_to_hf(model.state_dict(), config, masked_lm=masked_lm, task=task)
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         _write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2), encoding="utf-8")

@@ -1,9 +1,10 @@
-"""Neural-network building blocks: similarities, masks, the attention core, layers."""
+"""Neural-network building blocks: similarities, masks, the attention core, layers, the pooler."""
 
 from qkv.nn.attend import AttendOutput, attend
 from qkv.nn.attention import AttentionOutput, MultiHeadAttention
 from qkv.nn.encoder import Embeddings, Encoder, EncoderOutput
 from qkv.nn.layer import ACTIVATIONS, FeedForward, LayerOutput, TransformerLayer
+from qkv.nn.pooler import Pooler
 from qkv.nn.similarity import SIMILARITIES, build_similarity, register_similarity
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "Embeddings",
     "Encoder",
     "EncoderOutput",
+    "Pooler",
 ]

@@ -28,11 +28,14 @@ class EncoderOutput:
             and every layer's output (the last equals ``last_hidden_state``); else ``None``.
         attentions: when requested, one ``(B,H,T,T)`` tensor of exact attention weights per
             layer; else ``None``.
+        pooler_output: ``(B,C)`` output of the encoder's pooler (BERT's ``tanh(dense(h[:, 0]))``)
+            when it has one; else ``None``.
     """
 
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
+    pooler_output: Tensor | None = None
 
 
 class Embeddings(nn.Module):
@@ -80,7 +83,8 @@ class Embeddings(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Embeddings, ``n_layers`` transformer layers, an optional final norm (pre-LN).
+    """Embeddings, ``n_layers`` transformer layers, an optional final norm (pre-LN), an optional
+    pooler.
 
     Args:
         embeddings: an :class:`Embeddings`.
@@ -89,6 +93,8 @@ class Encoder(nn.Module):
         final_norm: applied to the last layer's output (pre-LN stacks), or ``None``.
         qk_positions: module ``length -> (T,C)`` passed to every layer as ``qk_pos`` (positions
             added to the query and key inputs only), or ``None``.
+        pooler: module ``(B,T,C) -> (B,C)`` applied to the last hidden state, its result returned
+            as ``pooler_output`` (BERT's: :class:`qkv.nn.pooler.Pooler`), or ``None``.
     """
 
     def __init__(
@@ -99,12 +105,14 @@ class Encoder(nn.Module):
         max_len: int,
         final_norm: nn.Module | None = None,
         qk_positions: nn.Module | None = None,
+        pooler: nn.Module | None = None,
     ):
         super().__init__()
         self.embeddings = embeddings
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
         self.qk_positions = qk_positions
+        self.pooler = pooler
         self.max_len = max_len
 
     @property
@@ -198,6 +206,7 @@ class Encoder(nn.Module):
             last_hidden_state=x,
             hidden_states=tuple(hidden) if hidden is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
+            pooler_output=self.pooler(x) if self.pooler is not None else None,  # (B,T,C) -> (B,C)
         )
 
     def _forward_packed(self, x: Tensor, padding_mask: Tensor, lengths: list[int], qk_pos: Tensor | None,
@@ -218,4 +227,6 @@ class Encoder(nn.Module):
             if hidden is not None:
                 hidden.append(repad(p))
         last = hidden[-1] if hidden is not None else repad(p)
-        return EncoderOutput(last_hidden_state=last, hidden_states=tuple(hidden) if hidden else None)
+        pooled = self.pooler(last) if self.pooler is not None else None  # (B,T,C) -> (B,C)
+        return EncoderOutput(last_hidden_state=last, hidden_states=tuple(hidden) if hidden else None,
+                             pooler_output=pooled)

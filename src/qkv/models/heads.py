@@ -1,0 +1,318 @@
+"""Task models: sequence classification, regression and token classification on an encoder.
+
+Legend: B batch, T length, C model width, L labels (1 for regression).
+
+Sequence tasks (``sequence-classification``, ``regression``) pool each sequence into one vector
+and classify it, ``logits = linear(dropout(pooled))``; the pooling is one of :data:`POOLINGS`:
+
+* ``pooler``: BERT's, the [CLS] state through the encoder's pooler (``tanh(dense(h[:, 0]))``).
+  What Hugging Face's ``BertForSequenceClassification`` does, and the only pooling it expresses.
+* ``cls``: the [CLS] state itself, ``h[:, 0]``.
+* ``mean``: the mean of the real tokens' states (padding excluded through the attention mask).
+
+Token classification classifies every position, ``logits = linear(dropout(h))``.
+
+Losses: mean cross-entropy over the examples (sequence classification); mean cross-entropy over
+the labelled tokens, label -100 ignored (token classification; NaN when none is labelled, as
+``torch.nn.functional.cross_entropy``); mean squared error (regression).
+
+The models take plain arguments; :func:`qkv.models.builders.build_task_model` and
+:func:`qkv.models.builders.attach_task_head` assemble them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.config import ModelConfig
+from qkv.models.mlm import IGNORE_INDEX
+from qkv.nn.encoder import Encoder
+
+__all__ = ["TASKS", "POOLINGS", "TaskConfig", "TaskOutput", "TaskModel", "SequenceClassifier",
+           "TokenClassifier"]
+
+#: The tasks a head is built for.
+TASKS = ("sequence-classification", "token-classification", "regression")
+#: How a sequence task turns ``(B,T,C)`` hidden states into ``(B,C)`` (see the module docstring).
+POOLINGS = ("pooler", "cls", "mean")
+_SEQUENCE_TASKS = ("sequence-classification", "regression")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What a task head predicts. Frozen; every field checked on creation.
+
+    Attributes:
+        task: one of :data:`TASKS`.
+        labels: class names in id order (a list is turned into a tuple); at least 2, unique,
+            non-empty strings for the classification tasks, ``()`` for regression.
+        pooling: one of :data:`POOLINGS`; used by the sequence tasks, ignored (but still checked)
+            by token classification.
+        classifier_dropout: dropout on the classifier's input, a number in [0, 1).
+    """
+
+    task: str
+    labels: tuple[str, ...] = ()
+    pooling: str = "pooler"
+    classifier_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task={self.task!r} is not allowed; allowed: {', '.join(TASKS)}")
+        labels = self.labels
+        if isinstance(labels, list):
+            labels = tuple(labels)
+            object.__setattr__(self, "labels", labels)
+        if not isinstance(labels, tuple):
+            raise ValueError(f"labels={labels!r} must be a tuple or list of class names in id order")
+        bad = [x for x in labels if not isinstance(x, str) or not x]
+        if bad:
+            raise ValueError(f"labels={labels!r}: every label must be a non-empty string, found {bad[0]!r}")
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"labels={labels!r}: duplicate label(s) {dupes}; labels must be unique")
+        if self.task == "regression" and labels:
+            raise ValueError(f"labels={labels!r}: task='regression' has no class names; pass labels=()")
+        if self.task != "regression" and len(labels) < 2:
+            raise ValueError(f"labels={labels!r}: task={self.task!r} needs at least 2 labels "
+                             "(class names in id order)")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling={self.pooling!r} is not allowed; allowed: {', '.join(POOLINGS)}")
+        p = self.classifier_dropout
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
+            raise ValueError(f"classifier_dropout={p!r} must be a number in [0, 1)")
+
+    @property
+    def num_labels(self) -> int:
+        """L: the classifier's outputs, ``len(labels)`` (1 for regression)."""
+        return 1 if self.task == "regression" else len(self.labels)
+
+    @property
+    def is_sequence(self) -> bool:
+        """Whether the task predicts one output per sequence (classification or regression)."""
+        return self.task in _SEQUENCE_TASKS
+
+    def describe(self) -> str:
+        """One line for messages, e.g. ``sequence-classification, num_labels=3, labels ('a', …)``."""
+        shown = ", ".join(repr(x) for x in self.labels[:8]) + (", …" if len(self.labels) > 8 else "")
+        out = f"{self.task}, num_labels={self.num_labels}"
+        if self.labels:
+            out += f", labels ({shown})"
+        return out + (f", pooling {self.pooling!r}" if self.is_sequence else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain ``dict`` of every field (JSON-serialisable; labels as a list)."""
+        return {"task": self.task, "labels": list(self.labels), "pooling": self.pooling,
+                "classifier_dropout": self.classifier_dropout}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskConfig:
+        """Build from a ``dict``; unknown keys are an error naming them and the allowed ones."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a TaskConfig needs a dict, got {type(data).__name__}")
+        names = ("task", "labels", "pooling", "classifier_dropout")
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"unknown TaskConfig field(s) {unknown}; allowed: {', '.join(names)}")
+        return cls(**data)
+
+
+@dataclass
+class TaskOutput:
+    """Result of :class:`SequenceClassifier` and :class:`TokenClassifier`.
+
+    Attributes:
+        loss: scalar when ``labels`` are given (see the module docstring), else ``None``.
+        logits: ``(B,L)`` sequence classification; ``(B,T,L)`` token classification; ``(B,1)``
+            regression.
+        last_hidden_state: ``(B,T,C)`` encoder output.
+        hidden_states: see :class:`qkv.nn.encoder.EncoderOutput`.
+        attentions: see :class:`qkv.nn.encoder.EncoderOutput`.
+    """
+
+    loss: Tensor | None
+    logits: Tensor
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+class TaskModel(nn.Module):
+    """Encoder + dropout + linear classifier; the base of the two task models (not used alone).
+
+    Args:
+        encoder: a :class:`qkv.nn.encoder.Encoder`.
+        task: the :class:`TaskConfig`.
+        classifier: ``nn.Linear(C, L)``.
+        config: the encoder's :class:`~qkv.config.ModelConfig` (kept as ``.config``; saving and
+            exporting read it).
+    """
+
+    _tasks: tuple[str, ...] = ()
+
+    def __init__(self, encoder: Encoder, task: TaskConfig, classifier: nn.Linear, *, config: ModelConfig):
+        super().__init__()
+        name = type(self).__name__
+        if not isinstance(task, TaskConfig):
+            raise ValueError(f"{name}: task must be a TaskConfig, got {type(task).__name__}")
+        if task.task not in self._tasks:
+            other = "TokenClassifier" if task.task == "token-classification" else "SequenceClassifier"
+            raise ValueError(f"{name} does not do task={task.task!r} (allowed: {', '.join(self._tasks)}); "
+                             f"use {other}")
+        if not isinstance(encoder, Encoder) or not isinstance(config, ModelConfig):
+            raise ValueError(f"{name}: expected a qkv Encoder and a ModelConfig, got "
+                             f"{type(encoder).__name__} and {type(config).__name__}")
+        if (encoder.pooler is not None) != config.pooler:
+            raise ValueError(f"{name}: config.pooler={config.pooler} but the encoder "
+                             f"{'has' if encoder.pooler is not None else 'has no'} pooler; build the encoder "
+                             "from the same config")
+        want = (config.d_model, task.num_labels)
+        if not isinstance(classifier, nn.Linear) or (classifier.in_features, classifier.out_features) != want:
+            got = ((classifier.in_features, classifier.out_features) if isinstance(classifier, nn.Linear)
+                   else type(classifier).__name__)
+            raise ValueError(f"{name}: classifier must be nn.Linear(d_model={want[0]}, num_labels={want[1]}), "
+                             f"got {got}")
+        self.encoder = encoder
+        self.dropout = nn.Dropout(task.classifier_dropout)
+        self.classifier = classifier
+        self.config = config
+        self.task = task
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions):
+        return self.encoder(input_ids, attention_mask, token_type_ids,
+                            output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
+
+def _class_ids(labels: Tensor, shape: tuple[int, ...], num_labels: int, *, what: str, ignore: bool) -> Tensor:
+    """Checked integer class ids of ``shape`` (values in [0, L), or -100 when ``ignore``) as int64."""
+    if (not isinstance(labels, Tensor) or tuple(labels.shape) != shape or labels.is_floating_point()
+            or labels.is_complex() or labels.dtype == torch.bool):
+        got = f"{labels.dtype} {tuple(labels.shape)}" if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"labels must be an int64 tensor of class ids with shape {what} = {shape}, got {got}")
+    labels = labels.long()
+    real = labels[labels != IGNORE_INDEX] if ignore else labels
+    if real.numel():
+        lo, hi = int(real.min()), int(real.max())
+        if lo < 0 or hi >= num_labels:
+            extra = " (or -100 = ignored)" if ignore else ""
+            raise ValueError(f"labels must be class ids in [0, num_labels={num_labels}){extra}; "
+                             f"found values in [{lo}, {hi}]")
+    return labels
+
+
+class SequenceClassifier(TaskModel):
+    """One prediction per sequence: pooling, dropout, ``nn.Linear(C, L)`` (also regression, L = 1).
+
+    Pooling ``"pooler"`` needs an encoder with a pooler (``ModelConfig(pooler=True)``).
+    """
+
+    _tasks = _SEQUENCE_TASKS
+
+    def __init__(self, encoder: Encoder, task: TaskConfig, classifier: nn.Linear, *, config: ModelConfig):
+        super().__init__(encoder, task, classifier, config=config)
+        if task.pooling == "pooler" and encoder.pooler is None:
+            raise ValueError("pooling='pooler' needs an encoder with a pooler (ModelConfig(pooler=True)); "
+                             "build the model with build_task_model or attach_task_head, or choose pooling "
+                             "'cls' or 'mean'")
+
+    def _pool(self, h: Tensor, pooled: Tensor | None, attention_mask: Tensor | None) -> Tensor:
+        """``(B,T,C)`` → ``(B,C)`` by :attr:`task`'s pooling."""
+        if self.task.pooling == "pooler":
+            return pooled  # (B,C), the encoder's pooler output
+        if self.task.pooling == "cls":
+            return h[:, 0]  # (B,T,C) -> (B,C)
+        if attention_mask is None:
+            return h.mean(dim=1)  # (B,T,C) -> (B,C)
+        real = (attention_mask != 0).to(h.dtype)[..., None]  # (B,T) -> (B,T,1)
+        return (h * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)  # (B,T,C) -> (B,C), / (B,1)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> TaskOutput:
+        """Classify (or score) each sequence.
+
+        Args:
+            input_ids: ``(B,T)`` token ids.
+            attention_mask: ``(B,T)``, 1/True = real token.
+            token_type_ids: ``(B,T)`` segment ids.
+            labels: ``(B,)`` int64 class ids in ``[0, L)``; regression: ``(B,)`` float targets.
+            output_hidden_states: also return every hidden state.
+            output_attentions: also return every layer's attention weights.
+
+        Returns:
+            :class:`TaskOutput` with ``(B,L)`` logits (``(B,1)`` for regression).
+
+        Raises:
+            ValueError: labels of the wrong shape, dtype or range (the message names the expected).
+        """
+        enc = self._encode(input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        h = enc.last_hidden_state  # (B,T,C)
+        pooled = self._pool(h, enc.pooler_output, attention_mask)  # (B,C)
+        logits = self.classifier(self.dropout(pooled))  # (B,C) -> (B,L)
+        loss = None
+        if labels is not None:
+            B = input_ids.shape[0]
+            if self.task.task == "regression":
+                if not isinstance(labels, Tensor) or tuple(labels.shape) != (B,) or not labels.is_floating_point():
+                    got = (f"{labels.dtype} {tuple(labels.shape)}" if isinstance(labels, Tensor)
+                           else type(labels).__name__)
+                    raise ValueError(f"labels must be a float tensor of targets with shape (B,) = ({B},), got {got}")
+                loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))  # (B,1) -> (B,) vs (B,)
+            else:
+                ids = _class_ids(labels, (B,), self.task.num_labels, what="(B,)", ignore=False)
+                loss = F.cross_entropy(logits, ids)  # (B,L) vs (B,)
+        return TaskOutput(loss, logits, h, enc.hidden_states, enc.attentions)
+
+
+class TokenClassifier(TaskModel):
+    """One prediction per token: dropout, ``nn.Linear(C, L)`` at every position."""
+
+    _tasks = ("token-classification",)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> TaskOutput:
+        """Classify each token.
+
+        Args:
+            input_ids: ``(B,T)`` token ids.
+            attention_mask: ``(B,T)``, 1/True = real token.
+            token_type_ids: ``(B,T)`` segment ids.
+            labels: ``(B,T)`` int64 class ids in ``[0, L)``, -100 where not scored (padding,
+                sub-word continuations, special tokens).
+            output_hidden_states: also return every hidden state.
+            output_attentions: also return every layer's attention weights.
+
+        Returns:
+            :class:`TaskOutput` with ``(B,T,L)`` logits.
+
+        Raises:
+            ValueError: labels of the wrong shape, dtype or range (the message names the expected).
+        """
+        enc = self._encode(input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        h = enc.last_hidden_state  # (B,T,C)
+        logits = self.classifier(self.dropout(h))  # (B,T,C) -> (B,T,L)
+        loss = None
+        if labels is not None:
+            ids = _class_ids(labels, tuple(input_ids.shape), self.task.num_labels, what="(B, T)", ignore=True)
+            L = logits.shape[-1]
+            loss = F.cross_entropy(logits.reshape(-1, L), ids.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)  # (B·T,L) vs (B·T,)
+        return TaskOutput(loss, logits, h, enc.hidden_states, enc.attentions)
