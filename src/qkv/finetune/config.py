@@ -41,7 +41,8 @@ class FinetuneConfig:
         tokens_field, tags_field: fields of the word list and tag list (token tasks, JSONL).
         labels: the label set in id order (default: the sorted labels of the training data, or the
             starting model's head labels).
-        max_len: tokens per window, ``[CLS]``/``[SEP]`` included.
+        max_len: tokens per window, ``[CLS]``/``[SEP]`` included (default 128, or less where the model's
+            position table — or the block length it was pretrained with — is shorter).
         stride: content tokens between window starts of a long document (default ¾ of a window).
         truncate: keep only the first window of a long document instead of all its windows
             (counted and reported; never silent).
@@ -78,7 +79,7 @@ class FinetuneConfig:
     tokens_field: str = "tokens"
     tags_field: str = "tags"
     labels: tuple[str, ...] | None = None
-    max_len: int = 128
+    max_len: int | None = None
     stride: int | None = None
     truncate: bool = False
     pooling: str = "pooler"
@@ -139,9 +140,9 @@ class FinetuneConfig:
                 _positive_int(name, getattr(self, name))
         if self.warmup_steps is not None and (not isinstance(self.warmup_steps, int) or self.warmup_steps < 0):
             raise ValueError(f"warmup_steps={self.warmup_steps!r} must be an int ≥ 0")
-        if not isinstance(self.max_len, int) or self.max_len < 3:
+        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 3):
             raise ValueError(f"max_len={self.max_len!r} must be an int ≥ 3")
-        if self.stride is not None and self.stride > self.max_len - 2:
+        if self.stride is not None and self.max_len is not None and self.stride > self.max_len - 2:
             raise ValueError(f"stride={self.stride} must be ≤ max_len − 2 = {self.max_len - 2} (the text tokens "
                              "of one window); a larger stride would skip tokens")
         if not (self.epochs > 0 and math.isfinite(self.epochs)):

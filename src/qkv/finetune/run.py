@@ -118,6 +118,22 @@ def _starting_model(cfg: FinetuneConfig):
         raise FinetuneDataError(f"cannot load the model to fine-tune: {e}") from None
 
 
+def _window(cfg: FinetuneConfig, model) -> FinetuneConfig:
+    """``max_len`` made explicit and checked against the model (and stride against it)."""
+    from qkv.embeddings.embedder import folder_defaults
+
+    limit = model.config.max_len
+    if cfg.max_len is None:
+        trained = folder_defaults(cfg.model).get("max_len") if Path(cfg.model).is_dir() else None
+        cfg = cfg.replace(max_len=min(128, limit, trained or limit))
+    if cfg.max_len > limit:
+        raise FinetuneDataError(f"max_len={cfg.max_len} exceeds the model's window ({limit}); use "
+                                f"--max-len {limit} or less")
+    if cfg.stride is not None and cfg.stride > cfg.max_len - 2:
+        raise FinetuneDataError(f"stride={cfg.stride} must be ≤ max_len − 2 = {cfg.max_len - 2}")
+    return cfg
+
+
 def _resolve(cfg: FinetuneConfig, per_epoch: int) -> FinetuneConfig:
     """Steps, warm-up and evaluation/checkpoint intervals made explicit (stored in run.json)."""
     steps_per_epoch = max(1, math.ceil(per_epoch / cfg.grad_accum))
@@ -193,8 +209,9 @@ def report_for(task: str, labels, targets, outputs) -> dict:
     return classification_report([int(t) for t in targets], [int(np.argmax(o)) for o in outputs], labels)
 
 
-def finetune(cfg: FinetuneConfig, *, resume: bool = False, clock=time.monotonic) -> FinetuneResult:
-    """Fine-tune as ``cfg`` says (see the module docstring); ``resume`` continues the run in ``cfg.out``."""
+def finetune(cfg: FinetuneConfig, *, resume: bool = False, clock=time.monotonic, on_backward=None) -> FinetuneResult:
+    """Fine-tune as ``cfg`` says (see the module docstring); ``resume`` continues the run in ``cfg.out``.
+    ``clock`` and ``on_backward``: as in :func:`qkv.training.engine.run_training` (for tests)."""
     info = qdist.setup(cfg.device)
     out = Path(cfg.out)
     try:
@@ -208,7 +225,7 @@ def finetune(cfg: FinetuneConfig, *, resume: bool = False, clock=time.monotonic)
         precision, note = resolve_precision(cfg.precision, info.device)
         if note and info.is_main:
             print(f"qkv finetune: {note}", flush=True)
-        return _run(cfg, resume, info, out, precision, clock)
+        return _run(cfg, resume, info, out, precision, clock, on_backward)
     finally:
         if info.is_main:
             release(out)
@@ -219,14 +236,14 @@ def _finished(out: Path, cfg: FinetuneConfig) -> FinetuneResult | None:
     meta = read_run(out)
     stored = FinetuneConfig.from_dict({**meta["train_config"], "out": cfg.out})
     resolved = cfg.replace(**{k: getattr(stored, k) if getattr(cfg, k) is None else getattr(cfg, k)
-                              for k in ("steps", "warmup_steps", "eval_every", "save_every")})
+                              for k in ("steps", "warmup_steps", "eval_every", "save_every", "max_len")})
     if finished_result(out, resolved) is None or not (out / "report.json").is_file():
         return None
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     return FinetuneResult(out, int(meta.get("steps_done", 0)), "complete", report)
 
 
-def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clock) -> FinetuneResult:
+def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clock, on_backward) -> FinetuneResult:
     from qkv.embeddings.windows import TokenizerView
     from qkv.models.builders import attach_task_head
     from qkv.models.heads import TaskConfig
@@ -239,9 +256,7 @@ def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clo
     else:
         same = head is not None and head.task == cfg.task and not cfg.reset_head
         labels, kind = label_set(train, held, cfg.task, given=cfg.labels, head=head.labels if same else None)
-    if model.config.max_len < cfg.max_len:
-        raise FinetuneDataError(f"max_len={cfg.max_len} exceeds the model's window ({model.config.max_len}); use "
-                                f"--max-len {model.config.max_len} or less")
+    cfg = _window(cfg, model)
     task = TaskConfig(task=cfg.task, labels=tuple(labels), pooling=cfg.pooling,
                       classifier_dropout=cfg.classifier_dropout)
     tokenizer = getattr(model, "tokenizer", None)
@@ -284,7 +299,8 @@ def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clo
                               batch_size=cfg.eval_batch_size, sample=sample, held_targets=held_t)
     t0 = time.perf_counter()
     result = run_training(cfg, objective, model=model, info=info, out=out, precision=precision, resume=resume,
-                          title=f"{cfg.task} on {', '.join(cfg.train)}", clock=clock, resume_eval=resume_eval)
+                          title=f"{cfg.task} on {', '.join(cfg.train)}", clock=clock, resume_eval=resume_eval,
+                          on_backward=on_backward)
     train_s = time.perf_counter() - t0
     if result.status != "complete" or not info.is_main:
         return FinetuneResult(out, result.steps_done, result.status, None)

@@ -1,0 +1,188 @@
+"""End to end: qkv finetune / qkv predict on synthetic tasks with a tiny model (seconds each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import write_jsonl
+from qkv.cli import main
+from qkv.finetune import FinetuneConfig, FinetuneDataError, finetune
+
+FAST = dict(batch_size=16, lr=3e-3, warmup_steps=5, progress=False, eval_sample=60, baselines=())
+
+
+def _cfg(model, train, out, task="sequence-classification", **kw):
+    return FinetuneConfig.from_dict({"model": str(model), "task": task, "train": [str(t) for t in train],
+                                     "out": str(out), **FAST, **kw})
+
+
+def test_token_classification_learns_a_synthetic_tagging_task_and_conll_round_trips(tiny_bert, conll_files, tmp_path,
+                                                                                      capsys):
+    train, held = conll_files
+    out = tmp_path / "ner"
+    rc = main(["finetune", str(tiny_bert), "--task", "token-classification", "--train", str(train), "--eval",
+               str(held), "--out", str(out), "--epochs", "8", "--batch-size", "16", "--lr", "3e-3",
+               "--no-progress", "--baselines", "word-tag"])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["fine_tuned"]["token_accuracy"] >= 0.99, report["fine_tuned"]
+    assert report["fine_tuned"]["entity_f1"] >= 0.97
+    assert "most frequent tag per word" in report["baselines"]
+    assert "entity" in capsys.readouterr().out.lower()
+    pred = tmp_path / "pred.jsonl"
+    assert main(["predict", str(out), str(held), "--out", str(pred), "--no-progress"]) == 0
+    rows = [json.loads(line) for line in pred.read_text().splitlines()]
+    from qkv.finetune.examples import read_examples
+
+    gold = read_examples(held, "token-classification")
+    assert [r["tokens"] for r in rows] == gold.inputs
+    tags = [t for r in rows for t in r["tags"]]
+    truth = [t for s in gold.targets for t in s]
+    assert np.mean([a == b for a, b in zip(tags, truth)]) >= 0.99
+
+
+def test_sequence_classification_report_files_and_int_labels(tiny_bert, tmp_path):
+    import random
+
+    from conftest import TOPIC, topic_text
+
+    rng = random.Random(4)
+    names = list(TOPIC)
+    rows = [{"text": topic_text(rng, names[k]), "label": 10 * k + 3} for _ in range(80) for k in range(3)]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    res = finetune(_cfg(tiny_bert, [train], tmp_path / "run", epochs=6, lr=1e-2, baselines=("tfidf", "frozen")))
+    rep = res.report["fine_tuned"]
+    assert res.status == "complete" and rep["accuracy"] >= 0.95, rep
+    assert set(res.report["baselines"]) == {"TF-IDF + logistic regression",
+                                            "frozen mean-pooled vectors + logistic regression"}
+    for name in ("report.json", "report.md", "confusion.png", "eval_predictions.jsonl", "curve.png", "qkv.json"):
+        assert (tmp_path / "run" / name).is_file(), name
+    assert (tmp_path / "run" / "confusion.png").read_bytes()[:4] == b"\x89PNG"
+    first = json.loads((tmp_path / "run" / "eval_predictions.jsonl").read_text().splitlines()[0])
+    assert isinstance(first["label"], int) and isinstance(first["predicted"], int)
+    texts = tmp_path / "new.txt"
+    texts.write_text("the bank price market loan\nthe goal match team\n")
+    assert main(["predict", str(tmp_path / "run"), str(texts), "--out", str(tmp_path / "p.jsonl"),
+                 "--no-progress"]) == 0
+    pred = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [p["label"] for p in pred] == [13, 3]
+    assert abs(sum(pred[0]["probabilities"].values()) - 1) < 1e-4
+    import qkv
+
+    model = qkv.load(tmp_path / "run")
+    assert type(model).__name__ == "SequenceClassifier" and model.task.labels == ("3", "13", "23")
+
+
+def test_regression_learns_a_count(tiny_bert, tmp_path):
+    import random
+
+    rng = random.Random(6)
+    rows = []
+    for _ in range(300):
+        n = rng.randint(0, 4)
+        words = [rng.choice(["the", "met", "in", "paris", "walked"]) for _ in range(8)] + ["goal"] * n
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "label": float(n)})
+    data = write_jsonl(tmp_path / "r.jsonl", rows)
+    res = finetune(_cfg(tiny_bert, [data], tmp_path / "reg", task="regression", epochs=10, pooling="mean",
+                        baselines=("tfidf",)))
+    rep = res.report["fine_tuned"]
+    assert rep["pearson"] > 0.9 and rep["rmse"] < 0.6, rep
+    assert "TF-IDF + ridge" in res.report["baselines"]
+
+
+def test_interrupted_run_resumes_bit_identically(tiny_bert, topic_files, tmp_path):
+    train, held = topic_files
+    kw = dict(eval=[str(held)], steps=12, save_every=4, eval_every=6)
+    whole = finetune(_cfg(tiny_bert, [train], tmp_path / "whole", **kw))
+
+    def stop_at_7(step, model):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    cfg = _cfg(tiny_bert, [train], tmp_path / "part", **kw)
+    first = finetune(cfg, on_backward=stop_at_7)
+    assert first.status == "interrupted" and first.steps_done == 7
+    second = finetune(cfg, resume=True)
+    assert second.status == "complete" and second.steps_done == 12
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "part" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert second.report["fine_tuned"] == whole.report["fine_tuned"]
+    again = finetune(cfg, resume=True)  # a complete run stays complete
+    assert again.report == second.report
+
+
+def test_fine_tuned_model_exports_to_hugging_face_with_equal_logits(tiny_bert, topic_files, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    train, held = topic_files
+    finetune(_cfg(tiny_bert, [train], tmp_path / "run", eval=[str(held)], steps=10))
+    assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    import qkv
+
+    ours = qkv.load(tmp_path / "run")
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(5, ours.config.vocab_size, (3, 11))
+    mask = torch.ones(3, 11, dtype=torch.long)
+    mask[1, 7:] = 0
+    with torch.no_grad():
+        diff = (ours(ids, mask).logits - theirs(input_ids=ids, attention_mask=mask).logits).abs().max()
+    assert diff < 1e-5
+    assert theirs.config.id2label == {0: "food", 1: "money", 2: "sport"}
+
+
+@pytest.mark.parametrize("case", ["unknown-eval-label", "empty", "no-label-column", "head-mismatch", "window"])
+def test_bad_input_fails_before_training_and_writes_nothing(tiny_bert, topic_files, tmp_path, case, capsys):
+    train, held = topic_files
+    out = tmp_path / "run"
+    args = ["finetune", str(tiny_bert), "--task", "sequence-classification", "--train", str(train), "--out",
+            str(out), "--no-progress", "--steps", "2", "--baselines", "none"]
+    if case == "unknown-eval-label":
+        bad = write_jsonl(tmp_path / "ev.jsonl", [{"text": "x", "label": "weather"}])
+        args += ["--eval", str(bad)]
+        needle = "held-out label 'weather'"
+    elif case == "empty":
+        (tmp_path / "empty.jsonl").write_text("\n")
+        args += ["--eval", str(tmp_path / "empty.jsonl")]
+        needle = "no examples"
+    elif case == "no-label-column":
+        (tmp_path / "x.csv").write_text("text,topic\nhello,a\n")
+        args[4] = str(tmp_path / "x.csv")
+        needle = "no field/column 'label'"
+    elif case == "window":
+        args += ["--max-len", "200"]
+        needle = "exceeds the model's window"
+    else:
+        finetune(_cfg(tiny_bert, [train], tmp_path / "first", eval=[str(held)], steps=2))
+        four = write_jsonl(tmp_path / "four.jsonl", [{"text": "a b", "label": lab} for lab in "wxyz"])
+        args[2], args[6], args[4] = str(tmp_path / "first"), str(out), str(four)
+        needle = "--reset-head"
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+    assert not out.exists()
+    if case == "head-mismatch":  # replacing the head is allowed when asked for
+        assert main(args + ["--reset-head"]) == 0
+
+
+def test_config_is_validated():
+    base = dict(model="m", task="sequence-classification", train=["a.jsonl"], out="o")
+    for bad, needle in [({"task": "qa"}, "task='qa'"), ({"pooling": "max"}, "pooling"), ({"steps": 0}, "steps"),
+                        ({"steps": 3, "time_budget": 1.0}, "both set"), ({"stride": 500}, "stride"),
+                        ({"baselines": ["bm25"]}, "unknown baseline"), ({"labels": ["a", "a"]}, "distinct"),
+                        ({"threads": "adaptive"}, "time_budget"), ({"lr": "big"}, "lr")]:
+        with pytest.raises(ValueError, match=needle):
+            FinetuneConfig.from_dict({**base, **bad})
+    with pytest.raises(ValueError, match="unknown FinetuneConfig field"):
+        FinetuneConfig.from_dict({**base, "epoch": 3})
+    cfg = FinetuneConfig.from_dict(base)
+    assert FinetuneConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(FinetuneDataError, match="not a folder"):
+        finetune(cfg.replace(out="/tmp/qkv-never-written", train=("dataset:reuters8",)))
