@@ -170,6 +170,28 @@ def test_real_minilm_matches_transformers():
     torch.testing.assert_close(a.last_hidden_state * real, b.last_hidden_state * real, atol=1e-5, rtol=0)
 
 
+def _minilm_batch(tokenizer):
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    enc = tokenizer.encode_batch(SENTENCES)
+    return torch.tensor([e.ids for e in enc]), torch.tensor([e.attention_mask for e in enc])
+
+
+def test_real_minilm_pooler_is_kept_and_exported(tmp_path):
+    folder = _minilm_folder()
+    ours = qkv.load(folder)
+    assert ours.config.pooler and ours.pooler is not None
+    out = qkv.export_hf(ours, tmp_path / "minilm")
+    ids, mask = _minilm_batch(ours.tokenizer)
+    original = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    exported = transformers.BertModel.from_pretrained(out, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = original(ids, attention_mask=mask).pooler_output
+        again = exported(ids, attention_mask=mask).pooler_output
+        mine = ours(ids, mask).pooler_output
+    assert float((want - again).abs().max()) < 1e-5, "the re-exported pooler is the original one"
+    torch.testing.assert_close(mine, want, atol=1e-5, rtol=0)
+
+
 # ---------------------------------------------------------------- bad input
 
 def _rewrite_weights(folder, change):
