@@ -238,6 +238,9 @@ def test_attach_to_a_masked_lm_drops_its_head():
     assert isinstance(model, TokenClassifier) and model.training and not hasattr(model, "tokenizer")
     assert not any(k.startswith("head.") for k in model.state_dict())
     _same_weights(model.encoder, mlm.encoder)  # the pooler it had is kept
+    # the masked-LM objective does not use the pooler: frozen there (DDP), trainable once a head uses it
+    assert not any(p.requires_grad for p in mlm.encoder.pooler.parameters())
+    assert all(p.requires_grad for p in model.parameters())
 
 
 def test_attach_to_an_existing_head():

@@ -88,7 +88,12 @@ def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
 
 
 def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction: bool = True):
-    """The masked-LM model (encoder + head tied to the word embeddings) described by ``config``."""
+    """The masked-LM model (encoder + head tied to the word embeddings) described by ``config``.
+
+    With ``config.pooler`` the encoder carries BERT's pooler so that it round-trips (import,
+    export, a task head later), frozen (``requires_grad=False``): the masked-LM loss does not use
+    it, and a parameter without gradient would stall distributed (DDP) training.
+    """
     from qkv.models.mlm import MaskedLM, MaskedLMHead
 
     encoder = build_encoder(config, init=False)
@@ -102,6 +107,8 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
     model.config = config
     if init:
         init_weights(model, config.initializer_range)
+    if encoder.pooler is not None:
+        encoder.pooler.requires_grad_(False)
     return model
 
 
