@@ -238,9 +238,12 @@ def test_attach_to_a_masked_lm_drops_its_head():
     assert isinstance(model, TokenClassifier) and model.training and not hasattr(model, "tokenizer")
     assert not any(k.startswith("head.") for k in model.state_dict())
     _same_weights(model.encoder, mlm.encoder)  # the pooler it had is kept
-    # the masked-LM objective does not use the pooler: frozen there (DDP), trainable once a head uses it
+    # a pooler nothing uses is frozen (DDP needs every trainable parameter used); trainable once used
     assert not any(p.requires_grad for p in mlm.encoder.pooler.parameters())
-    assert all(p.requires_grad for p in model.parameters())
+    assert not any(p.requires_grad for p in model.encoder.pooler.parameters())
+    assert all(p.requires_grad for n, p in model.named_parameters() if not n.startswith("encoder.pooler."))
+    assert all(p.requires_grad for p in attach_task_head(mlm, SEQ).parameters())
+    assert not attach_task_head(mlm, TaskConfig("regression", pooling="mean")).encoder.pooler.dense.weight.requires_grad
 
 
 def test_attach_to_an_existing_head():

@@ -123,7 +123,9 @@ def build_task_model(config: ModelConfig, task: TaskConfig, *, init: bool = True
     (BERT-initialised unless ``init=False``).
 
     A sequence task that pools with ``"pooler"`` needs the encoder's pooler: the model is built
-    from ``config.replace(pooler=True)``, and its ``.config`` says so.
+    from ``config.replace(pooler=True)``, and its ``.config`` says so. A pooler the task does not
+    use (token classification, pooling ``"cls"`` / ``"mean"``) is kept but frozen
+    (``requires_grad=False``), as in :func:`build_masked_lm`.
     """
     if not isinstance(task, TaskConfig):
         raise ValueError(f"task must be a TaskConfig, got {type(task).__name__}")
@@ -135,6 +137,8 @@ def build_task_model(config: ModelConfig, task: TaskConfig, *, init: bool = True
     model = cls(encoder, task, classifier, config=config)
     if init:
         init_weights(model, config.initializer_range)
+    if encoder.pooler is not None and not (task.is_sequence and task.pooling == "pooler"):
+        encoder.pooler.requires_grad_(False)
     return model
 
 
@@ -159,8 +163,9 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
             ``task``.
 
     Returns:
-        A new model (the input is not changed) with a copy of the encoder's weights, on the
-        input's device and dtype, in its train/eval mode, with its ``tokenizer`` attribute.
+        A new model from :func:`build_task_model` (the input is not changed) with a copy of the
+        encoder's weights, on the input's device and dtype, in its train/eval mode, with its
+        ``tokenizer`` attribute.
         An existing head whose task, labels (and pooling, for sequence tasks) equal ``task``'s is
         kept with its weights.
 
