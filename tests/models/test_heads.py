@@ -200,6 +200,12 @@ def test_qkv_json_kind_must_agree_with_task(tmp_path):
         qkv.load(folder)
 
 
+def test_load_does_not_override_the_pooler(tmp_path):
+    folder = qkv.save(_model(TOK), tmp_path / "m")
+    with pytest.raises(ValueError, match=r"pooler cannot be overridden.*attach_task_head adds one"):
+        qkv.load(folder, pooler=True)
+
+
 # ---------------------------------------------------------------- attach_task_head
 
 def _same_weights(a, b):

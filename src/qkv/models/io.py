@@ -126,7 +126,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         path: the folder.
         **overrides: :class:`ModelConfig` fields to change (e.g. ``attention_dropout=0.0`` for
             fast fine-tuning; BERT checkpoints carry 0.1, which forces the slow attention path
-            while training).
+            while training); not ``pooler``, which the checkpoint decides.
 
     Returns:
         A :class:`qkv.models.heads.SequenceClassifier` (sequence classification, regression) or
@@ -140,6 +140,9 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
             tensors; a head qkv does not support; a config that disagrees with the weights; a
             pickle that would run code.
     """
+    if "pooler" in overrides:
+        raise ValueError("pooler cannot be overridden: it says whether the checkpoint holds a pooler; "
+                         "attach_task_head adds one where a task needs it")
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a folder")
