@@ -96,3 +96,24 @@ def test_init_from_errors_are_clear(tmp_path):
     folder, _ = _hf_folder(tmp_path, masked_lm=False)
     with pytest.raises(ValueError, match="exceeds the model's window"):
         pretrain(TrainConfig(out=str(tmp_path / "run2"), init_from=str(folder), **{**RUN, "max_len": 64}))
+
+
+def test_init_from_a_fine_tuned_classifier_uses_its_encoder(tmp_path):
+    """A BertForSequenceClassification folder: its encoder (and pooler) start the run, the task head is
+    left out, a new masked-LM head is tied to its word embeddings."""
+    from qkv.data.corpus import CorpusOptions, open_corpus
+    from qkv.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(open_corpus(["dataset:pydoc"], CorpusOptions()), vocab_size=300)
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=24, num_hidden_layers=2,
+                                  num_attention_heads=3, intermediate_size=40, max_position_embeddings=40,
+                                  num_labels=3)
+    torch.manual_seed(4)
+    hf = transformers.BertForSequenceClassification(cfg).eval()
+    folder = tmp_path / "hf-cls"
+    hf.save_pretrained(folder)
+    tok.save(folder)
+    run = TrainConfig(out=str(tmp_path / "run"), init_from=str(folder), model={"dropout": 0.0}, **RUN)
+    state = _first_step_state(run)
+    assert torch.equal(state["encoder.embeddings.tokens.weight"], hf.bert.embeddings.word_embeddings.weight.detach())
+    assert not any(k.startswith("classifier") for k in state)
