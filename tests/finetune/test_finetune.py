@@ -187,3 +187,23 @@ def test_config_is_validated():
     assert FinetuneConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(FinetuneDataError, match="not a folder"):
         finetune(cfg.replace(out="/tmp/qkv-never-written", train=("dataset:reuters8",)))
+
+
+def test_a_time_budgeted_run_ends_at_its_deadline_and_resumes_complete(tiny_bert, topic_files, tmp_path):
+    """--time-budget: no step count; 2 s a step against a 1-minute budget is exactly 30 steps."""
+    train, held = topic_files
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self):
+            return self.t
+
+    clock = Clock()
+    cfg = _cfg(tiny_bert, [train], tmp_path / "timed", eval=[str(held)], time_budget=1.0, truncate=True)
+    res = finetune(cfg, clock=clock, on_backward=lambda step, model: setattr(clock, "t", clock.t + 2.0))
+    assert res.status == "complete" and res.steps_done == 30
+    meta = json.loads((tmp_path / "timed" / "run.json").read_text())
+    assert meta["train_config"]["steps"] is None and meta["elapsed_s"] == pytest.approx(60.0)
+    assert "accuracy" in meta["report"]
+    assert finetune(cfg, resume=True).report == res.report

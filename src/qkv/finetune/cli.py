@@ -6,13 +6,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from qkv.training.cli import LOOP_OPTIONS
+
 __all__ = ["add_finetune_parsers", "config_from_args"]
-
-
-def _threads(text: str):
-    from qkv.training.cli import _threads as parse
-
-    return parse(text)
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -23,7 +19,8 @@ def _baselines(text: str) -> tuple[str, ...]:
     return () if text.strip().lower() == "none" else _csv(text)
 
 
-# (flag, field, type, help) — defaults come from FinetuneConfig and are shown in --help
+# (flag, field, type, help) — defaults come from FinetuneConfig and are shown in --help; the loop's
+# options (lr, schedule, time budget, precision, threads, …) are pretraining's
 _OPTIONS = [
     ("--task", "task", str, "sequence-classification, token-classification or regression"),
     ("--eval", "eval", _csv, "held-out data spec(s), comma-separated (default: the named dataset's test split, "
@@ -44,15 +41,8 @@ _OPTIONS = [
     ("--attention-dropout", "attention_dropout", float, "attention dropout (0 keeps the fused attention kernel)"),
     ("--epochs", "epochs", float, "passes over the training windows (not used with --steps/--time-budget)"),
     ("--steps", "steps", int, "optimiser steps (default: from --epochs)"),
-    ("--time-budget", "time_budget", float, "train for this many minutes; the learning rate reaches zero at the "
-     "deadline"),
     ("--batch-size", "batch_size", int, "windows per process per micro-batch"),
-    ("--grad-accum", "grad_accum", int, "micro-batches per optimiser step"),
-    ("--lr", "lr", float, "peak learning rate"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
     ("--warmup-steps", "warmup_steps", int, "linear warm-up steps (default 10 %% of the steps)"),
-    ("--schedule", "schedule", str, "after warm-up: linear, cosine or constant"),
-    ("--clip-norm", "clip_norm", float, "gradient clipping norm"),
     ("--eval-every", "eval_every", int, "steps between held-out evaluations on a sample (default ~4 per run)"),
     ("--save-every", "save_every", int, "steps between checkpoints (default: --eval-every)"),
     ("--eval-sample", "eval_sample", int, "held-out examples scored at the evaluations during training (the final "
@@ -63,11 +53,7 @@ _OPTIONS = [
     ("--baselines", "baselines", _baselines, "comma-separated: tfidf, frozen (sequence tasks), word-tag (token "
      "tasks), or none"),
     ("--seed", "seed", int, "seed of the new head, data order and dropout"),
-    ("--device", "device", str, "auto, cpu or cuda"),
-    ("--precision", "precision", str, "fp32, bf16 or auto (bf16 where the CPU has native bf16)"),
-    ("--threads", "threads", _threads, "intra-op CPU threads: a number, or 'adaptive' (with --time-budget)"),
-    ("--log-every", "log_every", int, "log training metrics every N steps"),
-]
+] + LOOP_OPTIONS
 
 
 def add_finetune_parsers(sub) -> None:

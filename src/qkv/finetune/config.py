@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from qkv.training.config import RESUME_MAY_CHANGE, _check_field_types
+from qkv.training.config import RunConfig, check_field_types
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 
@@ -24,7 +23,7 @@ POOLINGS = ("pooler", "cls", "mean")
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneConfig(RunConfig):
     """Everything a fine-tuning run depends on.
 
     Attributes:
@@ -124,7 +123,7 @@ class FinetuneConfig:
         for name in ("model", "out"):
             if isinstance(getattr(self, name), os.PathLike):
                 object.__setattr__(self, name, str(getattr(self, name)))
-        _check_field_types(self)
+        check_field_types(self)
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r} is not allowed; allowed: {', '.join(TASKS)}")
         if not self.model:
@@ -199,25 +198,12 @@ class FinetuneConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FinetuneConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown FinetuneConfig field(s) {unknown}; allowed: {', '.join(sorted(names))}")
+        cls.check_keys(data)
         missing = [n for n in ("model", "task", "train", "out") if n not in data]
         if missing:
             raise ValueError(f"missing FinetuneConfig field(s): {', '.join(missing)}")
         return cls(**data)
 
-    def replace(self, **changes: Any) -> FinetuneConfig:
-        return dataclasses.replace(self, **changes)
-
-    def diff(self, other: FinetuneConfig, *, ignore: tuple[str, ...] = RESUME_MAY_CHANGE) -> list[str]:
-        """Lines ``field: this → other`` for every field that differs (except ``ignore``)."""
-        a, b = self.to_dict(), other.to_dict()
-        return [f"{k}: {a[k]!r} → {b[k]!r}" for k in a if k not in ignore and a[k] != b[k]]
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
 
 def _positive_int(name: str, v: Any) -> None:

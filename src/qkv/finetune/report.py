@@ -39,6 +39,12 @@ def _baselines(cfg, train, held, train_t, held_t, labels, stride: int) -> dict[s
     return out
 
 
+def _model_name(path: str) -> str:
+    """A folder's name for a title; a generic one (``model``) with its parent's (``pkg/model``)."""
+    p = Path(path).resolve()
+    return f"{p.parent.name}/{p.name}" if p.name in ("model", "hf", "out", "final") else p.name
+
+
 def _format(task: str, report: dict, baselines: dict[str, dict]) -> str:
     from qkv.finetune.metrics import format_classification, format_regression, format_token
 
@@ -88,7 +94,7 @@ def final_report(cfg, objective, model, train, held, train_t, held_t, labels, ki
     text = _format(cfg.task, report, baselines)
     if cfg.task == "sequence-classification":
         plot_confusion(report["confusion"], list(labels), out / "confusion.png",
-                       title=f"{Path(cfg.model).name} fine-tuned on {', '.join(cfg.train)} — held out")
+                       title=f"{_model_name(cfg.model)} fine-tuned on {', '.join(cfg.train)} — held out")
     atomic_write_text(out / "eval_predictions.jsonl", _predictions(cfg.task, held, held_t, ev["outputs"], labels, kind))
     atomic_write_text(out / "report.json", json.dumps(result, indent=1))
     md = [f"# Fine-tuning report: {cfg.task}", "", f"- model: `{cfg.model}`", f"- training data: "

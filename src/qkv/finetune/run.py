@@ -36,13 +36,11 @@ from qkv.finetune.encode import TaskBatches, encode_sequences, encode_tagged
 from qkv.finetune.examples import Examples, FinetuneDataError, label_set, read_examples, split_examples, subsample
 from qkv.finetune.inputs import TokenizerFile
 from qkv.finetune.predict import example_outputs, score
-from qkv.training import distributed as qdist
-from qkv.training.engine import run_training
+from qkv.training.engine import run_session, run_training
 from qkv.training.finalise import finished_result, resume_eval
 from qkv.training.fingerprint import new_run_id
-from qkv.training.lock import acquire, release
 from qkv.training.precision import resolve_precision
-from qkv.training.rundir import RunError, check_out_dir, create_run_dir, read_run, update_run
+from qkv.training.rundir import RunError, create_run_dir, read_run
 
 __all__ = ["finetune", "FinetuneResult"]
 
@@ -137,8 +135,9 @@ def _window(cfg: FinetuneConfig, model) -> FinetuneConfig:
 def _resolve(cfg: FinetuneConfig, per_epoch: int) -> FinetuneConfig:
     """Steps, warm-up and evaluation/checkpoint intervals made explicit (stored in run.json)."""
     steps_per_epoch = max(1, math.ceil(per_epoch / cfg.grad_accum))
-    steps = cfg.steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    span = steps_per_epoch if cfg.time_budget is not None else steps
+    timed = cfg.time_budget is not None  # a timed run stops at its deadline: no step count
+    steps = None if timed else (cfg.steps or max(1, math.ceil(cfg.epochs * steps_per_epoch)))
+    span = steps_per_epoch if timed else steps
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(0.1 * span)
     every = cfg.eval_every or max(1, math.ceil(span / 4))
     return cfg.replace(steps=steps, warmup_steps=warmup, eval_every=every, save_every=cfg.save_every or every)
@@ -212,24 +211,13 @@ def report_for(task: str, labels, targets, outputs) -> dict:
 def finetune(cfg: FinetuneConfig, *, resume: bool = False, clock=time.monotonic, on_backward=None) -> FinetuneResult:
     """Fine-tune as ``cfg`` says (see the module docstring); ``resume`` continues the run in ``cfg.out``.
     ``clock`` and ``on_backward``: as in :func:`qkv.training.engine.run_training` (for tests)."""
-    info = qdist.setup(cfg.device)
-    out = Path(cfg.out)
-    try:
-        if info.is_main:
-            check_out_dir(out, resume=resume)
-            if resume:
-                acquire(out)
-                done = _finished(out, cfg)
-                if done is not None:
-                    return done
+    with run_session(cfg.device, cfg.out, resume=resume) as (info, out):
+        if resume and (done := _finished(out, cfg)) is not None:
+            return done
         precision, note = resolve_precision(cfg.precision, info.device)
         if note and info.is_main:
             print(f"qkv finetune: {note}", flush=True)
         return _run(cfg, resume, info, out, precision, clock, on_backward)
-    finally:
-        if info.is_main:
-            release(out)
-        qdist.teardown()
 
 
 def _finished(out: Path, cfg: FinetuneConfig) -> FinetuneResult | None:

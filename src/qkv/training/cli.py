@@ -6,9 +6,10 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-__all__ = ["add_pretrain_parser", "config_from_args"]
+__all__ = ["add_pretrain_parser", "config_from_args", "LOOP_OPTIONS", "parse_threads"]
 
-def _threads(text: str):
+
+def parse_threads(text: str):
     if text == "adaptive":
         return text
     try:
@@ -18,6 +19,23 @@ def _threads(text: str):
 
 
 _D = None  # marks "not given": every option defaults to None so that --resume can tell what was set
+
+#: The training loop's options, shared with ``qkv finetune`` (flag, field, type, help).
+LOOP_OPTIONS = [
+    ("--time-budget", "time_budget", float, "train for this many minutes instead of --steps; the learning "
+     "rate decays with elapsed time and reaches zero at the deadline"),
+    ("--grad-accum", "grad_accum", int, "micro-batches per optimiser step"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
+    ("--schedule", "schedule", str, "after warm-up: linear, cosine or constant"),
+    ("--clip-norm", "clip_norm", float, "gradient clipping norm"),
+    ("--device", "device", str, "auto, cpu or cuda"),
+    ("--precision", "precision", str, "fp32, bf16 (mixed precision, float32 master weights; fp32 with a "
+     "message where the CPU has no native bf16) or auto (bf16 where native)"),
+    ("--threads", "threads", parse_threads, "intra-op CPU threads: a number, or 'adaptive' (with --time-budget: "
+     "switch between all threads and one by measured step time as the machine's load changes)"),
+    ("--log-every", "log_every", int, "log training metrics every N steps"),
+]
 
 # (flag, field, type, help) — defaults come from TrainConfig and are shown in --help
 _OPTIONS = [
@@ -36,15 +54,8 @@ _OPTIONS = [
     ("--max-doc-bytes", "max_doc_bytes", int, "longest document read in one piece, in UTF-8 bytes"),
     ("--long-docs", "long_docs", str, "a longer document: 'error' or 'split' (plain text, cut at whitespace)"),
     ("--steps", "steps", int, "optimiser steps (not used with --time-budget)"),
-    ("--time-budget", "time_budget", float, "train for this many minutes instead of --steps; the learning "
-     "rate decays with elapsed time and reaches zero at the deadline"),
     ("--batch-size", "batch_size", int, "blocks per process per micro-batch"),
-    ("--grad-accum", "grad_accum", int, "micro-batches per optimiser step"),
-    ("--lr", "lr", float, "peak learning rate"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
     ("--warmup-steps", "warmup_steps", int, "linear warm-up steps"),
-    ("--schedule", "schedule", str, "after warm-up: linear, cosine or constant"),
-    ("--clip-norm", "clip_norm", float, "gradient clipping norm"),
     ("--position-lr-scale", "position_lr_scale", float, "learning-rate multiplier of learned position-bias "
      "tables (relative, relative-alibi, t5; no weight decay then)"),
     ("--select-rate", "select_rate", float, "share of tokens selected for prediction"),
@@ -55,15 +66,9 @@ _OPTIONS = [
     ("--eval-batch-size", "eval_batch_size", int, "held-out batch size"),
     ("--save-every", "save_every", int, "checkpoint every N steps (and at the end)"),
     ("--seed", "seed", int, "seed of weights, data order, masks and dropout"),
-    ("--device", "device", str, "auto, cpu or cuda"),
-    ("--precision", "precision", str, "fp32, bf16 (mixed precision, float32 master weights; fp32 with a "
-     "message where the CPU has no native bf16) or auto (bf16 where native)"),
-    ("--threads", "threads", _threads, "intra-op CPU threads: a number, or 'adaptive' (with --time-budget: "
-     "switch between all threads and one by measured step time as the machine's load changes)"),
     ("--init-from", "init_from", str, "start from this model folder (a qkv run or model, or a Hugging Face "
      "BERT folder) and its tokenizer instead of a new model"),
-    ("--log-every", "log_every", int, "log training metrics every N steps"),
-]
+] + LOOP_OPTIONS
 
 
 def add_pretrain_parser(sub) -> None:

@@ -12,14 +12,41 @@ from typing import Any
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 
-__all__ = ["TrainConfig", "RESUME_MAY_CHANGE", "read_config_file", "parse_json_object"]
+__all__ = ["RunConfig", "TrainConfig", "RESUME_MAY_CHANGE", "read_config_file", "parse_json_object",
+           "check_field_types"]
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
 RESUME_MAY_CHANGE = ("device", "progress", "log_every", "threads")
 
 
+class RunConfig:
+    """What the run configurations (:class:`TrainConfig`, ``qkv.finetune.FinetuneConfig``) share:
+    copies with changes, the field-by-field difference ``--resume`` checks, JSON, and the check of a
+    dict's keys. Subclasses are frozen dataclasses with ``to_dict``."""
+
+    def replace(self, **changes: Any):
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def diff(self, other, *, ignore: tuple[str, ...] = RESUME_MAY_CHANGE) -> list[str]:
+        """Lines ``field: this → other`` for every field that differs (except ``ignore``)."""
+        a, b = self.to_dict(), other.to_dict()
+        return [f"{k}: {a[k]!r} → {b[k]!r}" for k in a if k not in ignore and a[k] != b[k]]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def check_keys(cls, data: dict[str, Any]) -> None:
+        """``ValueError`` naming the unknown keys of ``data`` and the allowed ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; allowed: {', '.join(sorted(names))}")
+
+
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(RunConfig):
     """Everything a masked-LM pretraining run depends on.
 
     Attributes:
@@ -106,7 +133,7 @@ class TrainConfig:
     log_every: int = 10
 
     def __post_init__(self) -> None:
-        _check_field_types(self)
+        check_field_types(self)
         if isinstance(self.corpus, str):
             object.__setattr__(self, "corpus", (self.corpus,))
         object.__setattr__(self, "corpus", tuple(str(c) for c in self.corpus))
@@ -167,10 +194,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {unknown}; allowed: {', '.join(sorted(names))}")
+        cls.check_keys(data)
         data = dict(data)
         if "corpus" not in data:
             raise ValueError("corpus is required (a file, a folder or dataset:NAME[:SPLIT])")
@@ -181,23 +205,13 @@ class TrainConfig:
                 data[name] = tuple(data[name])
         return cls(**data)
 
-    def replace(self, **changes: Any) -> TrainConfig:
-        return dataclasses.replace(self, **changes)
-
-    def diff(self, other: TrainConfig, *, ignore: tuple[str, ...] = RESUME_MAY_CHANGE) -> list[str]:
-        """Lines ``field: this → other`` for every field that differs (except ``ignore``)."""
-        a, b = self.to_dict(), other.to_dict()
-        return [f"{k}: {a[k]!r} → {b[k]!r}" for k in a if k not in ignore and a[k] != b[k]]
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
 
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str, os.PathLike),
           "tuple[str, ...]": (tuple, list, str, os.PathLike), "dict[str, Any]": (dict,)}
 
 
-def _check_field_types(cfg) -> None:
+def check_field_types(cfg) -> None:
     """Raise ``ValueError`` naming the field when a value has the wrong JSON type (e.g. a string
     where a number belongs), so that a bad config file is refused with a message, not a crash."""
     for f in dataclasses.fields(cfg):

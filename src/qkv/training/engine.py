@@ -43,7 +43,7 @@ from qkv.training.rundir import read_run, truncate_metrics, update_run
 from qkv.training.stop import StepAbandoned
 from qkv.training.stop import StopFlag as _StopFlag
 
-__all__ = ["Objective", "TrainResult", "TrainingError", "run_training", "seed_for"]
+__all__ = ["Objective", "TrainResult", "TrainingError", "run_training", "run_session", "seed_for"]
 
 
 class TrainingError(QkvError, RuntimeError):
@@ -82,6 +82,28 @@ class Objective(Protocol):
     def evaluate(self, model: torch.nn.Module) -> dict: ...
     def describe(self, ev: dict) -> str: ...
     def save(self, model: torch.nn.Module, out: Path) -> None: ...
+
+
+@contextlib.contextmanager
+def run_session(device: str, out: Path, *, resume: bool):
+    """``(dist info, run folder)`` for one run: processes set up (``torchrun`` or one), the folder
+    checked (a new run needs a free ``out``; ``--resume`` one holding a run, which it locks), and on
+    leaving the lock released and the process group torn down — whatever happened."""
+    from qkv.training.lock import acquire, release
+    from qkv.training.rundir import check_out_dir
+
+    info = qdist.setup(device)
+    out = Path(out)
+    try:
+        if info.is_main:
+            check_out_dir(out, resume=resume)
+            if resume:
+                acquire(out)
+        yield info, out
+    finally:
+        if info.is_main:
+            release(out)
+        qdist.teardown()
 
 
 def seed_for(seed: int, step: int, micro: int, rank: int) -> int:

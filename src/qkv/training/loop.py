@@ -24,14 +24,13 @@ from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
 from qkv.models.builders import build_masked_lm
 from qkv.training import distributed as qdist
 from qkv.training.config import TrainConfig
-from qkv.training.engine import TrainingError, TrainResult, run_training
+from qkv.training.engine import TrainingError, TrainResult, run_session, run_training
 from qkv.training.finalise import finished_result, resume_eval
 from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
 from qkv.training.init_from import load_for_pretraining
-from qkv.training.lock import acquire, release
 from qkv.training.metrics import evaluate
 from qkv.training.precision import resolve_precision
-from qkv.training.rundir import RunError, check_out_dir, create_run_dir, read_run, update_run
+from qkv.training.rundir import RunError, create_run_dir, read_run, update_run
 
 __all__ = ["pretrain", "PretrainResult", "TrainingError", "MaskedLMObjective"]
 
@@ -153,13 +152,7 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
     early gradient norms); it must leave the weights, gradients and training mode as it found them.
     ``clock``: the monotonic time source of a time-budgeted run (tests pass a fake one).
     """
-    info = qdist.setup(cfg.device)
-    out = Path(cfg.out)
-    try:
-        if info.is_main:
-            check_out_dir(out, resume=resume)
-            if resume:
-                acquire(out)
+    with run_session(cfg.device, cfg.out, resume=resume) as (info, out):
         if resume and (done := finished_result(out, cfg)) is not None:
             return done
         if cfg.init_from is not None and not Path(cfg.init_from).is_dir():
@@ -194,10 +187,6 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
                             resume=resume, title=f"{cfg.preset} on {', '.join(cfg.corpus)}", clock=clock,
                             on_backward=on_backward, position_lr_scale=cfg.position_lr_scale,
                             resume_eval=resume_eval)
-    finally:
-        if info.is_main:
-            release(out)
-        qdist.teardown()
 
 
 def read_tokenizer_backend(out: Path):
