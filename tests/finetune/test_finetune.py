@@ -61,6 +61,9 @@ def test_sequence_classification_report_files_and_int_labels(tiny_bert, tmp_path
     assert res.status == "complete" and rep["accuracy"] >= 0.95, rep
     assert set(res.report["baselines"]) == {"TF-IDF + logistic regression",
                                             "frozen mean-pooled vectors + logistic regression"}
+    for b in res.report["baselines"].values():  # compared example by example with the model
+        pr = b["paired"]
+        assert pr["model_only"] + pr["baseline_only"] <= 48 and 0 <= pr["p_value"] <= 1
     for name in ("report.json", "report.md", "confusion.png", "eval_predictions.jsonl", "curve.png", "qkv.json"):
         assert (tmp_path / "run" / name).is_file(), name
     assert (tmp_path / "run" / "confusion.png").read_bytes()[:4] == b"\x89PNG"

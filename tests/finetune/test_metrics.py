@@ -321,3 +321,16 @@ def test_format_regression_with_baseline():
     lines = M.format_regression(rep, baselines={"mean": mean}).splitlines()
     assert lines[0].split() == ["RMSE", "MAE", "Pearson", "Spearman", "n"]
     assert lines[3].split() == ["mean", "0.8165", "0.6667", "-", "-", "3"]
+
+
+def test_paired_comparison_counts_discordant_examples_and_matches_scipy():
+    from scipy.stats import binomtest
+
+    from qkv.finetune.baselines import paired
+
+    y = [0, 1, 2, 0, 1, 2, 0, 1]
+    model = [0, 1, 2, 0, 1, 0, 1, 1]      # wrong at 5, 6
+    baseline = [0, 0, 0, 0, 1, 2, 0, 1]   # wrong at 1, 2
+    pr = paired(y, model, baseline)
+    assert pr["model_only"] == 2 and pr["baseline_only"] == 2 and pr["p_value"] == binomtest(2, 4, 0.5).pvalue
+    assert paired(y, y, y) == {"model_only": 0, "baseline_only": 0, "p_value": 1.0}

@@ -9,7 +9,8 @@
 * ``word-tag`` (token tasks): each word gets the tag it had most often in training (lower-cased),
   an unseen word the most frequent tag overall.
 
-Each returns the metrics report of :mod:`qkv.finetune.metrics` plus ``seconds``.
+Each returns the metrics report of :mod:`qkv.finetune.metrics` plus ``seconds`` (and, for
+classification, the per-example ``predictions``, which :func:`paired` compares with the model's).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["tfidf_baseline", "frozen_baseline", "word_tag_baseline"]
+__all__ = ["tfidf_baseline", "frozen_baseline", "word_tag_baseline", "paired"]
 
 LOGREG_C = 10.0
 
@@ -33,7 +34,8 @@ def _fit_score(x_train, y_train, x_test, y_test, task: str, labels):
         reg = Ridge(alpha=1.0).fit(x_train, np.asarray(y_train, dtype=np.float64))
         return regression_report(list(map(float, y_test)), [float(v) for v in reg.predict(x_test)])
     clf = LogisticRegression(C=LOGREG_C, max_iter=2000).fit(x_train, np.asarray(y_train))
-    return classification_report(list(map(int, y_test)), [int(v) for v in clf.predict(x_test)], labels)
+    pred = [int(v) for v in clf.predict(x_test)]
+    return {**classification_report(list(map(int, y_test)), pred, labels), "predictions": pred}
 
 
 def tfidf_baseline(train_texts, train_y, test_texts, test_y, *, task: str, labels) -> dict:
@@ -76,3 +78,17 @@ def word_tag_baseline(train_words, train_tags, test_words, test_tags) -> dict:
     pred = [[best.get(w.lower(), default) for w in words] for words in test_words]
     report = token_report([list(t) for t in test_tags], pred)
     return {**report, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def paired(y_true, model_pred, baseline_pred) -> dict:
+    """The two classifiers compared example by example on the same test split: how often only the
+    model is right (``model_only``), only the baseline (``baseline_only``), and the exact two-sided
+    McNemar p-value (binomial test of the discordant pairs against 1/2; 1.0 when there are none)."""
+    from scipy.stats import binomtest
+
+    t, a, b = (np.asarray(v) for v in (y_true, model_pred, baseline_pred))
+    model_only = int(((a == t) & (b != t)).sum())
+    baseline_only = int(((a != t) & (b == t)).sum())
+    n = model_only + baseline_only
+    p = float(binomtest(model_only, n, 0.5).pvalue) if n else 1.0
+    return {"model_only": model_only, "baseline_only": baseline_only, "p_value": p}

@@ -91,7 +91,18 @@ def final_report(cfg, objective, model, train, held, train_t, held_t, labels, ki
     result = {"task": cfg.task, "model": cfg.model, "train": list(cfg.train), "held_out_examples": len(held),
               "train_examples": len(train), "train_seconds": round(float(train_seconds), 1),
               "eval_seconds": round(eval_s, 1), "fine_tuned": report, "baselines": baselines, "notes": notes}
+    if cfg.task == "sequence-classification":
+        from qkv.finetune.baselines import paired
+
+        mine = [int(np.argmax(ev["outputs"][e])) for e in range(len(held))]
+        for b in baselines.values():
+            b["paired"] = paired(held_t, mine, b.pop("predictions"))
     text = _format(cfg.task, report, baselines)
+    for name, b in baselines.items():
+        if "paired" in b:
+            pr = b["paired"]
+            text += (f"\nvs {name}: only the model right on {pr['model_only']}, only the baseline on "
+                     f"{pr['baseline_only']} of {len(held)} (exact McNemar p = {pr['p_value']:.3g})")
     if cfg.task == "sequence-classification":
         plot_confusion(report["confusion"], list(labels), out / "confusion.png",
                        title=f"{_model_name(cfg.model)} fine-tuned on {', '.join(cfg.train)} — held out")
