@@ -10,7 +10,6 @@ from typing import Any
 
 from qkv.training.config import RunConfig, check_field_types
 from qkv.training.optim import SCHEDULES
-from qkv.training.precision import PRECISIONS
 
 __all__ = ["FinetuneConfig", "TASKS", "BASELINES", "POOLINGS"]
 
@@ -173,17 +172,7 @@ class FinetuneConfig(RunConfig):
                 raise ValueError(f"labels={list(self.labels)} must be distinct non-empty names")
             if self.task == "regression":
                 raise ValueError("labels are for classification; a regression task has none")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device={self.device!r} is not allowed; allowed: auto, cpu, cuda")
-        if self.threads is not None:
-            t = self.threads
-            if t != "adaptive" and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
-                raise ValueError(f"threads={t!r} must be a number ≥ 1 or 'adaptive'")
-            if t == "adaptive" and self.time_budget is None:
-                raise ValueError("threads='adaptive' needs a time_budget: a step-count run stays "
-                                 "bit-reproducible only with a fixed thread count")
+        self.check_loop_fields()
 
     @property
     def sequence_task(self) -> bool:

@@ -36,6 +36,21 @@ class RunConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    def check_loop_fields(self) -> None:
+        """``ValueError`` for a bad ``precision``, ``device`` or ``threads`` (``adaptive`` needs a
+        ``time_budget``) — the fields of the shared training loop."""
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is not allowed; allowed: auto, cpu, cuda")
+        if self.threads is not None:
+            t = self.threads
+            if t != "adaptive" and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+                raise ValueError(f"threads={t!r} must be a number ≥ 1 or 'adaptive'")
+            if t == "adaptive" and self.time_budget is None:
+                raise ValueError("threads='adaptive' needs a time_budget: a step-count run stays "
+                                 "bit-reproducible only with a fixed thread count")
+
     @classmethod
     def check_keys(cls, data: dict[str, Any]) -> None:
         """``ValueError`` naming the unknown keys of ``data`` and the allowed ones."""
@@ -165,23 +180,13 @@ class TrainConfig(RunConfig):
             tb = self.time_budget
             if not isinstance(tb, (int, float)) or isinstance(tb, bool) or not math.isfinite(tb) or tb <= 0:
                 raise ValueError(f"time_budget={tb!r} must be a positive number of minutes (e.g. 10)")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
-        if self.threads is not None:
-            t = self.threads
-            if t != "adaptive" and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
-                raise ValueError(f"threads={t!r} must be a number ≥ 1 or 'adaptive'")
-            if t == "adaptive" and self.time_budget is None:
-                raise ValueError("threads='adaptive' needs a time_budget: a step-count run stays "
-                                 "bit-reproducible only with a fixed thread count")
+        self.check_loop_fields()
         if self.init_from is not None:
             if not isinstance(self.init_from, str) or not self.init_from:
                 raise ValueError(f"init_from={self.init_from!r} must be the path of a model folder")
             if self.tokenizer is not None:
                 raise ValueError("init_from and tokenizer are both set: a run started from a model uses "
                                  "that model's tokenizer; drop --tokenizer")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device={self.device!r} is not allowed; allowed: auto, cpu, cuda")
         if not isinstance(self.model, dict):
             raise ValueError(f"model overrides must be a dict of ModelConfig fields, got {self.model!r}")
         _check_masking(self)
