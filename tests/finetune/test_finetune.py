@@ -210,3 +210,33 @@ def test_a_time_budgeted_run_ends_at_its_deadline_and_resumes_complete(tiny_bert
     assert meta["train_config"]["steps"] is None and meta["elapsed_s"] == pytest.approx(60.0)
     assert "accuracy" in meta["report"]
     assert finetune(cfg, resume=True).report == res.report
+
+
+def test_torchrun_two_ranks_match_one_process_with_double_batch(tiny_bert, topic_files, tmp_path):
+    """Two processes with batch 4 compute what one process with batch 8 computes (no dropout)."""
+    import random
+    import subprocess
+    import sys
+
+    train, held = topic_files
+    common = ["finetune", str(tiny_bert), "--task", "sequence-classification", "--train", str(train), "--eval",
+              str(held), "--steps", "6", "--eval-every", "3", "--eval-sample", "20", "--log-every", "1", "--lr", "3e-3",
+              "--classifier-dropout", "0", "--baselines", "none", "--no-progress", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = tmp_path / "one"
+    r = subprocess.run([sys.executable, "-m", "qkv", *common, "--out", str(one), "--batch-size", "8"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
+           str(random.randint(20000, 40000)), "-m", "qkv", *common, "--out", str(two), "--batch-size", "4"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    la = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    assert len(la) == len(lb) >= 6
+    for ra, rb in zip(la, lb):
+        for key in ("loss", "eval_loss", "accuracy"):
+            if key in ra:
+                assert abs(ra[key] - rb[key]) < 1e-5, (key, ra, rb)
+    assert (two / "report.json").is_file()
