@@ -240,3 +240,15 @@ def test_torchrun_two_ranks_match_one_process_with_double_batch(tiny_bert, topic
             if key in ra:
                 assert abs(ra[key] - rb[key]) < 1e-5, (key, ra, rb)
     assert (two / "report.json").is_file()
+
+
+def test_a_run_stopped_before_its_report_is_finished_by_resume(tiny_bert, topic_files, tmp_path):
+    train, held = topic_files
+    cfg = _cfg(tiny_bert, [train], tmp_path / "run", eval=[str(held)], steps=4)
+    first = finetune(cfg)
+    for name in ("report.json", "report.md", "eval_predictions.jsonl"):
+        (tmp_path / "run" / name).unlink()  # as if the process died after training
+    again = finetune(cfg, resume=True)
+    assert again.status == "complete" and again.steps_done == 4
+    assert again.report["fine_tuned"] == first.report["fine_tuned"]
+    assert (tmp_path / "run" / "report.md").is_file()
