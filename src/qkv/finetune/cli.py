@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 from qkv.training.cli import LOOP_OPTIONS
 
@@ -110,20 +109,12 @@ def add_finetune_parsers(sub) -> None:
 def config_from_args(args: argparse.Namespace):
     """The run's :class:`FinetuneConfig`: stored (resume) or file config, overlaid with given options."""
     from qkv.finetune.config import FinetuneConfig
-    from qkv.training.config import read_config_file
-    from qkv.training.rundir import read_run
+    from qkv.training.cli import given_options
 
-    base: dict = {}
-    if args.resume:
-        base = read_run(Path(args.out))["train_config"]
-    elif args.config:
-        base = read_config_file(args.config)
-    given = {name: getattr(args, name) for _, name, _, _ in _OPTIONS}
-    given.update(truncate=args.truncate, reset_head=args.reset_head, progress=args.progress)
-    given = {k: v for k, v in given.items() if v is not None}
+    data = given_options(args, _OPTIONS, ("truncate", "reset_head", "progress"))
     if args.train:
-        given["train"] = tuple(args.train)
-    data = {**base, **given, "model": args.model, "out": args.out}
+        data["train"] = tuple(args.train)
+    data.update(model=args.model, out=args.out)
     for name, flag in (("train", "--train"), ("task", "--task")):
         if name not in data:
             raise ValueError(f"{flag} is required")

@@ -36,7 +36,7 @@ from qkv.finetune.encode import TaskBatches, encode_sequences, encode_tagged
 from qkv.finetune.examples import Examples, FinetuneDataError, label_set, read_examples, split_examples, subsample
 from qkv.finetune.inputs import TokenizerFile
 from qkv.finetune.predict import example_outputs, score
-from qkv.training.engine import run_session, run_training
+from qkv.training.engine import run_session, run_training, save_final_model
 from qkv.training.finalise import finished_result, resume_eval
 from qkv.training.fingerprint import new_run_id
 from qkv.training.precision import resolve_precision
@@ -191,10 +191,7 @@ class TaskObjective:
         return f"held-out ({ev['examples']} examples) " + ", ".join(parts)
 
     def save(self, model, out: Path) -> None:
-        from qkv.models.io import save
-        from qkv.training.loop import read_tokenizer_backend
-
-        save(model, out, tokenizer=read_tokenizer_backend(out))
+        save_final_model(model, out)
 
 
 def report_for(task: str, labels, targets, outputs) -> dict:

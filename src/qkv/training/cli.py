@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-__all__ = ["add_pretrain_parser", "config_from_args", "LOOP_OPTIONS", "parse_threads"]
+__all__ = ["add_pretrain_parser", "config_from_args", "given_options", "LOOP_OPTIONS", "parse_threads"]
 
 
 def parse_threads(text: str):
@@ -104,9 +104,11 @@ def add_pretrain_parser(sub) -> None:
     p.set_defaults(func=_run)
 
 
-def config_from_args(args: argparse.Namespace):
-    """The run's :class:`TrainConfig`: stored (resume) or file config, overlaid with given options."""
-    from qkv.training.config import TrainConfig, parse_json_object, read_config_file
+def given_options(args: argparse.Namespace, options, switches: tuple[str, ...] = ()) -> dict:
+    """The run's stored (``--resume``) or ``--config`` fields overlaid with the options given on the
+    command line (``options``: (flag, field, type, help) rows; ``switches``: flag fields) — the
+    shared first half of ``qkv pretrain`` and ``qkv finetune``'s argument handling."""
+    from qkv.training.config import read_config_file
     from qkv.training.rundir import read_run
 
     base: dict = {}
@@ -114,17 +116,23 @@ def config_from_args(args: argparse.Namespace):
         base = read_run(Path(args.out))["train_config"]
     elif args.config:
         base = read_config_file(args.config)
-    given = {name: getattr(args, name) for _, name, _, _ in _OPTIONS}
-    given.update(whole_word=args.whole_word, lowercase=args.lowercase, progress=args.progress,
-                 unigram_bias=args.unigram_bias)
-    given = {k: v for k, v in given.items() if v is not None}
-    if "eval_corpus" in given:
-        given["eval_corpus"] = tuple(s for s in given["eval_corpus"].split(",") if s)
+    given = {name: getattr(args, name) for _, name, _, _ in options}
+    given.update({name: getattr(args, name) for name in switches})
+    return {**base, **{k: v for k, v in given.items() if v is not None}}
+
+
+def config_from_args(args: argparse.Namespace):
+    """The run's :class:`TrainConfig`: stored (resume) or file config, overlaid with given options."""
+    from qkv.training.config import TrainConfig, parse_json_object
+
+    data = given_options(args, _OPTIONS, ("whole_word", "lowercase", "progress", "unigram_bias"))
+    if args.eval_corpus is not None:  # given on the command line: comma-separated
+        data["eval_corpus"] = tuple(s for s in args.eval_corpus.split(",") if s)
     if args.corpus:
-        given["corpus"] = tuple(args.corpus)
+        data["corpus"] = tuple(args.corpus)
     if args.model:
-        given["model"] = parse_json_object(args.model, "--model")
-    data = {**base, **given, "out": args.out}
+        data["model"] = parse_json_object(args.model, "--model")
+    data["out"] = args.out
     if "corpus" not in data:
         raise ValueError("--corpus is required (a file, a folder or dataset:NAME[:SPLIT])")
     return TrainConfig.from_dict(data)

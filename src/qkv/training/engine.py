@@ -43,7 +43,8 @@ from qkv.training.rundir import read_run, truncate_metrics, update_run
 from qkv.training.stop import StepAbandoned
 from qkv.training.stop import StopFlag as _StopFlag
 
-__all__ = ["Objective", "TrainResult", "TrainingError", "run_training", "run_session", "seed_for"]
+__all__ = ["Objective", "TrainResult", "TrainingError", "run_training", "run_session", "save_final_model",
+           "seed_for"]
 
 
 class TrainingError(QkvError, RuntimeError):
@@ -82,6 +83,16 @@ class Objective(Protocol):
     def evaluate(self, model: torch.nn.Module) -> dict: ...
     def describe(self, ev: dict) -> str: ...
     def save(self, model: torch.nn.Module, out: Path) -> None: ...
+
+
+def save_final_model(model: torch.nn.Module, out: Path) -> None:
+    """Write the trained ``model`` into run folder ``out`` with the run's tokenizer, so that
+    ``qkv.load(out)`` loads it (what an objective's ``save`` usually is)."""
+    from tokenizers import Tokenizer
+
+    from qkv.models.io import save
+
+    save(model, out, tokenizer=Tokenizer.from_file(str(Path(out) / "tokenizer.json")))
 
 
 @contextlib.contextmanager

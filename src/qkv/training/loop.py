@@ -24,7 +24,7 @@ from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
 from qkv.models.builders import build_masked_lm
 from qkv.training import distributed as qdist
 from qkv.training.config import TrainConfig
-from qkv.training.engine import TrainingError, TrainResult, run_session, run_training
+from qkv.training.engine import TrainingError, TrainResult, run_session, run_training, save_final_model
 from qkv.training.finalise import finished_result, resume_eval
 from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
 from qkv.training.init_from import load_for_pretraining
@@ -64,9 +64,7 @@ class MaskedLMObjective:
         return f"held-out loss {ev['eval_loss']:.4f}, accuracy {ev['accuracy']:.4f}"
 
     def save(self, model, out: Path) -> None:
-        from qkv.models.io import save
-
-        save(model, out, tokenizer=read_tokenizer_backend(out))
+        save_final_model(model, out)
 
 
 def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
@@ -187,9 +185,3 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
                             resume=resume, title=f"{cfg.preset} on {', '.join(cfg.corpus)}", clock=clock,
                             on_backward=on_backward, position_lr_scale=cfg.position_lr_scale,
                             resume_eval=resume_eval)
-
-
-def read_tokenizer_backend(out: Path):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(out / "tokenizer.json"))
