@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from qkv.nn.backends.base import AttendCall, Backend, needs_grad, register_backend
+from qkv.nn.backends import AttendCall, Backend, needs_grad, register_backend
 from qkv.nn.stages import AttendOutput, bias_rows, block_mask, staged_attention
 
 __all__ = ["ChunkedBackend", "chunk_length"]

@@ -5,7 +5,7 @@ Legend: B batch, H heads, T query length, S key length.
 
 from __future__ import annotations
 
-from qkv.nn.backends.base import AttendCall, Backend, register_backend
+from qkv.nn.backends import AttendCall, Backend, register_backend
 from qkv.nn.stages import AttendOutput, bias_rows, block_mask, staged_attention
 
 __all__ = ["ExplicitBackend"]

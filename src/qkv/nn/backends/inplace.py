@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.nn.backends.base import AttendCall, Backend, needs_grad, register_backend
+from qkv.nn.backends import AttendCall, Backend, needs_grad, register_backend
 from qkv.nn.stages import AttendOutput, Bias, bias_rows, block_mask
 
 __all__ = ["InplaceBackend", "dot_scores_", "softmax_scores_"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.nn.backends.base import AttendCall, Backend, register_backend
+from qkv.nn.backends import AttendCall, Backend, register_backend
 from qkv.nn.backends.offset_grad import table_grad
 from qkv.nn.offset_bias import OffsetBias
 from qkv.nn.stages import AttendOutput

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from qkv.nn.backends.base import AttendCall, Backend, register_backend
+from qkv.nn.backends import AttendCall, Backend, register_backend
 from qkv.nn.stages import AttendOutput, bias_rows, block_mask
 
 __all__ = ["SdpaBackend"]
