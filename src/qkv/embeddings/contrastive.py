@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,10 +30,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qkv._fs import write_folder
 from qkv.embeddings.embedder import EMBEDDING_JSON, folder_defaults
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
-from qkv.embeddings.streams import make_public_dir
 from qkv.embeddings.windows import TokenizerView, pad_batch
 from qkv.errors import check_device
 
@@ -262,14 +260,6 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
 def _write_model(encoder, tokenizer, out: Path, record: dict) -> None:
     from qkv.models.io import save
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        save(encoder, tmp / "model", tokenizer=tokenizer)
-        (tmp / "model" / EMBEDDING_JSON).write_text(json.dumps(record, indent=2), encoding="utf-8")
-        make_public_dir(tmp / "model")
-        if out.exists():
-            out.rmdir()  # empty (checked before training)
-        os.replace(tmp / "model", out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with write_folder(out, how="new") as tmp:  # an empty folder at out (checked before training) is replaced
+        save(encoder, tmp, tokenizer=tokenizer)
+        (tmp / EMBEDDING_JSON).write_text(json.dumps(record, indent=2), encoding="utf-8")

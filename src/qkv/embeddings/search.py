@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from array import array
 from collections import deque
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from qkv._fs import make_temp_dir
+from qkv._fs import write_folder
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
 
@@ -101,7 +100,7 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
         EmbeddingError: ``out`` exists and is not empty, or the embedder's errors.
     """
     from qkv.embeddings.embedder import Embedder
-    from qkv.embeddings.streams import make_public_dir, open_writer
+    from qkv.embeddings.streams import open_writer
 
     options = as_options(options, default=EmbedOptions(empty="skip"), **changes).replace(normalize=True)
     out = Path(out)
@@ -110,10 +109,7 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
     if not Path(model).is_dir():
         raise EmbeddingError(f"model folder not found: {model}")
     embedder = Embedder(model, options)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(out)
-    make_public_dir(tmp)
-    try:
+    with write_folder(out, how="new") as tmp:  # an empty folder at out (checked) is replaced
         pending: deque[tuple[int, Any, str]] = deque()
 
         def numbered():
@@ -147,11 +143,6 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
                 "empty_skipped": embedder.stats.empty, "long_documents": embedder.stats.long_documents,
                 "truncated": embedder.stats.truncated, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         (tmp / INDEX_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 
