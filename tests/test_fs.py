@@ -9,9 +9,9 @@ import stat
 
 import pytest
 
-from qkv._fs import (atomic_file, atomic_write_bytes, atomic_write_text, clean_stale_temps, clean_stale_temps_in,
-                     make_temp_dir, make_temp_file, publish_dir, publish_file, replace_dir, temp_path,
-                     write_folder)
+from qkv._fs import (atomic_file, atomic_write_bytes, atomic_write_text, clean_stale_temps,
+                     clean_stale_temps_in, make_temp_dir, make_temp_file, publish_dir, publish_file,
+                     replace_dir, temp_path, write_folder)
 
 
 def _host() -> str:

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from qkv.validation import check_choice
+
 __all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_file", "publish_file", "sha256_file",
            "temp_path", "make_temp_dir", "make_temp_file", "clean_stale_temps", "clean_stale_temps_in",
            "pid_alive", "replace_dir", "publish_dir", "write_folder", "check_output_path"]
@@ -270,8 +272,7 @@ def publish_dir(tmp: str | os.PathLike, dest: str | os.PathLike, *, how: str = "
         OSError: the rename failed.
     """
     tmp, dest = Path(tmp), Path(dest)
-    if how not in PUBLISH_HOW:
-        raise ValueError(f"how={how!r} is not allowed; allowed: {', '.join(PUBLISH_HOW)}")
+    check_choice("how", how, PUBLISH_HOW)
     if sync:
         for f in tmp.iterdir():
             if f.is_file():

@@ -33,6 +33,7 @@ import numpy as np
 from qkv._fs import write_folder
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
+from qkv.validation import check_range
 
 __all__ = ["build_index", "search", "load_index_meta", "index_options", "Hit", "INDEX_JSON"]
 
@@ -219,8 +220,7 @@ def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
 
     if isinstance(queries, str):
         queries = [queries]
-    if k < 1:
-        raise EmbeddingError(f"k={k} must be ≥ 1")
+    check_range("k", k, 1, error=EmbeddingError)
     meta = load_index_meta(index)
     model = Path(meta["model"])
     if not model.is_dir():

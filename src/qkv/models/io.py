@@ -41,6 +41,7 @@ from qkv.models import hf
 from qkv.models.builders import build_model, build_task_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
+from qkv.validation import check_choice
 
 __all__ = ["load", "save", "export_hf", "convert", "load_tokenizer", "read_weights", "CheckpointError"]
 
@@ -321,8 +322,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
         dst: the folder to write.
         to: ``"qkv"`` or ``"hf"``; default: the other format than ``src``'s.
     """
-    if to not in (None, "qkv", "hf"):
-        raise ValueError(f"to={to!r} is not allowed; allowed: qkv, hf")
+    check_choice("to", to, ("qkv", "hf"), optional=True)
     if to is None:
         to = "hf" if (Path(src) / QKV_CONFIG).is_file() else "qkv"
     dst_path = Path(dst)
