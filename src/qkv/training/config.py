@@ -8,11 +8,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from qkv.config import ModelConfig
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range, is_int
 
-__all__ = ["RunConfig", "TrainConfig", "RESUME_MAY_CHANGE", "read_config_file", "parse_json_object"]
+__all__ = ["RunConfig", "TrainConfig", "RESUME_MAY_CHANGE", "model_config_for", "read_config_file",
+           "parse_json_object"]
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
 RESUME_MAY_CHANGE = ("device", "progress", "log_every", "threads")
@@ -195,6 +197,32 @@ class TrainConfig(RunConfig):
             elif isinstance(data.get(name), (list, tuple)):
                 data[name] = tuple(data[name])
         return cls(**data)
+
+
+def model_config_for(cfg: TrainConfig, vocab_size: int | None = None, *, hint: str = "") -> ModelConfig:
+    """The ModelConfig a run of ``cfg`` builds from its preset: ``cfg.preset`` with the ``cfg.model``
+    overrides and the tokenizer's vocabulary size (an ``init_from`` run loads its model instead).
+
+    Args:
+        cfg: the run's configuration.
+        vocab_size: the tokenizer's vocabulary size; ``None``: the preset's (or the overrides').
+        hint: appended to the message of a ``max_len`` beyond the position table (how to fix it).
+
+    Raises:
+        ValueError: the overrides name another ``vocab_size`` than the tokenizer's, a field is bad
+            (the message of :class:`~qkv.config.ModelConfig`), or ``cfg.max_len`` exceeds the model's
+            position table.
+    """
+    overrides = dict(cfg.model)
+    if vocab_size is not None:
+        overrides.setdefault("vocab_size", vocab_size)
+        if overrides["vocab_size"] != vocab_size:
+            raise ValueError(f"model vocab_size={overrides['vocab_size']} differs from the tokenizer's "
+                             f"{vocab_size}")
+    mc = ModelConfig.preset(cfg.preset, **overrides)
+    if mc.max_len < cfg.max_len:
+        raise ValueError(f"max_len={cfg.max_len} exceeds the model's position table ({mc.max_len}){hint}")
+    return mc
 
 
 def _check_masking(cfg) -> None:
