@@ -127,7 +127,8 @@ def test_arguments_are_checked(pydoc_tokenizer):
         mask_tokens(torch.zeros(2, 3, dtype=torch.long), sp, 50, MaskingConfig(whole_word=True))
     with pytest.raises(ValueError, match="one generator per row"):
         mask_tokens(torch.zeros(2, 3, dtype=torch.long), sp, 50, generator=position_generators(0, [1]))
-    assert MaskingConfig().keep_rate == pytest.approx(0.1)
+    cfg = MaskingConfig()
+    assert 1 - cfg.mask_rate - cfg.random_rate == pytest.approx(0.1)  # BERT: 10 % of chosen tokens kept
 
 
 def test_fast_enough(blocks, pydoc_tokenizer):

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qkv import reference as ref
+from qkv.models.builders import build_attention
 from qkv.nn.attend import attend
 from qkv.nn.attention import MultiHeadAttention
-from qkv.models.builders import build_attention
 from qkv.nn.masks import causal_mask
 from qkv.nn.similarity import SIMILARITIES, build_similarity
 

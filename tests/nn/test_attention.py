@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from qkv import reference as ref
-from qkv.nn.attention import AttentionOutput, MultiHeadAttention
 from qkv.models.builders import build_attention
+from qkv.nn.attention import AttentionOutput
 from qkv.nn.masks import causal_mask
 
 BUILTIN = ("dot", "scaled_dot", "bilinear", "additive", "cosine")

@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.nn.attention import MultiHeadAttention
 from qkv.models.builders import build_attention
 from qkv.nn.layer import FeedForward, TransformerLayer
 

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from qkv.nn.attention import MultiHeadAttention
 from qkv.models.builders import build_attention
 from qkv.nn.positional import (
     POSITIONS,

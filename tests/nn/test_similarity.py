@@ -15,9 +15,8 @@ from torch import nn
 from torch.autograd import gradcheck
 from torch.func import functional_call
 
-from qkv.nn.attend import attend
-from qkv.nn.attention import MultiHeadAttention
 from qkv.models.builders import build_attention
+from qkv.nn.attend import attend
 from qkv.nn.similarity import SIMILARITIES, build_similarity, register_similarity
 
 BUILTIN = ("dot", "scaled_dot", "bilinear", "additive", "cosine")

@@ -54,10 +54,6 @@ class MaskingConfig:
             raise ValueError(
                 f"mask_rate + random_rate must be ≤ 1, got {self.mask_rate} + {self.random_rate}")
 
-    @property
-    def keep_rate(self) -> float:
-        return 1.0 - self.mask_rate - self.random_rate
-
 
 @functools.lru_cache(maxsize=16)
 def _replacement_ids(vocab_size: int, special: tuple[int, ...]) -> Tensor:

@@ -34,8 +34,9 @@ import torch
 
 from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.options import EMBEDDING_JSON, EMPTY_MODES, EmbedOptions, as_options, folder_defaults
-from qkv.embeddings.pooling import forward_pooled
-from qkv.embeddings.windows import TokenizerView, length_batches, make_windows, pad_batch
+from qkv.embeddings.pooling import forward_pooled_packed
+from qkv.embeddings.windows import TokenizerView, length_batches, make_windows
+from qkv.nn.packed import PackedBatch
 
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
            "folder_defaults", "resolve_model"]
@@ -55,9 +56,6 @@ class EmbedStats:
     empty: int = 0
     window_tokens: int = 0  # tokens of all windows, [CLS]/[SEP] included (no padding)
     padded_tokens: int = 0  # tokens computed, padding included
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
 
 
 def resolve_model(model_or_path, tokenizer=None):
@@ -241,16 +239,14 @@ class Embedder:
         try:
             with torch.inference_mode():
                 for batch in length_batches(lengths, self.batch_size):
-                    ids, mask = pad_batch([wins.ids[i] for i in batch], tok.pad_id)  # (B,T) each
-                    ids_t = torch.from_numpy(ids).to(self.device)
-                    mask_t = torch.from_numpy(mask).to(self.device)
-                    vec = forward_pooled(self.encoder, ids_t, mask_t, self.pooling, self.layers)  # (B,C)
+                    packed = PackedBatch.from_sequences([wins.ids[i] for i in batch], device=self.device)
+                    vec = forward_pooled_packed(self.encoder, packed, self.pooling, self.layers)  # (B,C)
                     idx = torch.from_numpy(batch).to(self.device)
                     w = torch.from_numpy(lengths[batch].astype(np.float32)).to(self.device)  # (B,)
                     docs = owner.index_select(0, idx)  # (B,)
                     total.index_add_(0, docs, vec.float() * w[:, None])  # (N,C) += (B,C)
                     weight.index_add_(0, docs, w)
-                    self.stats.padded_tokens += ids.size
+                    self.stats.padded_tokens += packed.input_ids.numel()  # packed: no padding computed
                     if self._bar is not None:
                         self._bar.update(len(batch))
         finally:

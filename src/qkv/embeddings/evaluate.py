@@ -128,11 +128,6 @@ def load_eval_data(dataset: str, *, max_train: int | None = None, max_test: int 
     return EvalData(name, tr_t, tr_l, te_t, te_l, notes)
 
 
-def _rows(m, i, j):
-    block = m[i:j]
-    return block.toarray() if hasattr(block, "toarray") else np.asarray(block)
-
-
 def _similarity_blocks(queries, keys, block: int = 512):
     """Yield ``(start, (b,N_keys) cosine block)``; rows of both inputs are L2-normalised."""
     for i in range(0, queries.shape[0], block):

@@ -4,6 +4,8 @@ Legend: B windows in a batch, T length, C model width, L selected layers.
 
 Every mode is mask-aware: padding positions never contribute. The ``[CLS]`` and ``[SEP]`` tokens
 are real tokens (as in sentence-transformers' mean pooling, whose numbers ``mean`` reproduces).
+:func:`pool` takes a padded ``(B,T,C)`` batch and its mask, :func:`pool_packed` the ``(N,C)``
+states of a :class:`~qkv.nn.packed.PackedBatch` (no padding; same numbers).
 
 ==============  =====================================================================
 mode            vector of a window with real tokens h_1 … h_n (mask m)
@@ -23,9 +25,11 @@ import torch
 from torch import Tensor
 
 from qkv.embeddings.errors import EmbeddingError
+from qkv.nn.packed import PackedBatch
 from qkv.validation import check_choice
 
-__all__ = ["POOLINGS", "pool", "select_layers", "check_pooling", "normalize_layers"]
+__all__ = ["POOLINGS", "pool", "pool_packed", "select_layers", "check_pooling", "normalize_layers",
+           "forward_pooled", "forward_pooled_packed"]
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 
@@ -108,3 +112,36 @@ def forward_pooled(encoder, input_ids: Tensor, attention_mask: Tensor, pooling: 
         out = encoder(input_ids, attention_mask, output_hidden_states=True)
         hidden = select_layers(out.hidden_states, layers)  # (B,T,C)
     return pool(hidden, attention_mask, pooling)  # (B,C)
+
+
+def pool_packed(hidden: Tensor, batch: PackedBatch, pooling: str) -> Tensor:
+    """Pool the packed token vectors of each sequence: ``(N,C)`` → ``(B,C)``.
+
+    Args:
+        hidden: ``(N,C)`` token vectors of ``batch``'s sequences back to back.
+        batch: the packed batch; every sequence must have at least one token.
+        pooling: one of :data:`POOLINGS`.
+    """
+    check_pooling(pooling)
+    if pooling == "cls":
+        return hidden[batch.starts]  # (N,C) -> (B,C) each sequence's first token
+    seq = batch.sequence_ids()  # (N,)
+    B, C = len(batch.lengths), hidden.shape[1]
+    if pooling == "max":
+        out = hidden.new_full((B, C), torch.finfo(hidden.dtype).min)
+        return out.scatter_reduce_(0, seq[:, None].expand(-1, C), hidden, reduce="amax")  # (B,C)
+    total = hidden.new_zeros(B, C).index_add_(0, seq, hidden)  # (N,C) -> (B,C) per-sequence sums
+    n = torch.tensor(batch.lengths, dtype=hidden.dtype, device=hidden.device).clamp_min(1.0)[:, None]  # (B,1)
+    return total / (n if pooling == "mean" else n.sqrt())
+
+
+def forward_pooled_packed(encoder, batch: PackedBatch, pooling: str, layers: tuple[int, ...]) -> Tensor:
+    """Run ``encoder`` on a packed batch (no padded position computed) and pool: → ``(B,C)``.
+
+    Same numbers as :func:`forward_pooled` on the right-padded batch (up to float rounding).
+    """
+    if layers == (len(encoder.layers),):
+        hidden = encoder.forward_packed(batch).last_hidden_state  # (N,C)
+    else:
+        hidden = select_layers(encoder.forward_packed(batch, output_hidden_states=True).hidden_states, layers)
+    return pool_packed(hidden, batch, pooling)  # (B,C)

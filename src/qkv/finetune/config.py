@@ -161,11 +161,6 @@ class FinetuneConfig(RunConfig):
                 raise ValueError("labels are for classification; a regression task has none")
         self.check_loop_fields()
 
-    @property
-    def sequence_task(self) -> bool:
-        """Whether each example is one text with one target (classification or regression)."""
-        return self.task != "token-classification"
-
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         for name in ("train", "eval", "labels", "baselines"):

@@ -143,7 +143,7 @@ class MultiHeadAttention(nn.Module):
         """Self-attention of packed sequences: no padded position is computed.
 
         The maps run once over all N real tokens; the attention core runs on each sequence on its
-        own, unmasked, sequences of equal length together in one call.
+        own, unmasked; consecutive sequences of equal length go in one call (views, no copies).
 
         Args:
             x: ``(N,C)``, the tokens of several sequences back to back (N = Σ lengths).
@@ -159,11 +159,14 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"lengths sum to {sum(lengths)}, but x has {N} rows")
         pos = None if qk_pos is None else torch.cat([qk_pos[:n] for n in lengths])[None]  # (1,N,C)
         q, k, v = (t[0] for t in self.project(x[None], pos))  # 3 × (H,N,D)
-        o = torch.empty_like(q)  # (H,N,D)
-        for rows in _rows_by_length(lengths, x.device):  # the m sequences of one length n
-            qs, ks, vs = (_gather(t, rows) for t in (q, k, v))  # 3 × (m,H,n,D)
-            _scatter(o, rows, self._attend(qs, ks, vs, None, False, False).output)
-        return AttentionOutput(self._out(o[None])[0])  # (1,H,N,D) -> (1,N,C) -> (N,C)
+        H, D = self.n_heads, self.d_head
+        o = q.new_empty(N, H, D)  # merged-heads layout: o.view(N,C) is the concatenation of the heads
+        for start, m, n in _runs_by_length(lengths):  # m consecutive sequences of length n
+            qs, ks, vs = (_run_view(t, start, m, n) for t in (q, k, v))  # 3 × (m,H,n,D) views
+            out = self._attend(qs, ks, vs, None, False, False).output  # (m,H,n,D)
+            o[start : start + m * n].view(m, n, H, D).copy_(out.transpose(1, 2))  # (m,n,H,D) rows of o
+        merged = o.view(N, H * D)  # (N,H,D) -> (N,C), no copy
+        return AttentionOutput(self.out_proj(merged) if self.out_proj is not None else merged)  # (N,C)
 
     def _check_x(self, x: Tensor, qk_pos: Tensor | None) -> None:
         if not isinstance(x, Tensor) or x.dim() != 3:
@@ -199,29 +202,26 @@ def _check_sizes(d_model: int, n_heads: int, qkv_proj, out_proj) -> None:
             raise ValueError(f"{name} must be an nn.Linear with weight {shape} or None, got {got}")
 
 
-def _rows_by_length(lengths: list[int], device) -> list[slice | Tensor]:
-    """For each distinct length n > 0, the packed rows of its m sequences: a slice when m = 1,
-    else an ``(m,n)`` index tensor."""
-    starts, at = {}, 0
+def _runs_by_length(lengths: list[int]) -> list[tuple[int, int, int]]:
+    """Runs of consecutive sequences of equal length n > 0: ``(first packed row, m sequences, n)``.
+
+    Length-sorted batches give one run per distinct length; each run is a view, never a copy.
+    """
+    runs: list[tuple[int, int, int]] = []
+    at = 0
     for n in lengths:
         if n:
-            starts.setdefault(n, []).append(at)
+            if runs and runs[-1][2] == n and runs[-1][0] + runs[-1][1] * n == at:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
+            else:
+                runs.append((at, 1, n))
         at += n
-    return [slice(s[0], s[0] + n) if len(s) == 1 else
-            torch.tensor(s, device=device)[:, None] + torch.arange(n, device=device)  # (m,1)+(n,) -> (m,n)
-            for n, s in starts.items()]
+    return runs
 
 
-def _gather(t: Tensor, rows: slice | Tensor) -> Tensor:
-    """``(H,N,D)`` → ``(m,H,n,D)``: the rows of m packed sequences of length n (a view when m = 1)."""
-    if isinstance(rows, slice):
-        return t[:, rows][None]  # (H,n,D) -> (1,H,n,D)
-    return t[:, rows].transpose(0, 1)  # (H,m,n,D) -> (m,H,n,D)
-
-
-def _scatter(o: Tensor, rows: slice | Tensor, out: Tensor) -> None:
-    """Write ``out (m,H,n,D)`` into the packed rows of ``o (H,N,D)``."""
-    o[:, rows] = out[0] if isinstance(rows, slice) else out.transpose(0, 1)  # (m,H,n,D) -> (H,m,n,D)
+def _run_view(t: Tensor, start: int, m: int, n: int) -> Tensor:
+    """``(H,N,D)`` → the ``(m,H,n,D)`` view of m consecutive packed sequences of length n."""
+    return t[:, start : start + m * n].unflatten(1, (m, n)).transpose(0, 1)  # (H,m·n,D) -> (H,m,n,D) -> (m,H,n,D)
 
 
 def _cat_last(a: Tensor, b: Tensor) -> Tensor:

@@ -80,9 +80,6 @@ class BudgetClock:
         """Share of the budget spent (may exceed 1 after the deadline)."""
         return self.elapsed_s / self.budget_s
 
-    def expired(self) -> bool:
-        return self.elapsed_s >= self.budget_s
-
 
 class TimedScheduler:
     """The learning rate of a time-budgeted run (:func:`timed_lr_factor`),

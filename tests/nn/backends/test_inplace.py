@@ -23,15 +23,14 @@ import torch
 from torch import nn
 
 from qkv import reference as ref
+from qkv.models.builders import build_attention
 from qkv.nn.backends import inplace
 from qkv.nn.backends.inplace import dot_scores_, softmax_scores_
-from qkv.nn.stages import masked_softmax
-from qkv.nn.attention import MultiHeadAttention
-from qkv.models.builders import build_attention
-from qkv.nn.offset_bias import OffsetBias
 from qkv.nn.masks import causal_mask
+from qkv.nn.offset_bias import OffsetBias
 from qkv.nn.positional import ALiBiBias, RelativePositionBias, RotaryEmbedding
 from qkv.nn.similarity import build_similarity
+from qkv.nn.stages import masked_softmax
 
 DOT_FAMILY = ("dot", "scaled_dot", "bilinear", "cosine")
 B, T, C, NH = 5, 7, 24, 3  # distinct sizes; head dim 8
