@@ -12,9 +12,14 @@ import pytest
 from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts
 
 from qkv.analysis import AnalysisInputError, inspect_text, write_inspection
-from qkv.analysis.viewer_html import dequantize_attention, quantize_attention
+from qkv.analysis.viewer_html import quantize_attention
 
 MIN_WEIGHT = 0.02  # the viewer's default line threshold
+
+
+def dequantize_attention(q: np.ndarray) -> np.ndarray:
+    """What the viewer's JavaScript computes from :func:`quantize_attention`'s output."""
+    return q.astype(np.float64) / 65535
 
 
 @pytest.fixture(scope="module")

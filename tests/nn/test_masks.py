@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.nn.masks import causal_mask, check_mask, combine_masks, key_padding_mask
+from qkv.nn.masks import causal_mask, check_mask, key_padding_mask
 
 B, H, T, S = 5, 3, 7, 4
 
@@ -49,17 +49,6 @@ def test_causal_mask_aligned_at_the_end(t, s):
 
 def test_causal_mask_square_default():
     assert torch.equal(causal_mask(T), torch.ones(T, T, dtype=torch.bool).tril())
-
-
-def test_combine_masks():
-    assert combine_masks() is None
-    assert combine_masks(None, None) is None
-    a = torch.rand(B, 1, 1, S) > 0.3
-    assert combine_masks(None, a) is a
-    c = causal_mask(T, S)
-    both = combine_masks(a, None, c)
-    assert both.shape == (B, 1, T, S)
-    assert torch.equal(both, a.expand(B, 1, T, S) & c.expand(B, 1, T, S))
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ Legend: L layers, H heads, T tokens.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,7 +23,6 @@ __all__ = [
     "attention_grid",
     "attention_overview",
     "save",
-    "png_bytes",
 ]
 
 HEAD_TITLES = {
@@ -201,9 +199,3 @@ def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     path = Path(path)
     fig.savefig(path, dpi=dpi)
     return path
-
-
-def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()

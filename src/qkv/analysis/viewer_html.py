@@ -21,7 +21,7 @@ import json
 
 import numpy as np
 
-__all__ = ["render_viewer", "quantize_attention", "dequantize_attention"]
+__all__ = ["render_viewer", "quantize_attention"]
 
 _TEMPLATE = r"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
@@ -217,11 +217,6 @@ to its columns. Click one to show it above.</p>
 def quantize_attention(attn: np.ndarray) -> np.ndarray:
     """``(L,H,T,T)`` weights → little-endian uint16 ``round(w · 65535)`` (error ≤ 7.7e-6)."""
     return np.round(np.clip(np.asarray(attn, dtype=np.float64), 0, 1) * 65535).astype("<u2")
-
-
-def dequantize_attention(q: np.ndarray) -> np.ndarray:
-    """What the viewer computes from :func:`quantize_attention`'s output."""
-    return q.astype(np.float64) / 65535
 
 
 def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, title: str, subtitle: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["key_padding_mask", "causal_mask", "combine_masks", "check_mask"]
+__all__ = ["key_padding_mask", "causal_mask", "check_mask"]
 
 
 def key_padding_mask(padding: Tensor, *, batch: int, length: int) -> Tensor:
@@ -38,16 +38,6 @@ def causal_mask(t: int, s: int | None = None, *, device=None) -> Tensor:
     """``(T,S)`` lower-triangular mask: query i may attend keys ``j ≤ i + (S - T)``."""
     s = t if s is None else s
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)  # (T,S)
-
-
-def combine_masks(*masks: Tensor | None) -> Tensor | None:
-    """Logical AND of the given masks (``None`` entries are skipped); ``None`` if all are."""
-    out = None
-    for m in masks:
-        if m is None:
-            continue
-        out = m if out is None else out & m  # broadcasts to the joint shape
-    return out
 
 
 def check_mask(mask: Tensor, shape: tuple[int, int, int, int]) -> Tensor:
