@@ -80,8 +80,8 @@ def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
         final_norm=nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm == "pre" else None,
         qk_positions=slots.input if slots.qk_only else None,
         pooler=Pooler(config.d_model) if config.pooler else None,
+        config=config,
     )
-    encoder.config = config
     if init:
         init_weights(encoder, config.initializer_range)
     return encoder
@@ -103,8 +103,7 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
         activation=config.activation,
         layer_norm_eps=config.layer_norm_eps,
     )
-    model = MaskedLM(encoder, head, sparse_prediction=sparse_prediction)
-    model.config = config
+    model = MaskedLM(encoder, head, sparse_prediction=sparse_prediction, config=config)
     if init:
         init_weights(model, config.initializer_range)
     if encoder.pooler is not None:
