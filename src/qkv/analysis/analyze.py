@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 from qkv.analysis.capture import Contexts, iter_captures, model_window, tokenize_corpus
 from qkv.analysis.collect import LayerCollector, SamplePlan, label_documents, plan_samples
 from qkv.analysis.heads import HeadAccumulator, HeadStats
-from qkv.analysis.inputs import AnalysisInputError, Documents, TextTokenizer
+from qkv.analysis.inputs import AnalysisInputError, Documents, tokenizer_view
 from qkv.analysis.layers import (
     LayerStats,
     ProbeCurve,
@@ -108,7 +108,7 @@ class AnalysisResult:
 
 def analyze(
     model,
-    tokenizer: TextTokenizer,
+    tokenizer,
     documents: Documents,
     options: AnalyzeOptions | None = None,
     *,
@@ -123,6 +123,7 @@ def analyze(
     """
     opts = options or AnalyzeOptions()
     t0 = time.perf_counter()
+    tokenizer = tokenizer_view(tokenizer)
     window = model_window(model)
     max_len = opts.max_len or window or 512
     if window is not None and max_len > window:
@@ -246,12 +247,12 @@ def run_analyze(
     Returns the result and the paths written (``report.html``, ``report.md``, ``analysis.json``,
     figures).
     """
-    from qkv.analysis.inputs import load_model, load_tokenizer, read_corpus
+    from qkv.analysis.inputs import load_model, read_corpus
     from qkv.analysis.report import write_report
 
     opts = options or AnalyzeOptions()
     documents = read_corpus(corpus, max_docs=max_docs, seed=opts.seed)  # cheap errors first
     model = load_model(model_path)
-    tokenizer = load_tokenizer(model_path, model)
+    tokenizer = tokenizer_view(model.tokenizer, model_path)
     result = analyze(model, tokenizer, documents, opts, model_name=str(model_path), progress=progress)
     return result, write_report(result, out_dir)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from qkv.analysis.inputs import AnalysisInputError, TextTokenizer
+from qkv.analysis.inputs import AnalysisInputError, tokenizer_view
 
 __all__ = ["Contexts", "Capture", "model_window", "tokenize_corpus", "forward", "iter_captures"]
 
@@ -102,7 +102,7 @@ def _encoder_of(model):
 
 def tokenize_corpus(
     texts: Sequence[str],
-    tokenizer: TextTokenizer,
+    tokenizer,
     *,
     max_len: int,
     long_text: str = "window",
@@ -120,13 +120,13 @@ def tokenize_corpus(
         raise AnalysisInputError(f"max_len must be at least 3 ([CLS] x [SEP]), got {max_len}")
     if len(texts) == 0:
         raise AnalysisInputError("the corpus is empty: no documents to analyse")
+    tokenizer = tokenizer_view(tokenizer)
     room = max_len - 2
     ids: list[np.ndarray] = []
     whole: list[np.ndarray] = []
     doc: list[int] = []
-    for d, text in enumerate(texts):
-        pieces, words = tokenizer.encode(text)
-        if not pieces:
+    for d, (text, (pieces, words)) in enumerate(zip(texts, tokenizer.encode_words(texts))):
+        if not len(pieces):
             continue
         if len(pieces) > room and long_text == "error":
             preview = text[:40].replace("\n", " ")

@@ -32,11 +32,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qkv.embeddings.embedder import EMBEDDING_JSON, folder_defaults
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.embeddings.embedder import EMBED_SPECIALS, EMBEDDING_JSON, folder_defaults
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
 from qkv.embeddings.streams import make_public_dir
-from qkv.embeddings.windows import TokenizerView, pad_batch
+from qkv.embeddings.windows import pad_batch
 from qkv.errors import check_device
 
 __all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "contrastive_loss", "train_embeddings"]
@@ -195,14 +196,14 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     except CheckpointError as e:
         raise EmbeddingError(f"cannot load the model: {e}") from e
     if model.tokenizer is None:
-        raise EmbeddingError(f"model folder {model_path} has no tokenizer (tokenizer.json or vocab.txt)")
+        raise no_tokenizer(f"model folder {model_path}", error=EmbeddingError)
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if cfg.mode == "simcse" and encoder.config.dropout == 0:
         raise EmbeddingError("the model has dropout 0; SimCSE needs dropout (pass --dropout 0.1)")
     layers = normalize_layers(cfg.layers, len(encoder.layers))
     cfg = ContrastiveConfig(**{**asdict(cfg), "layers": layers})
     window = min(cfg.max_len, encoder.max_len)
-    tok = TokenizerView(model.tokenizer)
+    tok = TokenizerView(model.tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
     ids = [np.concatenate([[tok.cls_id], t[:window - 2], [tok.sep_id]]).astype(np.int64)
            for t in tok.encode(texts)]
     check_device(device)

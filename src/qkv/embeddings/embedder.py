@@ -32,13 +32,16 @@ import torch
 
 from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
-from qkv.embeddings.windows import TokenizerView, length_batches, make_windows, pad_batch
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.embeddings.windows import length_batches, make_windows, pad_batch
 from qkv.errors import check_device
 
 __all__ = ["embed", "Embedder", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON", "folder_defaults",
            "resolve_model"]
 
 EMPTY_MODES = ("error", "zero", "skip")
+#: Why the tokenizer needs its special tokens (the message of a tokenizer without them).
+EMBED_SPECIALS = "qkv embeds with BERT-style tokenizers that have [CLS], [SEP] and [PAD]"
 #: Written by ``qkv train-embeddings`` next to the weights: the pooling the model was trained for.
 EMBEDDING_JSON = "embedding.json"
 _CHUNK_DOCS = 4096
@@ -129,10 +132,9 @@ def resolve_model(model_or_path, tokenizer=None):
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tok is None:
         where = f"model folder {model_or_path}" if ref else "the model"
-        raise EmbeddingError(
-            f"{where} has no tokenizer (expected tokenizer.json or vocab.txt beside the weights). Copy "
-            "the tokenizer files of the model it was trained with into the folder, or pass tokenizer=")
-    return encoder, TokenizerView(tok), defaults, ref
+        raise no_tokenizer(where, error=EmbeddingError, hint=", or pass tokenizer=")
+    view = TokenizerView(tok, error=EmbeddingError, purpose=EMBED_SPECIALS)
+    return encoder, view, defaults, ref
 
 
 class Embedder:

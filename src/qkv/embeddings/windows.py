@@ -23,40 +23,7 @@ import numpy as np
 
 from qkv.embeddings.errors import EmbeddingError
 
-__all__ = ["TokenizerView", "Windows", "window_starts", "make_windows", "length_batches", "pad_batch"]
-
-
-class TokenizerView:
-    """A BERT WordPiece ``tokenizers.Tokenizer`` with truncation and padding switched off.
-
-    Args:
-        backend: a ``tokenizers.Tokenizer`` (or an object with one as ``.backend``, e.g.
-            :class:`qkv.data.tokenizer.WordPieceTokenizer`).
-
-    Raises:
-        EmbeddingError: a tokenizer without ``[CLS]``, ``[SEP]`` or ``[PAD]``.
-    """
-
-    def __init__(self, backend):
-        from tokenizers import Tokenizer
-
-        backend = getattr(backend, "backend", backend)
-        if not isinstance(backend, Tokenizer):
-            raise EmbeddingError(f"expected a tokenizers.Tokenizer, got {type(backend).__name__}")
-        self.backend = Tokenizer.from_str(backend.to_str())  # a copy: the caller's stays as it was
-        self.backend.no_truncation()
-        self.backend.no_padding()
-        ids = {t: self.backend.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
-        missing = [t for t, i in ids.items() if i is None]
-        if missing:
-            raise EmbeddingError(f"the tokenizer lacks {', '.join(missing)}; qkv embeds with BERT-style "
-                                 "tokenizers that have [CLS], [SEP] and [PAD]")
-        self.cls_id, self.sep_id, self.pad_id = ids["[CLS]"], ids["[SEP]"], ids["[PAD]"]
-
-    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Content token ids (no special tokens) of each text, ``int64`` arrays."""
-        encs = self.backend.encode_batch(list(texts), add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.int64) for e in encs]
+__all__ = ["Windows", "window_starts", "make_windows", "length_batches", "pad_batch"]
 
 
 def window_starts(n: int, span: int, stride: int) -> list[int]:

@@ -6,19 +6,13 @@ import json
 import os
 from pathlib import Path
 
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
 from qkv.finetune.examples import FinetuneDataError
 
-__all__ = ["load_task_model", "read_inputs", "TokenizerFile"]
+__all__ = ["load_task_model", "read_inputs"]
 
-
-class TokenizerFile:
-    """A ``tokenizers.Tokenizer`` that saves itself as ``tokenizer.json`` into a folder."""
-
-    def __init__(self, backend):
-        self.backend = backend
-
-    def save(self, folder) -> None:
-        self.backend.save(str(Path(folder) / "tokenizer.json"))
+#: Why the tokenizer needs its special tokens (the message of a tokenizer without them).
+FINETUNE_SPECIALS = "qkv fine-tunes with BERT-style tokenizers that have [CLS], [SEP] and [PAD]"
 
 
 def load_task_model(folder: str | os.PathLike):
@@ -31,7 +25,6 @@ def load_task_model(folder: str | os.PathLike):
     Raises:
         FinetuneDataError: not a loadable folder, no task head, or no tokenizer.
     """
-    from qkv.embeddings.windows import TokenizerView
     from qkv.models.errors import CheckpointError
     from qkv.models.io import load
 
@@ -46,7 +39,7 @@ def load_task_model(folder: str | os.PathLike):
                                 f"it first: qkv finetune {folder} --task … --train … --out RUN")
     tok = getattr(model, "tokenizer", None)
     if tok is None:
-        raise FinetuneDataError(f"{folder}: no tokenizer (tokenizer.json or vocab.txt) beside the weights")
+        raise no_tokenizer(f"model folder {folder}", error=FinetuneDataError)
     run = folder / "run.json"
     settings = None
     if run.is_file():
@@ -56,7 +49,7 @@ def load_task_model(folder: str | os.PathLike):
         window = min(128, model.config.max_len)
         settings = {"task": task.task, "labels": list(task.labels), "label_kind": "str", "max_len": window,
                     "stride": max(1, 3 * (window - 2) // 4), "truncate": False}
-    return model.eval(), TokenizerView(tok), settings
+    return model.eval(), TokenizerView(tok, error=FinetuneDataError, purpose=FINETUNE_SPECIALS), settings
 
 
 def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field: str = "tokens"):

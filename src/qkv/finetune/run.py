@@ -34,7 +34,7 @@ import torch
 from qkv.finetune.config import FinetuneConfig
 from qkv.finetune.encode import TaskBatches, encode_sequences, encode_tagged
 from qkv.finetune.examples import Examples, FinetuneDataError, label_set, read_examples, split_examples, subsample
-from qkv.finetune.inputs import TokenizerFile
+from qkv.data.tokenizer_facade import TokenizerFile
 from qkv.finetune.predict import example_outputs, score
 from qkv.training.engine import run_session, run_training, save_final_model
 from qkv.training.finalise import finished_result, resume_eval
@@ -229,7 +229,8 @@ def _finished(out: Path, cfg: FinetuneConfig) -> FinetuneResult | None:
 
 
 def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clock, on_backward) -> FinetuneResult:
-    from qkv.embeddings.windows import TokenizerView
+    from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+    from qkv.finetune.inputs import FINETUNE_SPECIALS
     from qkv.models.builders import attach_task_head
     from qkv.models.heads import TaskConfig
 
@@ -246,9 +247,9 @@ def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clo
                       classifier_dropout=cfg.classifier_dropout)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
-        raise FinetuneDataError(f"{cfg.model}: no tokenizer (tokenizer.json or vocab.txt) beside the weights")
+        raise no_tokenizer(f"model folder {cfg.model}", error=FinetuneDataError)
     model = attach_task_head(model, task, seed=cfg.seed, reset_head=cfg.reset_head)
-    tok = TokenizerView(tokenizer)
+    tok = TokenizerView(tokenizer, error=FinetuneDataError, purpose=FINETUNE_SPECIALS)
     stride = cfg.stride or max(1, 3 * (cfg.max_len - 2) // 4)
     tag_labels = labels if cfg.task == "token-classification" else None
     train_t, held_t = _targets(train, cfg, tag_labels or labels), _targets(held, cfg, tag_labels or labels)

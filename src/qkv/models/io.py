@@ -39,12 +39,14 @@ from torch import Tensor, nn
 from qkv._faults import fault_point
 from qkv._fs import make_temp_dir, replace_dir
 from qkv.config import ModelConfig
+from qkv.data.errors import TokenizerError
+from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
 from qkv.models import hf
 from qkv.models.builders import build_model, build_task_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 
-__all__ = ["load", "save", "export_hf", "convert", "load_tokenizer", "read_weights", "CheckpointError"]
+__all__ = ["load", "save", "export_hf", "convert", "read_weights", "CheckpointError"]
 
 QKV_CONFIG = "qkv.json"
 HF_CONFIG = "config.json"
@@ -191,53 +193,15 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         raise CheckpointError(f"{folder}: not a qkv or BERT checkpoint folder; expected {QKV_CONFIG} or "
                               f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
     model.load_state_dict(state, strict=True)
-    model.tokenizer = load_tokenizer(folder)
+    try:
+        model.tokenizer = read_tokenizer(folder)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from None
     if model.tokenizer is not None and model.tokenizer.get_vocab_size() > config.vocab_size:
         raise CheckpointError(f"{folder}: the tokenizer has {model.tokenizer.get_vocab_size()} tokens but the "
                               f"model's vocabulary only {config.vocab_size}; ids beyond it cannot be embedded. "
                               "Put the tokenizer the model was trained with into the folder")
     return model.eval()
-
-
-def load_tokenizer(folder: str | os.PathLike):
-    """The folder's tokenizer (``tokenizer.json``, else a WordPiece ``vocab.txt``), or ``None``."""
-    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordPiece
-
-    folder = Path(folder)
-    if (folder / "tokenizer.json").is_file():
-        try:
-            return Tokenizer.from_file(str(folder / "tokenizer.json"))
-        except Exception as e:  # tokenizers raises a bare Exception on a damaged file
-            raise CheckpointError(f"{folder / 'tokenizer.json'}: not a readable tokenizer "
-                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
-    if not (folder / "vocab.txt").is_file():
-        return None
-    settings = {}
-    if (folder / "tokenizer_config.json").is_file():
-        settings = _read_json(folder / "tokenizer_config.json")
-    tok = Tokenizer(WordPiece.from_file(str(folder / "vocab.txt"), unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=bool(settings.get("do_lower_case", True)))
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    if cls is not None and sep is not None:
-        tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
-    tok.decoder = decoders.WordPiece()
-    return tok
-
-
-def _write_tokenizer(tokenizer, folder: Path, *, hf_config: bool, max_len: int) -> None:
-    if tokenizer is None:
-        return
-    tokenizer.save(str(folder / "tokenizer.json"))
-    state = json.loads(tokenizer.to_str())
-    if state.get("model", {}).get("type") == "WordPiece":
-        vocab = sorted(tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])
-        (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
-    if hf_config:
-        lower = bool((state.get("normalizer") or {}).get("lowercase", True))
-        settings = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower, "model_max_length": max_len}
-        (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
 def is_model_folder(folder: Path) -> bool:
@@ -301,7 +265,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
     def fill(tmp: Path) -> None:
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        _write_tokenizer(tokenizer, tmp, hf_config=False, max_len=config.max_len)
+        write_tokenizer(tokenizer, tmp, hf_config=False, max_len=config.max_len)
         (tmp / QKV_CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
     _write_folder(Path(path), QKV_CONFIG, fill)
@@ -325,7 +289,7 @@ def export_hf(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> P
     def fill(tmp: Path) -> None:
         tensors = hf.state_dict_to_hf(model.state_dict(), config, masked_lm=masked_lm, task=task)
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        _write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
+        write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2), encoding="utf-8")
 
     _write_folder(Path(path), HF_CONFIG, fill)
