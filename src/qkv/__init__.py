@@ -2,13 +2,14 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
+__all__ = ["__version__", "load", "Pretrained", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
            "build_masked_lm", "embed", "TaskConfig", "SequenceClassifier", "TokenClassifier",
            "attach_task_head"]
 
 # Public names imported on first use, so that ``import qkv`` stays light (no torch until needed).
 _LAZY = {
     "load": "qkv.models.io",
+    "Pretrained": "qkv.models.io",
     "save": "qkv.models.io",
     "export_hf": "qkv.models.io",
     "convert": "qkv.models.io",

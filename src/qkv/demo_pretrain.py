@@ -195,7 +195,7 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     if crossed:
         print(f"  passed {OLD_DEMO_ACCURACY} after {crossed['elapsed_s'] / 60:.1f} min of training (step {crossed['step']})")
 
-    model = qkv.load(out_path)
+    model = qkv.load(out_path).model
     tok, ids, mask, train_cache = _held_out_blocks(out_path)
     unigram = unigram_distribution(train_cache.tokens, tok.vocab_size, tok.special.ids)
     usable = [(t, w) for t, w in sentences if len(tok.encode(w, add_special_tokens=False)) == 1]

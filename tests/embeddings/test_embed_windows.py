@@ -84,10 +84,11 @@ def test_long_document_is_token_weighted_mean_of_windows_minilm(minilm):
 
 
 def test_long_document_tiny_model_and_truncate(tiny_model):
-    model = qkv.load(tiny_model)
-    emb = Embedder(model, stride=10)  # window 32: span 30
+    pretrained = qkv.load(tiny_model)
+    model = pretrained.model
+    emb = Embedder(pretrained, stride=10)  # window 32: span 30
     # the tiny tokenizer has its own vocabulary: build a document from its own tokens
-    vocab = sorted(t for t in model.tokenizer.get_vocab() if t.isalpha() and len(t) > 2)[:40]
+    vocab = sorted(t for t in pretrained.tokenizer.get_vocab() if t.isalpha() and len(t) > 2)[:40]
     text = " ".join(vocab[i % len(vocab)] for i in range(120))
     ids = emb.tokenizer.encode([text])[0]
     n = len(ids)
@@ -101,7 +102,7 @@ def test_long_document_tiny_model_and_truncate(tiny_model):
         weight += win.shape[1]
     ref = torch.nn.functional.normalize(total / weight, dim=0).numpy()
     np.testing.assert_allclose(emb.embed([text])[0], ref, atol=1e-5, rtol=0)
-    trunc = Embedder(model, truncate=True)
+    trunc = Embedder(model, truncate=True, tokenizer=pretrained.tokenizer)
     first = torch.tensor([[cls, *ids[:30].tolist(), sep]])
     with torch.no_grad():
         ref_first = torch.nn.functional.normalize(model(first).last_hidden_state[0].mean(0), dim=0).numpy()

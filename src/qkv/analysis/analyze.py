@@ -234,7 +234,7 @@ def _label_probe(doc_sum, doc_count, labels, seed) -> ProbeCurve | None:
 
 
 def run_analyze(
-    model_path: str | Path,
+    model_path,
     corpus: str | list[str],
     out_dir: str | Path,
     options: AnalyzeOptions | None = None,
@@ -242,17 +242,17 @@ def run_analyze(
     max_docs: int | None = None,
     progress: bool = False,
 ) -> tuple[AnalysisResult, dict[str, Path]]:
-    """Load a model folder and a corpus, analyse, and write the report into ``out_dir``.
+    """Load a model folder (or take what :func:`qkv.load` returned) and a corpus, analyse, and
+    write the report into ``out_dir``.
 
     Returns the result and the paths written (``report.html``, ``report.md``, ``analysis.json``,
     figures).
     """
-    from qkv.analysis.inputs import load_model, read_corpus
+    from qkv.analysis.inputs import model_and_tokenizer, read_corpus
     from qkv.analysis.report import write_report
 
     opts = options or AnalyzeOptions()
     documents = read_corpus(corpus, max_docs=max_docs, seed=opts.seed)  # cheap errors first
-    model = load_model(model_path)
-    tokenizer = tokenizer_view(model.tokenizer, model_path)
-    result = analyze(model, tokenizer, documents, opts, model_name=str(model_path), progress=progress)
+    model, tokenizer, name = model_and_tokenizer(model_path)
+    result = analyze(model, tokenizer, documents, opts, model_name=name, progress=progress)
     return result, write_report(result, out_dir)

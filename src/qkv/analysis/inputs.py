@@ -17,6 +17,7 @@ __all__ = [
     "AnalysisInputError",
     "Documents",
     "load_model",
+    "model_and_tokenizer",
     "read_corpus",
     "tokenizer_view",
 ]
@@ -32,7 +33,8 @@ class AnalysisInputError(ValueError):
 def load_model(path: str | Path):
     """Load a model folder with :func:`qkv.load` (a qkv folder or a Hugging Face BERT folder).
 
-    Returns the model in eval mode.
+    Returns:
+        The :class:`~qkv.models.io.Pretrained` ``(model, tokenizer)``, the model in eval mode.
 
     Raises:
         AnalysisInputError: the folder is missing or ``qkv.load`` cannot load it (message names it).
@@ -47,11 +49,29 @@ def load_model(path: str | Path):
     except (ImportError, AttributeError) as exc:
         raise AnalysisInputError(f"qkv.load is not available in this installation: {exc}") from exc
     try:
-        model = loader(path)
+        pretrained = loader(path)
     except Exception as exc:  # the loader's own message is the useful part
         raise AnalysisInputError(f"cannot load a model from {str(path)!r}: {exc}") from exc
-    model.eval()
-    return model
+    pretrained.model.eval()
+    return pretrained
+
+
+def model_and_tokenizer(model) -> tuple[object, TokenizerView, str]:
+    """``(model, tokenizer view, name)`` of a model folder or a :class:`~qkv.models.io.Pretrained`
+    (what :func:`run_analyze` and ``run_inspect`` accept); ``name``: the folder, else the model's class.
+
+    Raises:
+        AnalysisInputError: a folder :func:`load_model` cannot load, or a model without a usable tokenizer.
+    """
+    from qkv.models.io import Pretrained
+
+    if isinstance(model, Pretrained):
+        return model.model, tokenizer_view(model.tokenizer), type(model.model).__name__
+    if not isinstance(model, (str, Path)):
+        raise AnalysisInputError(f"expected a model folder or what qkv.load returns, got {type(model).__name__}; "
+                                 "call analyze(model, tokenizer, documents) for another model")
+    pretrained = load_model(model)
+    return pretrained.model, tokenizer_view(pretrained.tokenizer, model), str(model)
 
 
 # ------------------------------------------------------------------------------------- tokenizer

@@ -129,17 +129,17 @@ def write_inspection(ins: Inspection, out_dir: str | Path, *, title: str = "") -
 
 
 def run_inspect(
-    model_path: str | Path,
+    model_path,
     text: str,
     out_dir: str | Path,
     *,
     text_b: str | None = None,
     long_text: str = "error",
 ) -> tuple[Inspection, dict[str, Path]]:
-    """Load a model folder, inspect ``text`` and write the heatmaps and the viewer into ``out_dir``."""
-    from qkv.analysis.inputs import load_model
+    """Load a model folder (or take what :func:`qkv.load` returned), inspect ``text`` and write the
+    heatmaps and the viewer into ``out_dir``."""
+    from qkv.analysis.inputs import model_and_tokenizer
 
-    model = load_model(model_path)
-    tokenizer = tokenizer_view(model.tokenizer, model_path)
+    model, tokenizer, name = model_and_tokenizer(model_path)
     ins = inspect_text(model, tokenizer, text, text_b, long_text=long_text)
-    return ins, write_inspection(ins, out_dir, title=Path(model_path).name)
+    return ins, write_inspection(ins, out_dir, title=Path(name).name)

@@ -192,10 +192,10 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     if cfg.dropout is not None:
         overrides["dropout"] = cfg.dropout
     try:
-        model = load(model_path, **overrides)
+        model, tokenizer = load(model_path, **overrides)
     except CheckpointError as e:
         raise EmbeddingError(f"cannot load the model: {e}") from e
-    if model.tokenizer is None:
+    if tokenizer is None:
         raise no_tokenizer(f"model folder {model_path}", error=EmbeddingError)
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if cfg.mode == "simcse" and encoder.config.dropout == 0:
@@ -203,7 +203,7 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     layers = normalize_layers(cfg.layers, len(encoder.layers))
     cfg = ContrastiveConfig(**{**asdict(cfg), "layers": layers})
     window = min(cfg.max_len, encoder.max_len)
-    tok = TokenizerView(model.tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
+    tok = TokenizerView(tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
     ids = [np.concatenate([[tok.cls_id], t[:window - 2], [tok.sep_id]]).astype(np.int64)
            for t in tok.encode(texts)]
     check_device(device)
@@ -256,7 +256,7 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
                            "documents": len(texts), "initial_loss": result.initial_loss,
                            "final_loss": result.final_loss, "seconds": round(result.seconds, 1),
                            "loss_curve": [round(x, 5) for x in result.losses]}}
-    _write_model(encoder, model.tokenizer, out, record)
+    _write_model(encoder, tokenizer, out, record)
     return result
 
 

@@ -100,23 +100,23 @@ def folder_defaults(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def resolve_model(model_or_path, tokenizer=None):
-    """``(encoder, tokenizer view, folder defaults, model reference)`` from a folder or a model.
+    """``(encoder, tokenizer view, folder defaults, model reference)`` from a folder, a
+    :class:`~qkv.models.io.Pretrained` (``qkv.load(folder)``) or a model (with ``tokenizer=``).
 
     Raises:
         EmbeddingError: not loadable, not an encoder, or no tokenizer.
     """
     from qkv.models.errors import CheckpointError
+    from qkv.models.io import load, unpack
     from qkv.models.mlm import MaskedLM
     from qkv.nn.encoder import Encoder
 
     defaults: dict[str, Any] = {}
     ref = None
     if isinstance(model_or_path, (str, os.PathLike)):
-        from qkv.models.io import load
-
         ref = str(Path(model_or_path).resolve())
         try:
-            model = load(model_or_path)
+            pretrained = load(model_or_path)
         except CheckpointError as e:
             raise EmbeddingError(f"cannot load the model: {e}") from e
         try:
@@ -124,12 +124,12 @@ def resolve_model(model_or_path, tokenizer=None):
         except (OSError, json.JSONDecodeError) as e:
             raise EmbeddingError(f"{model_or_path}: unreadable embedding settings ({e})") from e
     else:
-        model = model_or_path
+        pretrained = model_or_path
+    model, tok = unpack(pretrained, tokenizer)
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if not isinstance(encoder, Encoder):
         raise EmbeddingError(f"expected a model folder, a qkv Encoder or MaskedLM, got "
                              f"{type(model).__name__}")
-    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tok is None:
         where = f"model folder {model_or_path}" if ref else "the model"
         raise no_tokenizer(where, error=EmbeddingError, hint=", or pass tokenizer=")
@@ -335,8 +335,9 @@ def embed(model_or_path, texts: Sequence[str] | str, *, pooling: str | None = No
     """Embed documents with a qkv or Hugging Face BERT encoder.
 
     Args:
-        model_or_path: a model folder (qkv, qkv run, or Hugging Face BERT; see :func:`qkv.load`) or a
-            loaded :class:`~qkv.nn.encoder.Encoder` / :class:`~qkv.models.mlm.MaskedLM`.
+        model_or_path: a model folder (qkv, qkv run, or Hugging Face BERT; see :func:`qkv.load`), what
+            :func:`qkv.load` returns (a :class:`~qkv.models.io.Pretrained`), or an
+            :class:`~qkv.nn.encoder.Encoder` / :class:`~qkv.models.mlm.MaskedLM` (with ``tokenizer=``).
         texts: the documents (a single ``str`` is one document).
         pooling: ``"mean"`` (mask-aware), ``"cls"``, ``"max"`` or ``"mean_sqrt_len"``; default: the
             folder's declared pooling (``embedding.json`` or sentence-transformers config), else mean.
@@ -354,7 +355,8 @@ def embed(model_or_path, texts: Sequence[str] | str, *, pooling: str | None = No
         progress: show a progress bar (stderr).
         device: ``"cpu"``, ``"cuda"``, …; default: CUDA when available for a folder, the model's own
             device for a model object.
-        tokenizer: a ``tokenizers.Tokenizer`` to use instead of the model's.
+        tokenizer: a ``tokenizers.Tokenizer`` (or qkv ``WordPieceTokenizer``) to use instead of the
+            folder's or bundle's; needed with a bare model.
 
     Returns:
         ``(N,C)`` float32 array, row i for ``texts[i]``.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
@@ -15,8 +14,12 @@ __all__ = ["load_task_model", "read_inputs"]
 FINETUNE_SPECIALS = "qkv fine-tunes with BERT-style tokenizers that have [CLS], [SEP] and [PAD]"
 
 
-def load_task_model(folder: str | os.PathLike):
+def load_task_model(folder):
     """``(model, tokenizer view, settings)`` of a fine-tuning run or any folder with a task head.
+
+    Args:
+        folder: the folder, or a :class:`~qkv.models.io.Pretrained` (``qkv.load(folder)``) whose
+            model has a task head.
 
     ``settings``: ``task``, ``labels``, ``label_kind``, ``max_len``, ``stride``, ``truncate`` — from the
     run's ``run.json`` when there is one, else from the head (windows of 128 tokens, or the model's
@@ -26,23 +29,28 @@ def load_task_model(folder: str | os.PathLike):
         FinetuneDataError: not a loadable folder, no task head, or no tokenizer.
     """
     from qkv.models.errors import CheckpointError
-    from qkv.models.io import load
+    from qkv.models.io import Pretrained, load
 
-    folder = Path(folder)
-    try:
-        model = load(folder)
-    except CheckpointError as e:
-        raise FinetuneDataError(f"cannot load {folder}: {e}") from None
+    if isinstance(folder, Pretrained):
+        (model, tok), folder = folder, None
+        where = "the model"
+    else:
+        folder = Path(folder)
+        where = f"model folder {folder}"
+        try:
+            model, tok = load(folder)
+        except CheckpointError as e:
+            raise FinetuneDataError(f"cannot load {folder}: {e}") from None
     task = getattr(model, "task", None)
     if task is None:
-        raise FinetuneDataError(f"{folder}: the model has no task head (it is a {type(model).__name__}); fine-tune "
-                                f"it first: qkv finetune {folder} --task … --train … --out RUN")
-    tok = getattr(model, "tokenizer", None)
+        raise FinetuneDataError(f"{folder or 'the model'}: the model has no task head (it is a "
+                                f"{type(model).__name__}); fine-tune it first: qkv finetune {folder or 'MODEL'} "
+                                "--task … --train … --out RUN")
     if tok is None:
-        raise no_tokenizer(f"model folder {folder}", error=FinetuneDataError)
-    run = folder / "run.json"
+        raise no_tokenizer(where, error=FinetuneDataError)
+    run = folder / "run.json" if folder is not None else None
     settings = None
-    if run.is_file():
+    if run is not None and run.is_file():
         meta = json.loads(run.read_text(encoding="utf-8"))
         settings = meta.get("finetune")
     if not isinstance(settings, dict):

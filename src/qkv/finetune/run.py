@@ -111,7 +111,7 @@ def _starting_model(cfg: FinetuneConfig):
                                 "BERT folder")
     overrides = {k: getattr(cfg, k) for k in ("dropout", "attention_dropout") if getattr(cfg, k) is not None}
     try:
-        return load(cfg.model, **overrides)
+        return load(cfg.model, **overrides)  # (model, tokenizer)
     except CheckpointError as e:
         raise FinetuneDataError(f"cannot load the model to fine-tune: {e}") from None
 
@@ -235,7 +235,7 @@ def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clo
     from qkv.models.heads import TaskConfig
 
     train, held, notes = _data(cfg)
-    model = _starting_model(cfg)
+    model, tokenizer = _starting_model(cfg)
     head = getattr(model, "task", None)
     if cfg.task == "regression":
         labels, kind = (), "float"
@@ -245,7 +245,6 @@ def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clo
     cfg = _window(cfg, model)
     task = TaskConfig(task=cfg.task, labels=tuple(labels), pooling=cfg.pooling,
                       classifier_dropout=cfg.classifier_dropout)
-    tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise no_tokenizer(f"model folder {cfg.model}", error=FinetuneDataError)
     model = attach_task_head(model, task, seed=cfg.seed, reset_head=cfg.reset_head)

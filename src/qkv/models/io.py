@@ -12,9 +12,9 @@ Two folder formats:
   the classifier of ``BertForSequenceClassification`` / ``BertForTokenClassification`` with its
   class names; a head qkv does not support is refused, never dropped (:mod:`qkv.models.hf`).
 
-Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` attaches the tokenizer as
-``model.tokenizer`` (a ``tokenizers.Tokenizer``) and :func:`save` / :func:`export_hf` write it
-back. Writes are atomic: files go to a temporary folder beside the target, which is then renamed
+Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` returns the model and that
+tokenizer (a ``tokenizers.Tokenizer``, read by :mod:`qkv.data.tokenizer_facade`) as a
+:class:`Pretrained`, and :func:`save` / :func:`export_hf` write it back. Writes are atomic: files go to a temporary folder beside the target, which is then renamed
 into place. A target that is a model folder (only model and tokenizer files) is replaced as a
 whole (:func:`qkv._fs.replace_dir`): no file of the old model — an old tokenizer, the other
 format's config — survives, and ``convert X X`` leaves X loadable at every moment. A target that
@@ -29,7 +29,7 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -46,7 +46,7 @@ from qkv.models.builders import build_model, build_task_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 
-__all__ = ["load", "save", "export_hf", "convert", "read_weights", "CheckpointError"]
+__all__ = ["Pretrained", "load", "save", "export_hf", "convert", "unpack", "read_weights", "CheckpointError"]
 
 QKV_CONFIG = "qkv.json"
 HF_CONFIG = "config.json"
@@ -58,6 +58,26 @@ KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classificatio
 #: The files a model folder consists of (what :func:`save` / :func:`export_hf` may write or replace).
 MODEL_FILES = frozenset({QKV_CONFIG, HF_CONFIG, WEIGHTS, HF_PICKLE, "tokenizer.json", "vocab.txt",
                          "tokenizer_config.json", "special_tokens_map.json", "embedding.json"})
+
+
+class Pretrained(NamedTuple):
+    """What :func:`load` returns: ``model, tokenizer = qkv.load(folder)``, or ``qkv.load(folder).model``.
+
+    Attributes:
+        model: the model (see :func:`load`), in eval mode, with its ``.config``.
+        tokenizer: the folder's ``tokenizers.Tokenizer``, or ``None`` when the folder has none.
+    """
+
+    model: nn.Module
+    tokenizer: Any = None
+
+
+def unpack(model, tokenizer=None) -> Pretrained:
+    """A :class:`Pretrained` from a :class:`Pretrained` or a bare model; a given ``tokenizer``
+    replaces the bundle's (a bare model has none unless it is given)."""
+    if isinstance(model, Pretrained):
+        return Pretrained(model.model, tokenizer if tokenizer is not None else model.tokenizer)
+    return Pretrained(model, tokenizer)
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, Tensor]:
@@ -121,8 +141,8 @@ def _kind(masked_lm: bool, task: TaskConfig | None) -> str:
     return "masked_lm" if masked_lm else "encoder"
 
 
-def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """Load a qkv model folder or a Hugging Face BERT folder.
+def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
+    """Load a qkv model folder or a Hugging Face BERT folder: ``model, tokenizer = qkv.load(path)``.
 
     Args:
         path: the folder.
@@ -131,11 +151,12 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
             while training); not ``pooler``, which the checkpoint decides.
 
     Returns:
-        A :class:`qkv.models.heads.SequenceClassifier` (sequence classification, regression) or
+        A :class:`Pretrained` ``(model, tokenizer)``. ``model``: a
+        :class:`qkv.models.heads.SequenceClassifier` (sequence classification, regression) or
         :class:`qkv.models.heads.TokenClassifier` when the checkpoint has a task head (its
         ``.task`` a :class:`~qkv.models.heads.TaskConfig`), a :class:`qkv.models.mlm.MaskedLM`
         when it has a masked-LM head, else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
-        ``.config`` and ``.tokenizer`` (``None`` when the folder has none).
+        ``.config``. ``tokenizer``: the folder's ``tokenizers.Tokenizer``, ``None`` when it has none.
 
     Raises:
         CheckpointError: not a checkpoint folder; missing, mis-shaped, unexpected or unknown
@@ -194,14 +215,14 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
                               f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
     model.load_state_dict(state, strict=True)
     try:
-        model.tokenizer = read_tokenizer(folder)
+        tokenizer = read_tokenizer(folder)
     except TokenizerError as e:
         raise CheckpointError(str(e)) from None
-    if model.tokenizer is not None and model.tokenizer.get_vocab_size() > config.vocab_size:
-        raise CheckpointError(f"{folder}: the tokenizer has {model.tokenizer.get_vocab_size()} tokens but the "
+    if tokenizer is not None and tokenizer.get_vocab_size() > config.vocab_size:
+        raise CheckpointError(f"{folder}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the "
                               f"model's vocabulary only {config.vocab_size}; ids beyond it cannot be embedded. "
                               "Put the tokenizer the model was trained with into the folder")
-    return model.eval()
+    return Pretrained(model.eval(), tokenizer)
 
 
 def is_model_folder(folder: Path) -> bool:
@@ -252,11 +273,21 @@ def _model_parts(model: nn.Module) -> tuple[ModelConfig, bool, TaskConfig | None
     return config, isinstance(model, MaskedLM), model.task if isinstance(model, TaskModel) else None
 
 
-def save(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
-    """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer (the given one,
-    else ``model.tokenizer`` if set). Atomic. Returns the folder."""
+def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None) -> Path:
+    """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer. Atomic.
+
+    Args:
+        model: a qkv model, or a :class:`Pretrained` (its tokenizer is written too).
+        path: the folder.
+        tokenizer: the tokenizer to write (a ``tokenizers.Tokenizer`` or a qkv
+            :class:`~qkv.data.tokenizer.WordPieceTokenizer`; default: the bundle's; none for a
+            bare model).
+
+    Returns:
+        The folder.
+    """
+    model, tokenizer = unpack(model, tokenizer)
     config, masked_lm, task = _model_parts(model)
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     meta = {"format": "qkv", "version": FORMAT_VERSION, "kind": _kind(masked_lm, task),
             "config": config.to_dict()}
     if task is not None:
@@ -272,19 +303,20 @@ def save(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
     return Path(path)
 
 
-def export_hf(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
+def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None) -> Path:
     """Write a folder that ``transformers`` ``from_pretrained`` loads: as ``BertForMaskedLM``
     (masked-LM model), ``BertForSequenceClassification`` (sequence classification, regression;
     ``AutoModelForSequenceClassification``), ``BertForTokenClassification`` or ``BertModel``
     (encoder); the pooler's weights too when the model has one. Atomic. Returns the folder.
+    ``model`` and ``tokenizer`` as in :func:`save`.
 
     Raises:
         CheckpointError: the model uses options BERT cannot express (named in the message), e.g.
             a sequence head that pools with ``"cls"`` or ``"mean"``: keep it in the qkv format.
     """
+    model, tokenizer = unpack(model, tokenizer)
     config, masked_lm, task = _model_parts(model)
     hf_config = hf.config_to_hf(config, masked_lm=masked_lm, task=task)
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
 
     def fill(tmp: Path) -> None:
         tensors = hf.state_dict_to_hf(model.state_dict(), config, masked_lm=masked_lm, task=task)
@@ -315,5 +347,5 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
         extra = sorted(p.name for p in dst_path.iterdir() if p.name not in MODEL_FILES and not p.name.startswith("."))
         raise CheckpointError(f"{dst}: holds files that are not part of a model ({', '.join(extra[:5])}); "
                               "convert replaces the destination as a whole: choose an empty or model-only folder")
-    model = load(src)
-    return export_hf(model, dst) if to == "hf" else save(model, dst)
+    pretrained = load(src)
+    return export_hf(pretrained, dst) if to == "hf" else save(pretrained, dst)
