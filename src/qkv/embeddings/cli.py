@@ -137,7 +137,7 @@ def _embedder_kwargs(args) -> dict:
 
 
 def _records(args, spec: str):
-    from qkv.embeddings.streams import read_records
+    from qkv.data.readers import read_records
 
     if spec != "-" and (spec.startswith("dataset:") or Path(spec).is_dir()):
         from qkv.data.corpus import open_corpus

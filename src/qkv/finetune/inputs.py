@@ -65,10 +65,11 @@ def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field:
 
     A ``.jsonl``/``.csv``/``.tsv`` file gives its ``text_field`` (or ``tokens_field``) and its ``id``
     field when present (else the line number); a CoNLL file (token models) gives its sentences; any
-    other file is plain text, one input per non-blank line.
+    other file is plain text, one input per non-blank line (all read by :mod:`qkv.data.readers`,
+    except CoNLL).
     """
     from qkv.data.errors import CorpusError
-    from qkv.data.readers import iter_records, record_format
+    from qkv.data.readers import iter_records, read_records, record_format
     from qkv.finetune.examples import read_conll
 
     path = Path(spec)
@@ -99,11 +100,10 @@ def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field:
         ids, inputs = [s.rsplit(":", 1)[-1] for s in ex.sources], ex.inputs
     else:
         try:
-            with open(path, encoding="utf-8") as fh:
-                for line_no, line in enumerate(fh, 1):
-                    if line.strip():
-                        ids.append(line_no)
-                        inputs.append(line.strip())
-        except UnicodeDecodeError as e:
-            raise FinetuneDataError(f"{spec}: not valid UTF-8 ({e.reason}); convert it to UTF-8") from None
+            for line_no, line in read_records(path, fmt="text"):
+                if line.strip():
+                    ids.append(line_no)
+                    inputs.append(line.strip())
+        except CorpusError as e:
+            raise FinetuneDataError(str(e)) from None
     return ids, inputs
