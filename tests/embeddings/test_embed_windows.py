@@ -1,4 +1,5 @@
-"""Long documents: overlapping windows averaged by token count, never dropped; length grouping."""
+"""Long documents: overlapping windows averaged by token count, never dropped (the windows
+themselves: tests/data/test_data_windows.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import torch
 
 import qkv
 from qkv.embeddings import EmbeddingError, Embedder
-from qkv.embeddings.windows import length_batches, make_windows, window_starts
 
 WORDS = ("the cat sat on a mat and the dog ran to the house by the river in the park with a "
          "ball then they slept under old tree").split()
@@ -22,34 +22,6 @@ def _hand_windows(n: int, span: int, stride: int) -> list[int]:
         a += stride
     starts.append(max(0, n - span))
     return sorted(set(starts))
-
-
-@pytest.mark.parametrize("n,span,stride", [(1, 5, 3), (5, 5, 3), (6, 5, 3), (20, 5, 5), (23, 5, 2),
-                                           (100, 30, 29)])
-def test_window_starts_cover_every_token(n, span, stride):
-    starts = window_starts(n, span, stride)
-    assert starts == _hand_windows(n, span, stride)
-    covered = set()
-    for a in starts:
-        assert 0 <= a and a + min(span, n) <= n
-        covered.update(range(a, a + span))
-    assert covered >= set(range(n))
-
-
-def test_make_windows_and_truncation_count():
-    docs = [np.arange(10, 10 + n) for n in (3, 12, 7)]
-    w = make_windows(docs, window=7, stride=3, truncate=False, cls_id=1, sep_id=2)
-    assert w.doc == [0, 1, 1, 1, 1, 2, 2] and w.long == 2 and w.truncated == 0
-    assert all(x[0] == 1 and x[-1] == 2 for x in w.ids)
-    t = make_windows(docs, window=7, stride=3, truncate=True, cls_id=1, sep_id=2)
-    assert t.doc == [0, 1, 2] and t.truncated == 2
-
-
-def test_length_batches_group_similar_lengths():
-    lengths = np.array([5, 50, 6, 49, 7, 48])
-    batches = length_batches(lengths, 2)
-    assert [sorted(lengths[b].tolist()) for b in batches] == [[49, 50], [7, 48], [5, 6]]
-    assert sorted(np.concatenate(batches).tolist()) == list(range(6))
 
 
 def _long_doc(tokenizer_view, n_tokens: int) -> str:

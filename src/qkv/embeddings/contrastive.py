@@ -37,7 +37,7 @@ from qkv.embeddings.embedder import EMBED_SPECIALS, EMBEDDING_JSON, folder_defau
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
 from qkv.embeddings.streams import make_public_dir
-from qkv.embeddings.windows import pad_batch
+from qkv.data.windows import make_windows, pad_batch
 from qkv.errors import check_device
 
 __all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "contrastive_loss", "train_embeddings"]
@@ -204,8 +204,8 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     cfg = ContrastiveConfig(**{**asdict(cfg), "layers": layers})
     window = min(cfg.max_len, encoder.max_len)
     tok = TokenizerView(tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
-    ids = [np.concatenate([[tok.cls_id], t[:window - 2], [tok.sep_id]]).astype(np.int64)
-           for t in tok.encode(texts)]
+    ids = make_windows(tok.encode(texts), window=window, truncate=True, cls_id=tok.cls_id,
+                       sep_id=tok.sep_id).ids  # each text's first window
     check_device(device)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     encoder.to(device).train()

@@ -4,7 +4,7 @@ Legend: N documents, B windows in a batch, T padded length, C model width.
 
 Steps, per chunk of documents (the whole input when it fits, so a list in memory is one chunk):
 tokenise (no truncation) → split long documents into overlapping windows
-(:mod:`qkv.embeddings.windows`) → sort windows by length and run them in batches → pool each
+(:mod:`qkv.data.windows`) → sort windows by length and run them in batches → pool each
 window (:mod:`qkv.embeddings.pooling`) → average the windows of a document weighted by their token
 count (the tokens pooling ran over, ``[CLS]``/``[SEP]`` included) → L2-normalise (optional) →
 input order.
@@ -33,7 +33,7 @@ import torch
 from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
-from qkv.embeddings.windows import length_batches, make_windows, pad_batch
+from qkv.data.windows import length_batches, make_windows, pad_batch
 from qkv.errors import check_device
 
 __all__ = ["embed", "Embedder", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON", "folder_defaults",

@@ -4,7 +4,7 @@ Legend: B windows in a batch, T padded length, W window length (``max_len``, ``[
 included), S = W − 2 content tokens per window.
 
 Sequence tasks: each text becomes windows exactly as in ``qkv embed``
-(:func:`qkv.embeddings.windows.make_windows`): ``[CLS] t[a:a+S] [SEP]`` at starts 0, stride, … and a
+(:func:`qkv.data.windows.make_windows`): ``[CLS] t[a:a+S] [SEP]`` at starts 0, stride, … and a
 last window ending at the text's end, so every token is seen; each window carries its example's
 target. At evaluation the class probabilities (or regression outputs) of an example's windows are
 averaged. With ``truncate`` only the first window is kept; how many examples were cut is counted.
@@ -28,7 +28,7 @@ import torch
 
 from qkv.data.masking import IGNORE_INDEX
 from qkv.data.tokenizer_facade import TokenizerView
-from qkv.embeddings.windows import make_windows, pad_batch
+from qkv.data.windows import make_windows, pad_batch
 
 __all__ = ["Encoded", "TaskBatch", "TaskBatches", "encode_sequences", "encode_tagged", "eval_batches"]
 
