@@ -107,7 +107,7 @@ def resolve_model(model_or_path, tokenizer=None):
         EmbeddingError: not loadable, not an encoder, or no tokenizer.
     """
     from qkv.models.errors import CheckpointError
-    from qkv.models.io import load, unpack
+    from qkv.models.io import Pretrained, load, unpack
     from qkv.models.mlm import MaskedLM
     from qkv.nn.encoder import Encoder
 
@@ -130,6 +130,9 @@ def resolve_model(model_or_path, tokenizer=None):
     if not isinstance(encoder, Encoder):
         raise EmbeddingError(f"expected a model folder, a qkv Encoder or MaskedLM, got "
                              f"{type(model).__name__}")
+    if tok is None and ref is None and not isinstance(pretrained, Pretrained):
+        raise EmbeddingError(f"a bare {type(model).__name__} carries no tokenizer; pass tokenizer= (model, tokenizer "
+                             "= qkv.load(folder)), or the folder, or what qkv.load returns")
     if tok is None:
         where = f"model folder {model_or_path}" if ref else "the model"
         raise no_tokenizer(where, error=EmbeddingError, hint=", or pass tokenizer=")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
@@ -34,6 +35,9 @@ def load_task_model(folder):
     if isinstance(folder, Pretrained):
         (model, tok), folder = folder, None
         where = "the model"
+    elif not isinstance(folder, (str, os.PathLike)):
+        raise FinetuneDataError(f"expected a run or model folder, or what qkv.load returns, got "
+                                f"{type(folder).__name__}; pass qkv.load(folder) or the folder")
     else:
         folder = Path(folder)
         where = f"model folder {folder}"

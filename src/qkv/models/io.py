@@ -14,8 +14,8 @@ Two folder formats:
 
 Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` returns the model and that
 tokenizer (a ``tokenizers.Tokenizer``, read by :mod:`qkv.data.tokenizer_facade`) as a
-:class:`Pretrained`, and :func:`save` / :func:`export_hf` write it back. Writes are atomic: files go to a temporary folder beside the target, which is then renamed
-into place. A target that is a model folder (only model and tokenizer files) is replaced as a
+:class:`Pretrained`, and :func:`save` / :func:`export_hf` write it back. Writes are atomic: files
+go to a temporary folder beside the target, which is then renamed into place. A target that is a model folder (only model and tokenizer files) is replaced as a
 whole (:func:`qkv._fs.replace_dir`): no file of the old model — an old tokenizer, the other
 format's config — survives, and ``convert X X`` leaves X loadable at every moment. A target that
 holds more (a run folder) gets the new files renamed over the old ones, config last, and the old
