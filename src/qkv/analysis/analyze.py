@@ -117,12 +117,19 @@ def analyze(
 ) -> AnalysisResult:
     """Layer and head statistics of ``model`` over ``documents`` (one batched pass).
 
+    ``model``: any model whose output has ``hidden_states`` / ``attentions`` (qkv or
+    ``transformers``) with its ``tokenizer``, or what :func:`qkv.load` returns (``tokenizer=None``:
+    the bundle's; ``analyze(*qkv.load(folder), documents)`` works too).
+
     Raises:
         AnalysisInputError: empty corpus, texts that do not fit (with ``long_text="error"``), or a
             model whose output lacks hidden states / attentions.
     """
+    from qkv.models.io import unpack
+
     opts = options or AnalyzeOptions()
     t0 = time.perf_counter()
+    model, tokenizer = unpack(model, tokenizer)  # a qkv.load bundle brings its tokenizer
     tokenizer = tokenizer_view(tokenizer)
     window = model_window(model)
     max_len = opts.max_len or window or 512

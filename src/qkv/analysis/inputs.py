@@ -90,8 +90,10 @@ def tokenizer_view(tokenizer, folder: str | Path | None = None) -> TokenizerView
     if isinstance(tokenizer, TokenizerView):
         return tokenizer
     if tokenizer is None:
-        where = f"model folder {str(folder)!r}" if folder is not None else "the model"
-        raise no_tokenizer(where, error=AnalysisInputError)
+        if folder is not None:
+            raise no_tokenizer(f"model folder {str(folder)!r}", error=AnalysisInputError)
+        raise no_tokenizer("the model", error=AnalysisInputError,
+                           hint=", or pass its tokenizer (model, tokenizer = qkv.load(folder))")
     where = f"the tokenizer of {str(folder)!r}" if folder is not None else "the tokenizer"
     return TokenizerView(tokenizer, error=AnalysisInputError, where=where,
                          purpose="the analysis needs [CLS], [SEP] and [PAD]")

@@ -82,11 +82,16 @@ def inspect_text(
 ) -> Inspection:
     """Run one text (or a text pair, as ``[CLS] a [SEP] b [SEP]``) and keep all attention maps.
 
+    ``model`` and ``tokenizer`` as in :func:`qkv.analysis.analyze`.
+
     Raises:
         AnalysisInputError: empty text; text longer than the window with ``long_text="error"``.
     """
     if long_text not in ("error", "truncate"):
         raise AnalysisInputError(f"long_text for inspect must be 'error' or 'truncate', got {long_text!r}")
+    from qkv.models.io import unpack
+
+    model, tokenizer = unpack(model, tokenizer)  # a qkv.load bundle brings its tokenizer
     tokenizer = tokenizer_view(tokenizer)
     window = model_window(model) or 512
     max_len = min(max_len or window, window)
