@@ -4,7 +4,7 @@ Legend: B batch, N sequence length (T = S = N), H heads, D head dim, C model wid
 
 Three implementations with the same weights (copied, not shared):
 
-* ``qkv``   — ``qkv.nn.MultiHeadAttention(C, H)`` (scaled_dot, path "auto" → fused SDPA);
+* ``qkv``   — ``qkv.nn.build_attention(C, H)`` (scaled_dot, path "auto" → fused SDPA);
 * ``torch`` — ``torch.nn.MultiheadAttention(C, H, batch_first=True)`` called with ``need_weights=False``;
 * ``sdpa``  — the same maps written inline: one fused Q/K/V linear (C → 3C), head split,
   ``F.scaled_dot_product_attention``, head merge, output linear (C → C).
@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmark
 from peak_memory import peak_rss_growth, run_in_subprocess  # noqa: E402
 
 try:
-    from qkv.nn.attention import MultiHeadAttention
+    from qkv.models.builders import build_attention
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from qkv.nn.attention import MultiHeadAttention
+    from qkv.models.builders import build_attention
 
 IMPLS = ("qkv", "torch", "sdpa")
 FULL_SIZES = (128, 512, 1024, 2048, 4096)
@@ -86,7 +86,7 @@ def build_impls(d_model: int, n_heads: int, seed: int = 0) -> dict[str, nn.Modul
     with torch.no_grad():
         ref.in_proj_bias.normal_(0, 0.02)  # torch initialises biases to 0; make them count
         ref.out_proj.bias.normal_(0, 0.02)
-    ours = MultiHeadAttention(d_model, n_heads, similarity="scaled_dot")
+    ours = build_attention(d_model, n_heads, similarity="scaled_dot")
     bare = SDPAAttention(d_model, n_heads)
     with torch.no_grad():
         for lin in (ours.qkv_proj, bare.in_proj):
@@ -183,7 +183,7 @@ def _memory_child(spec: dict) -> dict:
     c = h * d
     torch.manual_seed(0)
     if impl == "qkv":
-        mod = MultiHeadAttention(c, h, similarity=spec.get("similarity", "scaled_dot")).eval()
+        mod = build_attention(c, h, similarity=spec.get("similarity", "scaled_dot")).eval()
     elif impl == "torch":
         mod = nn.MultiheadAttention(c, h, batch_first=True)
         # eval mode lets torch take its fused fast path (torch._native_multi_head_attention) under

@@ -6,7 +6,7 @@ For each N every variant runs forward + backward in this process, interleaved (t
 each repetition) after warm-up, and the median time is reported with its ratio to the no-position
 run. Two scopes:
 
-* ``layer`` — ``qkv.nn.MultiHeadAttention(C, H)`` with the variant's slot (a score-bias module or
+* ``layer`` — ``qkv.nn.build_attention(C, H)`` with the variant's slot (a score-bias module or
   a q/k transform from ``build_positions``), input ``x (B,N,C)`` requiring grad;
 * ``core``  — only the position module and :func:`qkv.nn.attend.attend` on ``q, k, v (B,H,N,D)``
   requiring grad: no projections to dilute the ratio.
@@ -49,7 +49,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from qkv.nn.attend import attend
-from qkv.nn.attention import MultiHeadAttention
+from qkv.models.builders import build_attention  # noqa: E402
 from qkv.nn.positional import build_positions
 from qkv.nn.similarity import build_similarity
 
@@ -78,7 +78,7 @@ class Case:
         self.scope, self.n = scope, n
         self.transform, self.score_bias = slots.make_qk_transform(), slots.make_score_bias()
         if scope == "layer":
-            self.module = MultiHeadAttention(c, H, qk_transform=self.transform, score_bias=self.score_bias)
+            self.module = build_attention(c, H, qk_transform=self.transform, score_bias=self.score_bias)
             self.inputs = [torch.randn(b, n, c, requires_grad=True)]
             self.grad_out = torch.randn(b, n, c)
         else:

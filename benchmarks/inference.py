@@ -12,8 +12,9 @@ Cases (each timed interleaved, qkv and HF alternating in flipped order, medians 
 * ``mixed/mask``: B sequences with lengths drawn from a fixed seed in [16, T], right-padded to the
   longest; both get the padded ``(B,T)`` batch and its padding mask (the standard padded path of
   both libraries: the same work).
-* ``mixed/unpad``: the same padded batch; Hugging Face as above, qkv with ``unpad=True``: the
-  layers run on the N real tokens only (packed; each sequence attends on its own, unmasked) and
+* ``mixed/packed``: the same padded batch; Hugging Face as above, qkv packs it
+  (``PackedBatch.from_padded``) and runs ``Encoder.forward_packed``: embeddings and layers run on
+  the N real tokens only (packed; each sequence attends on its own, unmasked) and
   padded positions come back as zeros. Same inputs, same real-position outputs.
 
 Tokens/s counts real tokens (N) for every case, so the mixed cases of both implementations are
@@ -44,8 +45,9 @@ except ImportError:  # running from a checkout without `pip install -e .`
     from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
 from qkv.models.hf import config_from_hf, config_to_hf, state_dict_from_hf
+from qkv.nn.packed import PackedBatch
 
-CASES = ("equal", "mixed/mask", "mixed/unpad")
+CASES = ("equal", "mixed/mask", "mixed/packed")
 
 
 def build_pair(preset: str, *, seed: int = 0, vocab_size: int | None = None, max_len: int | None = None):
@@ -84,7 +86,10 @@ def run_case(case: str, impl: str, qkv, hf, ids, mask) -> torch.Tensor:
     with torch.inference_mode():
         if impl == "hf":
             return hf(input_ids=ids, attention_mask=mask).last_hidden_state
-        return qkv(ids, mask, unpad=case == "mixed/unpad").last_hidden_state
+        if case == "mixed/packed":  # packing and unpacking are part of the time
+            batch = PackedBatch.from_padded(ids, mask)
+            return batch.unpack(qkv.forward_packed(batch).last_hidden_state, ids.shape[1])
+        return qkv(ids, mask).last_hidden_state
 
 
 def bench_preset(preset: str, args) -> list[dict]:

@@ -65,28 +65,8 @@ def test_inference_tiny(tmp_path, capsys):
     assert mixed["real_tokens"] < mixed["batch"] * mixed["padded_len"]  # there is padding
 
 
-# --- the library paths these benchmarks rely on (unpad=True, no-grad in-place sums, AdamW impls)
-
-@pytest.mark.parametrize("overrides", [dict(), dict(norm="pre", position="rope"),
-                                       dict(position="relative"),
-                                       dict(position="learned", position_qk_only=True)])
-def test_unpad_equals_the_padded_path_at_real_positions(overrides):
-    from qkv.config import ModelConfig
-    from qkv.models.builders import build_encoder
-
-    torch.manual_seed(0)
-    enc = build_encoder(ModelConfig.preset("tiny", dropout=0.0, **overrides)).eval()
-    lengths = torch.tensor([9, 3, 5, 0, 7])
-    mask = torch.arange(9)[None] < lengths[:, None]  # (5,9) right-padded, one empty row
-    ids = torch.randint(1, 97, (5, 9)).masked_fill(~mask, 0)
-    want = enc(ids, mask, output_hidden_states=True)
-    got = enc(ids, mask, output_hidden_states=True, unpad=True)
-    for a, b in zip(want.hidden_states[1:], got.hidden_states[1:]):
-        torch.testing.assert_close(b[mask], a[mask], atol=1e-5, rtol=1e-5)
-        assert (b[~mask] == 0).all()
-    got.last_hidden_state[mask].sum().backward()  # trains too
-    assert all(p.grad is not None for p in enc.layers.parameters())
-
+# --- the library paths these benchmarks rely on (no-grad in-place sums, AdamW impls; the packed
+# encoder is tested in tests/nn/test_packed.py)
 
 def test_no_grad_forward_equals_grad_forward():
     from qkv.config import ModelConfig

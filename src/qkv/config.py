@@ -55,9 +55,10 @@ class ModelConfig:
         qkv_proj: learn the Q/K/V maps (``False``: attend on the inputs themselves).
         out_proj: learn the output map after the heads are merged.
         attention_bias: biases in the attention maps.
-        attention_path: ``"auto"`` (fused SDPA when possible), ``"sdpa"``, ``"explicit"``,
-            ``"chunked"``.
-        chunk_size: queries per block on the chunked path (``None``: sized automatically).
+        attention_path: the attention backend: ``"auto"`` (chosen per call), or a registered one
+            (``"sdpa"``, ``"explicit"``, ``"chunked"``, ``"offset_flash"``, ``"inplace"``, yours;
+            see :mod:`qkv.nn.backends`).
+        chunk_size: queries per block on the chunked backend (``None``: sized automatically).
         position: position scheme, one of :data:`qkv.nn.positional.POSITIONS`.
         position_qk_only: add input positions to the query and key maps only, not the values.
         max_distance: largest relative distance distinguished (relative, T5 buckets).
@@ -114,13 +115,13 @@ class ModelConfig:
             raise ValueError(
                 f"n_heads={self.n_heads} does not divide d_model={self.d_model}; allowed: {divisors}"
             )
-        from qkv.nn.attend import PATHS
+        from qkv.nn.backends import backend_names
         from qkv.nn.layer import ACTIVATIONS
         from qkv.nn.positional import POSITIONS
         from qkv.nn.similarity import SIMILARITIES
 
         for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS),
-                              ("attention_path", PATHS), ("position", POSITIONS),
+                              ("attention_path", backend_names()), ("position", POSITIONS),
                               ("similarity", tuple(sorted(SIMILARITIES)))):
             value = getattr(self, name)
             if value not in allowed:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from qkv import reference
-from qkv.nn.attention import MultiHeadAttention
+from qkv.models.builders import build_attention
 from qkv.nn.similarity import SIMILARITIES
 
 __all__ = ["run_attention_demo"]
@@ -59,7 +59,7 @@ def run_attention_demo(seed: int = 0) -> dict[str, float]:
 
     print("2. qkv MultiHeadAttention (float64) against the NumPy multi-head reference")
     C, H, T, B = 24, 3, 7, 5
-    mha = MultiHeadAttention(C, H).double()
+    mha = build_attention(C, H).double()
     x = torch.randn(B, T, C, dtype=torch.float64)
     heads, omega_c = _heads_from_module(mha)
     b_out = mha.out_proj.bias.detach().double().numpy()[:, None]  # (C,1)
@@ -70,7 +70,7 @@ def run_attention_demo(seed: int = 0) -> dict[str, float]:
     _line("max |qkv − reference| (B=5, T=7, C=24, H=3)", f"{figures['torch_vs_numpy']:.1e}")
 
     print("3. against torch.nn.MultiheadAttention with the same weights (float32, padded batch)")
-    mha32 = MultiHeadAttention(C, H)
+    mha32 = build_attention(C, H)
     torch_mha = torch.nn.MultiheadAttention(C, H, batch_first=True)
     with torch.no_grad():
         torch_mha.in_proj_weight.copy_(mha32.qkv_proj.weight)
@@ -96,7 +96,7 @@ def run_attention_demo(seed: int = 0) -> dict[str, float]:
     print("5. every similarity on every path (float64, padded batch)")
     real64 = real.clone()
     for name in sorted(SIMILARITIES):
-        m = MultiHeadAttention(C, H, similarity=name).double()
+        m = build_attention(C, H, similarity=name).double()
         outs = {}
         with torch.no_grad():
             for path in ("sdpa", "explicit", "chunked"):
@@ -110,7 +110,7 @@ def run_attention_demo(seed: int = 0) -> dict[str, float]:
         _line(f"{name:<10} paths {'/'.join(outs)}: max difference", f"{diff:.1e}")
 
     print("6. the paths at length 2048 (B=1, H=8, C=512, forward, no grad)")
-    big = MultiHeadAttention(512, 8)
+    big = build_attention(512, 8)
     xb = torch.randn(1, 2048, 512)
     for path, need in (("sdpa", False), ("explicit", True), ("chunked", True)):
         big.path = path

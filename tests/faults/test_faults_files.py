@@ -227,10 +227,10 @@ def test_ctrl_c_during_embed_or_tokenisation_is_one_line(tmp_path, model_folder,
 
 
 def test_float16_weights_path_is_finite_where_the_fused_path_is():
-    from qkv.nn.attention import MultiHeadAttention
+    from qkv.models.builders import build_attention
 
     torch.manual_seed(0)
-    m = MultiHeadAttention(64, 4).half()
+    m = build_attention(64, 4).half()
     x = (torch.randn(2, 16, 64) * 60).half()
     with torch.no_grad():
         fused = m(x).output

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from qkv import reference as ref
 from qkv.nn.attend import attend
 from qkv.nn.attention import MultiHeadAttention
+from qkv.models.builders import build_attention
 from qkv.nn.masks import causal_mask
 from qkv.nn.similarity import SIMILARITIES, build_similarity
 
@@ -71,7 +72,7 @@ def test_single_head_equals_reference(path, scaled):
 
     q, k, v = rows(om_q, be_q), rows(om_k, be_k), rows(om_v, be_v)
     sim = build_similarity("scaled_dot" if scaled else "dot", n_heads=1, d_head=dq)
-    res = attend(q, k, v, similarity=sim, path=path, chunk_size=3, need_weights=path != "sdpa")
+    res = attend(q, k, v, similarity=sim, backend=path, chunk_size=3, need_weights=path != "sdpa")
     assert res.output.dtype == torch.float64 and res.output.shape == (b, 1, n, dv)
     for i, X in enumerate(Xs):
         want = ref.self_attention(X, om_v, be_v, om_q, be_q, om_k, be_k, scaled=scaled)  # (D_v, N)
@@ -100,7 +101,7 @@ def _reference_heads(mha: MultiHeadAttention):
 def test_multihead_equals_reference(path):
     torch.manual_seed(0)
     C, nh = 24, 3
-    mha = MultiHeadAttention(C, nh, path=path, chunk_size=3).double()
+    mha = build_attention(C, nh, backend=path, chunk_size=3).double()
     x = torch.randn(B, T, C, dtype=torch.float64)
     need = path in ("explicit", "chunked")
     res = mha(x, need_weights=need)
@@ -121,7 +122,7 @@ def test_multihead_masks_equal_reference_on_subsequences(path):
     """Key padding = the reference on the real tokens only; causal = the reference on each prefix."""
     torch.manual_seed(1)
     C, nh = 24, 3
-    mha = MultiHeadAttention(C, nh, path=path, chunk_size=2).double()
+    mha = build_attention(C, nh, backend=path, chunk_size=2).double()
     x = torch.randn(B, T, C, dtype=torch.float64)
     pad = torch.rand(B, T) > 0.4
     pad[:, 3] = True  # at least one real token per sequence
@@ -191,11 +192,11 @@ def test_paths_agree(name, case, square):
     q, k, v = _qkv(seed=2, s=s)
     sim = _sim(name)
     kw = _case(case, s=s)
-    base = attend(q, k, v, similarity=sim, path="explicit", need_weights=True, **kw)
+    base = attend(q, k, v, similarity=sim, backend="explicit", need_weights=True, **kw)
     assert base.weights.shape == (B, H, T, s) and not base.output.isnan().any()
-    assert attend(q, k, v, similarity=sim, path="explicit", **kw).weights is None
+    assert attend(q, k, v, similarity=sim, backend="explicit", **kw).weights is None
     if "sdpa" in _paths_for(name):
-        out = attend(q, k, v, similarity=sim, path="sdpa", **kw)
+        out = attend(q, k, v, similarity=sim, backend="sdpa", **kw)
         assert out.weights is None
         torch.testing.assert_close(out.output, base.output, rtol=0, atol=1e-5)
         auto = attend(q, k, v, similarity=sim, **kw).output
@@ -203,7 +204,7 @@ def test_paths_agree(name, case, square):
     for chunk in (1, 2, 3, 4, 5, 6, 8, None):
         if isinstance(kw.get("bias"), RowBias):
             kw["bias"].calls.clear()
-        res = attend(q, k, v, similarity=sim, path="chunked", chunk_size=chunk, need_weights=True, **kw)
+        res = attend(q, k, v, similarity=sim, backend="chunked", chunk_size=chunk, need_weights=True, **kw)
         torch.testing.assert_close(res.output, base.output, rtol=0, atol=1e-5)
         torch.testing.assert_close(res.weights, base.weights, rtol=0, atol=1e-6)
         if isinstance(kw.get("bias"), RowBias):  # asked once per block, blocks tile [0, T)
@@ -232,7 +233,7 @@ def test_path_gradients_agree(name, case):
         bias = kw.get("bias")
         if isinstance(bias, torch.Tensor):
             bias.grad = None
-        out = attend(q, k, v, similarity=sim, path=path, chunk_size=chunk, **kw).output
+        out = attend(q, k, v, similarity=sim, backend=path, chunk_size=chunk, **kw).output
         (out * g_out).sum().backward()
         got = [q.grad, k.grad, v.grad] + [p.grad for p in sim.parameters()]
         if isinstance(bias, torch.Tensor):
@@ -248,9 +249,9 @@ def test_path_gradients_agree(name, case):
 def test_weights_are_before_dropout_and_checkpointing_replays_dropout():
     q0, k0, v0 = _qkv(seed=6)
     sim = _sim("scaled_dot")
-    clean = attend(q0, k0, v0, similarity=sim, path="explicit", need_weights=True)
+    clean = attend(q0, k0, v0, similarity=sim, backend="explicit", need_weights=True)
     torch.manual_seed(0)
-    dropped = attend(q0, k0, v0, similarity=sim, path="explicit", need_weights=True, dropout_p=0.5)
+    dropped = attend(q0, k0, v0, similarity=sim, backend="explicit", need_weights=True, dropout_p=0.5)
     torch.testing.assert_close(dropped.weights, clean.weights, rtol=0, atol=0)
     assert not torch.allclose(dropped.output, clean.output)
     # chunked with autograd: checkpointed blocks (no weights) vs plain blocks (weights) use the
@@ -259,7 +260,7 @@ def test_weights_are_before_dropout_and_checkpointing_replays_dropout():
     for need in (False, True):
         q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
         torch.manual_seed(1)
-        out = attend(q, k, v, similarity=sim, path="chunked", chunk_size=3, dropout_p=0.5,
+        out = attend(q, k, v, similarity=sim, backend="chunked", chunk_size=3, dropout_p=0.5,
                      need_weights=need).output
         out.square().sum().backward()
         res[need] = (out.detach(), q.grad, k.grad, v.grad)
@@ -273,9 +274,9 @@ def test_bias_dtype_follows_the_queries_on_every_path(callable_bias):
     sim = _sim("scaled_dot")
     full = torch.randn(1, H, T, S, dtype=torch.float64)  # e.g. a position table kept in float64
     bias = RowBias(full) if callable_bias else full
-    want = attend(q, k, v, similarity=sim, bias=full.float(), path="explicit").output
+    want = attend(q, k, v, similarity=sim, bias=full.float(), backend="explicit").output
     for path in ("sdpa", "explicit", "chunked"):
-        res = attend(q, k, v, similarity=sim, bias=bias, path=path, chunk_size=3,
+        res = attend(q, k, v, similarity=sim, bias=bias, backend=path, chunk_size=3,
                      need_weights=path != "sdpa")
         assert res.output.dtype == torch.float32, path
         torch.testing.assert_close(res.output, want, rtol=0, atol=1e-5)
@@ -319,7 +320,7 @@ def test_fully_masked_rows_give_zeros_never_nan(name, case):
         for chunk in (2, 3):
             q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
             need = path != "sdpa"
-            res = attend(q, k, v, similarity=sim, path=path, chunk_size=chunk, need_weights=need, **kw)
+            res = attend(q, k, v, similarity=sim, backend=path, chunk_size=chunk, need_weights=need, **kw)
             assert not res.output.isnan().any(), path
             assert (res.output[empty] == 0).all(), path
             assert (res.output[~empty].abs().sum(-1) > 0).all(), path
@@ -374,7 +375,7 @@ def test_weight_properties(p):
     if p["mask_shape"] is not None:
         mask = torch.rand(p["mask_shape"], generator=g) < p["density"]
     bias = torch.randn(1, h, t, s, generator=g) * p["magnitude"] if p["with_bias"] else None
-    res = attend(q, k, v, similarity=sim, mask=mask, bias=bias, causal=p["causal"], path=p["path"],
+    res = attend(q, k, v, similarity=sim, mask=mask, bias=bias, causal=p["causal"], backend=p["path"],
                  chunk_size=p["chunk"], need_weights=True)
     w = res.weights
     allowed = torch.ones(b, h, t, s, dtype=torch.bool)
@@ -391,7 +392,7 @@ def test_weight_properties(p):
     torch.testing.assert_close(sums[~empty], torch.ones_like(sums[~empty]), rtol=0, atol=1e-5)
     assert (sums[empty] == 0).all() and (res.output[empty] == 0).all()
     if sim.has_dot_form:  # the fused path obeys the same rule for empty rows
-        fused = attend(q, k, v, similarity=sim, mask=mask, bias=bias, causal=p["causal"], path="sdpa")
+        fused = attend(q, k, v, similarity=sim, mask=mask, bias=bias, causal=p["causal"], backend="sdpa")
         assert not fused.output.isnan().any()
         assert (fused.output[empty] == 0).all()
         if p["magnitude"] == 1.0:
@@ -422,9 +423,9 @@ def test_bad_inputs_name_the_value_and_what_is_allowed():
     _raises(["9", "8"], attend, q, k, v[:, :, :8], similarity=sim)
     _raises(["8", "5"], attend, q, k[..., :5], v, similarity=sim)
     _raises(["'fast'", "sdpa", "explicit", "chunked", "auto"], attend, q, k, v, similarity=sim,
-            path="fast")
-    _raises(["additive", "explicit"], attend, q, k, v, similarity=add, path="sdpa")
-    _raises(["weights", "explicit"], attend, q, k, v, similarity=sim, path="sdpa", need_weights=True)
+            backend="fast")
+    _raises(["additive", "explicit"], attend, q, k, v, similarity=add, backend="sdpa")
+    _raises(["weights", "explicit"], attend, q, k, v, similarity=sim, backend="sdpa", need_weights=True)
     _raises(["torch.float32", "bool"], attend, q, k, v, similarity=sim, mask=torch.ones(T, S))
     _raises(["torch.int64", "bool"], attend, q, k, v, similarity=sim,
             mask=torch.ones(T, S, dtype=torch.long))
@@ -437,7 +438,7 @@ def test_bad_inputs_name_the_value_and_what_is_allowed():
             mask=torch.ones(1, B, H, T, S, dtype=torch.bool))
     _raises(["torch.int64", "floating"], attend, q, k, v, similarity=sim,
             bias=torch.ones(T, S, dtype=torch.long))
-    _raises(["0"], attend, q, k, v, similarity=sim, path="chunked", chunk_size=0)
+    _raises(["0"], attend, q, k, v, similarity=sim, backend="chunked", chunk_size=0)
     _raises(["1.0", "[0, 1)"], attend, q, k, v, similarity=sim, dropout_p=1.0)
     _raises(["-0.1", "[0, 1)"], attend, q, k, v, similarity=sim, dropout_p=-0.1)
 
@@ -449,6 +450,6 @@ def test_auto_path_choice_matches_docs():
         sim = _sim(name)
         res = attend(q, k, v, similarity=sim)
         assert res.weights is None
-        ref_out = attend(q, k, v, similarity=sim, path="explicit").output
+        ref_out = attend(q, k, v, similarity=sim, backend="explicit").output
         torch.testing.assert_close(res.output, ref_out, rtol=0, atol=1e-5)
         assert math.isfinite(float(res.output.detach().sum()))

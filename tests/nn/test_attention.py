@@ -19,6 +19,7 @@ from torch import nn
 
 from qkv import reference as ref
 from qkv.nn.attention import AttentionOutput, MultiHeadAttention
+from qkv.models.builders import build_attention
 from qkv.nn.masks import causal_mask
 
 BUILTIN = ("dot", "scaled_dot", "bilinear", "additive", "cosine")
@@ -42,7 +43,7 @@ def _pair(path="auto", seed=0):
     with torch.no_grad():  # torch zero-initialises the biases; make them count
         theirs.in_proj_bias.normal_()
         theirs.out_proj.bias.normal_()
-    ours = MultiHeadAttention(C, NH, path=path, chunk_size=3)
+    ours = build_attention(C, NH, backend=path, chunk_size=3)
     with torch.no_grad():
         ours.qkv_proj.weight.copy_(theirs.in_proj_weight)  # rows [q; k; v] in both
         ours.qkv_proj.bias.copy_(theirs.in_proj_bias)
@@ -113,7 +114,7 @@ def test_matches_torch_causal_and_gradients(path):
 @pytest.mark.parametrize("path", ["auto", "chunked"])
 def test_permutation_equivariance(name, path):
     torch.manual_seed(2)
-    mha = MultiHeadAttention(C, NH, similarity=name, path=path, chunk_size=3)
+    mha = build_attention(C, NH, similarity=name, backend=path, chunk_size=3)
     x = torch.randn(B, T, C)
     pad = _pad(2)
     perm = torch.randperm(T)
@@ -145,7 +146,7 @@ def _selector(h):
 @pytest.mark.parametrize("path", PATHS)
 def test_no_qkv_proj_is_attention_on_the_embeddings(out_proj, path):
     torch.manual_seed(3)
-    mha = MultiHeadAttention(C, NH, qkv_proj=False, out_proj=out_proj, path=path, chunk_size=2).double()
+    mha = build_attention(C, NH, qkv_proj=False, out_proj=out_proj, backend=path, chunk_size=2).double()
     assert mha.qkv_proj is None
     assert not any("qkv" in n for n, _ in mha.named_parameters())
     x = torch.randn(B, T, C, dtype=torch.float64)
@@ -173,7 +174,7 @@ def test_no_qkv_proj_is_attention_on_the_embeddings(out_proj, path):
 @pytest.mark.parametrize("path", ["sdpa", "chunked"])
 def test_no_out_proj_is_the_stack_of_heads(bias, path):
     torch.manual_seed(4)
-    mha = MultiHeadAttention(C, NH, out_proj=False, bias=bias, path=path, chunk_size=4).double()
+    mha = build_attention(C, NH, out_proj=False, bias=bias, backend=path, chunk_size=4).double()
     assert mha.out_proj is None
     assert (mha.qkv_proj.bias is None) == (not bias)
     x = torch.randn(B, T, C, dtype=torch.float64)
@@ -220,7 +221,7 @@ def _by_hand(mha, x, pos_q, pos_v, pad=None):
 @pytest.mark.parametrize("batched_pos", [False, True], ids=["pos_TC", "pos_BTC"])
 def test_qk_pos_only_enters_queries_and_keys(qkv_proj, path, batched_pos):
     torch.manual_seed(5)
-    mha = MultiHeadAttention(C, NH, qkv_proj=qkv_proj, path=path, chunk_size=3).double()
+    mha = build_attention(C, NH, qkv_proj=qkv_proj, backend=path, chunk_size=3).double()
     x = torch.randn(B, T, C, dtype=torch.float64)
     pos = torch.randn(B, T, C, dtype=torch.float64) if batched_pos else torch.randn(T, C, dtype=torch.float64)
     pad = _pad(5)
@@ -240,8 +241,8 @@ def test_qk_pos_only_enters_queries_and_keys(qkv_proj, path, batched_pos):
 
 def test_dropout_only_in_training():
     torch.manual_seed(6)
-    a = MultiHeadAttention(C, NH, dropout=0.5, path="explicit")
-    b = MultiHeadAttention(C, NH, dropout=0.0, path="explicit")
+    a = build_attention(C, NH, dropout=0.5, backend="explicit")
+    b = build_attention(C, NH, dropout=0.0, backend="explicit")
     b.load_state_dict(a.state_dict())
     x = torch.randn(B, T, C)
     a.eval()
@@ -254,7 +255,7 @@ def test_dropout_only_in_training():
 
 def test_weights_sum_to_one_over_real_keys_and_ignore_padding():
     torch.manual_seed(7)
-    mha = MultiHeadAttention(C, NH, similarity="additive")
+    mha = build_attention(C, NH, similarity="additive")
     x = torch.randn(B, T, C)
     pad = _pad(7)
     w = mha(x, pad, need_weights=True).weights
@@ -271,7 +272,7 @@ def test_weights_sum_to_one_over_real_keys_and_ignore_padding():
 )
 def test_fully_padded_sequence_gives_output_bias_and_no_nan(name, path):
     torch.manual_seed(8)
-    mha = MultiHeadAttention(C, NH, similarity=name, path=path, chunk_size=3)
+    mha = build_attention(C, NH, similarity=name, backend=path, chunk_size=3)
     x = torch.randn(B, T, C, requires_grad=True)
     pad = _pad(8)
     pad[2] = False  # every key of sequence 2 is padding
@@ -299,18 +300,18 @@ def _raises(needles, fn, *args, **kwargs):
 
 
 def test_bad_constructor_arguments():
-    _raises(["d_model=24", "n_heads=5", "[1, 2, 3, 4, 6, 8, 12, 24]"], MultiHeadAttention, 24, 5)
-    _raises(["d_model", "0"], MultiHeadAttention, 0, 3)
-    _raises(["n_heads", "0"], MultiHeadAttention, 24, 0)
-    _raises(["n_heads", "2.0"], MultiHeadAttention, 24, 2.0)
+    _raises(["d_model=24", "n_heads=5", "[1, 2, 3, 4, 6, 8, 12, 24]"], build_attention, 24, 5)
+    _raises(["d_model", "0"], build_attention, 0, 3)
+    _raises(["n_heads", "0"], build_attention, 24, 0)
+    _raises(["n_heads", "2.0"], build_attention, 24, 2.0)
     _raises(["'softmax_dot'", "additive", "bilinear", "cosine", "dot", "scaled_dot"],
-            MultiHeadAttention, C, NH, similarity="softmax_dot")
-    _raises(["'flash'", "auto", "sdpa", "explicit", "chunked"], MultiHeadAttention, C, NH, path="flash")
-    _raises(["1.5", "[0, 1)"], MultiHeadAttention, C, NH, dropout=1.5)
+            build_attention, C, NH, similarity="softmax_dot")
+    _raises(["'flash'", "auto", "sdpa", "explicit", "chunked"], build_attention, C, NH, backend="flash")
+    _raises(["1.5", "[0, 1)"], build_attention, C, NH, dropout=1.5)
 
 
 def test_bad_forward_inputs():
-    mha = MultiHeadAttention(C, NH)
+    mha = build_attention(C, NH)
     x = torch.randn(B, T, C)
     _raises(["(7, 24)", "3-D", "C=24"], mha, x[0])
     _raises(["(1, 5, 7, 24)", "3-D"], mha, x[None])
@@ -325,5 +326,5 @@ def test_bad_forward_inputs():
     _raises(["(7, 25)", "(7,24)"], mha, x, qk_pos=torch.zeros(T, C + 1))
     _raises(["(8, 24)", "(7,24)"], mha, x, qk_pos=torch.zeros(T + 1, C))
     _raises(["(24,)", "(7,24)"], mha, x, qk_pos=torch.zeros(C))
-    _raises(["weights", "explicit"], MultiHeadAttention(C, NH, path="sdpa"), x, need_weights=True)
-    _raises(["additive", "explicit"], MultiHeadAttention(C, NH, similarity="additive", path="sdpa"), x)
+    _raises(["weights", "explicit"], build_attention(C, NH, backend="sdpa"), x, need_weights=True)
+    _raises(["additive", "explicit"], build_attention(C, NH, similarity="additive", backend="sdpa"), x)

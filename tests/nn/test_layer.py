@@ -6,13 +6,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.nn.attention import MultiHeadAttention
+from qkv.models.builders import build_attention
 from qkv.nn.layer import FeedForward, TransformerLayer
 
 B, T, C, H, FF = 5, 7, 24, 3, 40
 
 
 def _layer(norm, activation="gelu", dropout=0.0):
-    att = MultiHeadAttention(C, H)
+    att = build_attention(C, H)
     return TransformerLayer(att, FeedForward(C, FF, activation=activation), d_model=C, norm=norm,
                             dropout=dropout, layer_norm_eps=1e-5)
 
@@ -105,4 +106,4 @@ def test_dropout_off_in_eval_and_active_in_train():
 
 def test_unknown_norm():
     with pytest.raises(ValueError, match="unknown norm placement 'mid'; allowed: post, pre"):
-        TransformerLayer(MultiHeadAttention(C, H), FeedForward(C, FF), d_model=C, norm="mid")
+        TransformerLayer(build_attention(C, H), FeedForward(C, FF), d_model=C, norm="mid")

@@ -5,6 +5,7 @@ import torch
 
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
+from qkv.nn.packed import PackedBatch
 from qkv.nn.pooler import Pooler
 
 B, T = 5, 7
@@ -41,7 +42,7 @@ def test_encoder_pooler_output_on_the_padded_and_packed_paths():
     mask[3, 2:] = 0
     with torch.no_grad():
         padded = enc(ids, mask)
-        packed = enc(ids, mask, unpad=True)
+        packed = enc.forward_packed(PackedBatch.from_padded(ids, mask))
     assert padded.pooler_output.shape == (B, cfg.d_model)
     want = enc.pooler(padded.last_hidden_state)
     torch.testing.assert_close(padded.pooler_output, want, atol=0, rtol=0)

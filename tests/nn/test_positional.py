@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from qkv.nn.attention import MultiHeadAttention
+from qkv.models.builders import build_attention
 from qkv.nn.positional import (
     POSITIONS,
     ALiBiBias,
@@ -175,11 +176,11 @@ def test_score_biases_are_functions_of_the_offset(name):
 # ---------------------------------------------------------------- the slots in attention
 
 
-def _slots_layer(name, *, similarity="scaled_dot", qkv_proj=True, qk_only=False, path="auto", max_len=64):
+def _slots_layer(name, *, similarity="scaled_dot", qkv_proj=True, qk_only=False, backend="auto", max_len=64):
     torch.manual_seed(1)
     slots = build_positions(name, d_model=C, n_heads=H, max_len=max_len, qk_only=qk_only,
                             max_distance=3, num_buckets=8)
-    mha = MultiHeadAttention(C, H, similarity=similarity, qkv_proj=qkv_proj, path=path,
+    mha = build_attention(C, H, similarity=similarity, qkv_proj=qkv_proj, backend=backend,
                              qk_transform=slots.make_qk_transform(), score_bias=slots.make_score_bias())
     modules = torch.nn.ModuleList([mha] + ([slots.input] if slots.input is not None else [])).to(DT)
     if slots.input is not None:  # move sinusoids off zero-init-like magnitudes: learned tables std 1
@@ -221,12 +222,12 @@ def test_qk_only_positions_leave_values_alone(qkv_proj):
     mha, slots, _ = _slots_layer("learned", qk_only=True, qkv_proj=qkv_proj)
     x = _x()
     pos = slots.input(T)
-    q0, k0, v0 = mha._project(x, None)
-    q1, k1, v1 = mha._project(x, pos)
+    q0, k0, v0 = mha.project(x, None)
+    q1, k1, v1 = mha.project(x, pos)
     torch.testing.assert_close(v1, v0, atol=0, rtol=0)
     assert (k1 - k0).abs().max() > 1e-3 and (q1 - q0).abs().max() > 1e-3
     # and Q, K are those of X + Π: Ω(X + Π)
-    qp, kp, _ = mha._project(x + pos, None)
+    qp, kp, _ = mha.project(x + pos, None)
     torch.testing.assert_close(q1, qp, atol=1e-12, rtol=0)
     torch.testing.assert_close(k1, kp, atol=1e-12, rtol=0)
 
@@ -303,7 +304,7 @@ def test_fast_and_explicit_paths_agree(name, qk_only, similarity, qkv_proj):
 @pytest.mark.parametrize("name,qk_only", [("learned", False), ("learned", True), ("relative", False),
                                           ("t5", False)])
 def test_gradients_reach_every_learned_position_parameter(name, qk_only):
-    mha, slots, modules = _slots_layer(name, qk_only=qk_only, path="sdpa")
+    mha, slots, modules = _slots_layer(name, qk_only=qk_only, backend="sdpa")
     out = _apply(mha, slots, _x(t=6))  # the fused kernel path
     out.pow(2).sum().backward()
     owner = slots.input if slots.input is not None else mha.score_bias

@@ -17,6 +17,7 @@ from torch.func import functional_call
 
 from qkv.nn.attend import attend
 from qkv.nn.attention import MultiHeadAttention
+from qkv.models.builders import build_attention
 from qkv.nn.similarity import SIMILARITIES, build_similarity, register_similarity
 
 BUILTIN = ("dot", "scaled_dot", "bilinear", "additive", "cosine")
@@ -146,7 +147,7 @@ def test_unknown_similarity_lists_allowed_names():
     for name in BUILTIN:
         assert name in msg
     with pytest.raises(ValueError) as e:
-        MultiHeadAttention(24, 3, similarity="luong")
+        build_attention(24, 3, similarity="luong")
     assert "'luong'" in str(e.value) and all(n in str(e.value) for n in BUILTIN)
 
 
@@ -183,7 +184,7 @@ def test_register_new_similarity_without_dot_form(scratch_registry):
 
     torch.manual_seed(0)
     C, nh, t = 24, 3, 7
-    mha = MultiHeadAttention(C, nh, similarity="test_neg_sq_dist").double()
+    mha = build_attention(C, nh, similarity="test_neg_sq_dist").double()
     assert isinstance(mha.similarity, NegSqDist)
     x = torch.randn(B, t, C, dtype=DTYPE)
     res = mha(x, need_weights=True)
@@ -198,7 +199,7 @@ def test_register_new_similarity_without_dot_form(scratch_registry):
     # the auto path without weights must not try the fused kernel
     torch.testing.assert_close(mha(x).output, want, rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="test_neg_sq_dist"):
-        MultiHeadAttention(C, nh, similarity="test_neg_sq_dist", path="sdpa").double()(x)
+        build_attention(C, nh, similarity="test_neg_sq_dist", backend="sdpa").double()(x)
 
 
 def test_register_new_similarity_with_dot_form_runs_sdpa(scratch_registry):
@@ -220,11 +221,11 @@ def test_register_new_similarity_with_dot_form_runs_sdpa(scratch_registry):
     x = torch.randn(B, T, 24)
     pad = torch.rand(B, T) > 0.3
     pad[:, 0] = True
-    first = MultiHeadAttention(24, 3, similarity="test_half_dot", path="sdpa")
+    first = build_attention(24, 3, similarity="test_half_dot", backend="sdpa")
     assert isinstance(first.similarity, HalfDot)
     outs = {}
     for path in ("sdpa", "explicit", "chunked"):
-        mha = MultiHeadAttention(24, 3, similarity="test_half_dot", path=path, chunk_size=3)
+        mha = build_attention(24, 3, similarity="test_half_dot", backend=path, chunk_size=3)
         mha.load_state_dict(first.state_dict())
         outs[path] = mha(x, pad).output
     torch.testing.assert_close(outs["sdpa"], outs["explicit"], rtol=0, atol=1e-5)
@@ -271,7 +272,7 @@ def test_gradcheck_through_attend(name):
     params = tuple(p.detach().clone().requires_grad_() for _, p in sim.named_parameters())
     for path, need_weights, chunk in _paths(name):
         for causal in (False, True):
-            fn = _AttendFn(sim, mask=mask, causal=causal, path=path, need_weights=need_weights,
+            fn = _AttendFn(sim, mask=mask, causal=causal, backend=path, need_weights=need_weights,
                            chunk_size=chunk)
 
             def f(q, k, v, bias, *ps):
@@ -288,7 +289,7 @@ def test_gradcheck_through_attend(name):
 def test_gradcheck_through_multihead_attention(name, path, need_weights):
     torch.manual_seed(11)
     C, nh, b, t = 12, 3, 2, 5
-    mha = MultiHeadAttention(C, nh, similarity=name, path=path, chunk_size=2).double()
+    mha = build_attention(C, nh, similarity=name, backend=path, chunk_size=2).double()
     _randomise(mha.similarity, seed=12)
     x = torch.randn(b, t, C, dtype=DTYPE, requires_grad=True)
     pad = torch.tensor([[True] * t, [True, True, True, False, False]])

@@ -11,27 +11,58 @@ from pathlib import Path
 __all__ = ["add_embedding_parsers"]
 
 
-def _embed_options(p: argparse.ArgumentParser, *, empty_default: str = "skip") -> None:
-    g = p.add_argument_group("embedding options")
-    g.add_argument("--pooling", choices=("mean", "cls", "max", "mean_sqrt_len"), default=None,
-                   help="default: what the model folder declares (embedding.json, sentence-transformers "
-                   "config), else mean")
-    g.add_argument("--layers", type=int, nargs="+", default=None, metavar="I",
-                   help="hidden-state index(es), averaged: -1 last (default), 0 embedding output, "
-                   "e.g. --layers -4 -3 -2 -1")
-    g.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw vector lengths")
-    g.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
-    g.add_argument("--max-len", type=int, default=None,
-                   help="window length in tokens incl. [CLS]/[SEP] (default: the folder's, else the model's)")
-    g.add_argument("--stride", type=int, default=None,
-                   help="tokens between window starts (default: 3/4 of the window: a quarter overlaps)")
-    g.add_argument("--truncate", action="store_true",
-                   help="keep only the first window of a long document (reported) instead of averaging all")
-    g.add_argument("--empty", choices=("skip", "error", "zero"), default=empty_default,
-                   help=f"empty documents: leave out (ids show which), fail, or a zero vector "
-                   f"(default {empty_default})")
-    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")
-    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+#: The embedding options of the command line, each defined once: ``EmbedOptions`` field → (flag,
+#: argparse keywords). Every embedding subcommand adds them (or some of them) with
+#: :func:`_add_embed_options` and reads them back with :func:`_options` (fields it lacks keep their
+#: ``EmbedOptions`` defaults). Literal values here: building the parser must not import torch.
+_EMBED_ARGS: dict[str, tuple[str, dict]] = {
+    "pooling": ("--pooling", dict(choices=("mean", "cls", "max", "mean_sqrt_len"), default=None,
+                                  help="default: what the model folder declares (embedding.json, "
+                                  "sentence-transformers config), else mean")),
+    "layers": ("--layers", dict(type=int, nargs="+", default=None, metavar="I",
+                                help="hidden-state index(es), averaged: -1 last (default), 0 embedding "
+                                "output, e.g. --layers -4 -3 -2 -1")),
+    "normalize": ("--no-normalize", dict(action="store_false", help="keep raw vector lengths")),
+    "batch_size": ("--batch-size", dict(type=int, default=32, help="windows per forward pass (default 32)")),
+    "max_len": ("--max-len", dict(type=int, default=None, help="window length in tokens incl. [CLS]/[SEP] "
+                                  "(default: the folder's, else the model's)")),
+    "stride": ("--stride", dict(type=int, default=None, help="tokens between window starts (default: 3/4 "
+                                "of the window: a quarter overlaps)")),
+    "truncate": ("--truncate", dict(action="store_true", help="keep only the first window of a long "
+                                    "document (reported) instead of averaging all")),
+    "empty": ("--empty", dict(choices=("skip", "error", "zero"), default="skip",
+                              help="empty documents: leave out (ids show which), fail, or a zero vector "
+                              "(default skip)")),
+    "device": ("--device", dict(default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")),
+    "progress": ("--no-progress", dict(action="store_false", help="no progress bar")),
+}
+
+
+def _add_embed_options(p: argparse.ArgumentParser, fields=tuple(_EMBED_ARGS), *,
+                       title: str | None = "embedding options", helps: dict | None = None) -> None:
+    """Add the embedding options ``fields`` (all by default) to ``p``.
+
+    Args:
+        p: the subcommand's parser.
+        fields: which of :data:`_EMBED_ARGS`, in the order they are listed in the help.
+        title: the help section they are listed under; ``None``: the parser's own options.
+        helps: help texts that differ for this subcommand, by field (``None``: no help text).
+    """
+    g = p.add_argument_group(title) if title else p
+    for name in fields:
+        flag, kwargs = _EMBED_ARGS[name]
+        kwargs = {**kwargs, **({"help": helps[name]} if helps and name in helps else {})}
+        g.add_argument(flag, dest=name, **kwargs)
+
+
+def _options(args, **fixed):
+    """The one :class:`~qkv.embeddings.options.EmbedOptions` of a subcommand: every option field
+    it parsed (the embedding options, ``--chunk-size``), then ``fixed``; validated here, before any
+    work."""
+    from qkv.embeddings.options import EmbedOptions
+
+    given = {name: getattr(args, name) for name in EmbedOptions.field_names() if hasattr(args, name)}
+    return EmbedOptions(**{**given, **fixed})
 
 
 def _input_options(p: argparse.ArgumentParser) -> None:
@@ -58,7 +89,7 @@ def add_embedding_parsers(sub) -> None:
     e.add_argument("--out", required=True, help="output file: .npy, .jsonl or .parquet")
     e.add_argument("--chunk-size", type=int, default=4096, help="documents per length-grouped chunk")
     _input_options(e)
-    _embed_options(e)
+    _add_embed_options(e)
     e.set_defaults(func=_embed)
 
     i = sub.add_parser("index", help="embed a corpus into a search index folder",
@@ -69,7 +100,7 @@ def add_embedding_parsers(sub) -> None:
     i.add_argument("corpus", help="file, -, folder or dataset:NAME[:SPLIT]")
     i.add_argument("--out", required=True, help="index folder (created; must not hold anything)")
     _input_options(i)
-    _embed_options(i)
+    _add_embed_options(i)
     i.set_defaults(func=_index)
 
     s = sub.add_parser("search", help="top-k documents of an index for a query",
@@ -79,7 +110,7 @@ def add_embedding_parsers(sub) -> None:
     s.add_argument("query", nargs="+", help="query text(s)")
     s.add_argument("-k", type=int, default=10, help="results per query (default 10)")
     s.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
-    s.add_argument("--device", default=None)
+    _add_embed_options(s, ("device",), title=None, helps={"device": None})
     s.set_defaults(func=_search)
 
     t = sub.add_parser("train-embeddings", help="contrastive training (SimCSE or same-label) of an encoder",
@@ -122,18 +153,10 @@ def add_embedding_parsers(sub) -> None:
     v.add_argument("--max-test", type=int, default=None, help="subsample the test split (stated in output)")
     v.add_argument("--k", type=int, default=10, help="neighbours for k-NN (default 10)")
     v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--max-len", type=int, default=None, help="window length (default: the model folder's)")
-    v.add_argument("--batch-size", type=int, default=32)
-    v.add_argument("--device", default=None)
-    v.add_argument("--no-progress", dest="progress", action="store_false")
+    _add_embed_options(v, ("max_len", "batch_size", "device", "progress"), title=None,
+                       helps={"max_len": "window length (default: the model folder's)", "batch_size": None,
+                              "device": None, "progress": None})
     v.set_defaults(func=_eval)
-
-
-
-def _embedder_kwargs(args) -> dict:
-    return dict(pooling=args.pooling, layers=args.layers, normalize=args.normalize,
-                batch_size=args.batch_size, max_len=args.max_len, stride=args.stride,
-                truncate=args.truncate, empty=args.empty, progress=args.progress, device=args.device)
 
 
 def _records(args, spec: str):
@@ -165,7 +188,7 @@ def _embed(args) -> int:
     from qkv.embeddings.streams import open_writer, output_format
 
     output_format(args.out)  # an unknown format fails before the model is loaded
-    embedder = Embedder(args.model, chunk_size=args.chunk_size, **_embedder_kwargs(args))
+    embedder = Embedder(args.model, _options(args))
     with open_writer(args.out, embedder.dim) as writer:
         for ids, vectors in embedder.embed_stream(_records(args, args.input)):
             writer.write(ids, vectors)
@@ -180,7 +203,7 @@ def _index(args) -> int:
     from qkv.embeddings.search import build_index
 
     meta = build_index(args.model, _records(args, args.corpus), args.out, source=args.corpus,
-                       **{k: v for k, v in _embedder_kwargs(args).items() if k != "normalize"})
+                       options=_options(args))  # normalize: forced on for an index
     print(f"indexed {meta['count']} documents ({meta['dim']}-d, {meta['long_documents']} longer than one "
           f"window, {meta['empty_skipped']} empty left out) into {args.out}")
     return 0
@@ -229,17 +252,15 @@ def _eval(args) -> int:
     from qkv._fs import check_output_path
     from qkv.embeddings.errors import EmbeddingError
     from qkv.embeddings.evaluate import evaluate_models, format_table, load_eval_data
-    from qkv.errors import check_device
 
     out = Path(args.out or f"eval-embeddings-{Path(args.dataset).stem}.json")
     if args.k < 1:
         raise EmbeddingError(f"--k {args.k}: k-NN needs at least one neighbour; give --k 1 or more")
     check_output_path(out)  # before the computation, not after it
-    check_device(args.device)
+    options = _options(args, empty="zero")  # checked (the device too) before the data is read
     data = load_eval_data(args.dataset, max_train=args.max_train, max_test=args.max_test, seed=args.seed)
     log = (lambda m: print(m, file=sys.stderr)) if args.progress else (lambda m: None)
-    result = evaluate_models(args.model, data, k=args.k, max_len=args.max_len, batch_size=args.batch_size,
-                             device=args.device, progress=args.progress, log=log)
+    result = evaluate_models(args.model, data, k=args.k, options=options, log=log)
     result["command"] = "qkv " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["eval-embeddings"] else None
     from qkv._fs import atomic_write_text
 

@@ -13,6 +13,8 @@ With mean pooling the weighted average of the window means is exactly the mean o
 all windows (tokens in an overlap count once per window), so a long document is treated like one
 long window whose tokens each saw at most W − 1 neighbours.
 
+The options (pooling, layers, window, …) are one :class:`~qkv.embeddings.options.EmbedOptions`.
+
 Empty documents (empty or whitespace only): ``empty="error"`` (default) raises
 :class:`EmptyDocumentError` naming them before any work; ``"zero"`` gives an all-zero vector (left
 unnormalised: its cosine with anything is 0); ``"skip"`` (streams only) leaves them out.
@@ -30,21 +32,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
-from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
 from qkv.data.windows import length_batches, make_windows, pad_batch
-from qkv.errors import check_device
+from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
+from qkv.embeddings.options import EMBEDDING_JSON, EMPTY_MODES, EmbedOptions, as_options, folder_defaults
+from qkv.embeddings.pooling import forward_pooled
 
-__all__ = ["embed", "Embedder", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON", "folder_defaults",
-           "resolve_model"]
+__all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
+           "folder_defaults", "resolve_model"]
 
-EMPTY_MODES = ("error", "zero", "skip")
 #: Why the tokenizer needs its special tokens (the message of a tokenizer without them).
 EMBED_SPECIALS = "qkv embeds with BERT-style tokenizers that have [CLS], [SEP] and [PAD]"
-#: Written by ``qkv train-embeddings`` next to the weights: the pooling the model was trained for.
-EMBEDDING_JSON = "embedding.json"
-_CHUNK_DOCS = 4096
 _CHUNK_CHARS = 8 << 20  # a chunk also ends after this many characters: memory stays bounded
 
 
@@ -63,40 +61,6 @@ class EmbedStats:
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
-
-
-def folder_defaults(folder: str | os.PathLike) -> dict[str, Any]:
-    """Embedding settings a model folder declares: ``embedding.json`` (qkv), else a pretraining run's
-    block length (``run.json``'s ``train_config.max_len``: longer windows would reach position
-    embeddings that never trained) or the sentence-transformers files (``sentence_bert_config.json``'s
-    ``max_seq_length``, ``1_Pooling/config.json``'s mode). Keys: ``pooling``, ``layers``, ``max_len``
-    (any may be absent)."""
-    folder = Path(folder)
-    out: dict[str, Any] = {}
-    own = folder / EMBEDDING_JSON
-    if own.is_file():
-        data = json.loads(own.read_text(encoding="utf-8"))
-        out.update({k: data[k] for k in ("pooling", "layers", "max_len") if data.get(k) is not None})
-        return out
-    run = folder / "run.json"  # a `qkv pretrain` run: positions beyond its block length are untrained
-    if run.is_file():
-        block = json.loads(run.read_text(encoding="utf-8")).get("train_config", {}).get("max_len")
-        if isinstance(block, int) and block > 2:
-            out["max_len"] = block
-    st = folder / "sentence_bert_config.json"
-    if st.is_file():
-        seq = json.loads(st.read_text(encoding="utf-8")).get("max_seq_length")
-        if isinstance(seq, int) and seq > 2:
-            out["max_len"] = seq
-    pooling_cfg = folder / "1_Pooling" / "config.json"
-    if pooling_cfg.is_file():
-        data = json.loads(pooling_cfg.read_text(encoding="utf-8"))
-        modes = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-                 "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len"}
-        chosen = [m for k, m in modes.items() if data.get(k)]
-        if len(chosen) == 1:
-            out["pooling"] = chosen[0]
-    return out
 
 
 def resolve_model(model_or_path, tokenizer=None):
@@ -143,50 +107,48 @@ def resolve_model(model_or_path, tokenizer=None):
 class Embedder:
     """A model with fixed embedding options; reuse it to embed many inputs.
 
-    Args are those of :func:`embed` (``pooling``, ``layers`` and ``max_len`` default to what the
-    model folder declares, see :func:`folder_defaults`, else ``"mean"``, ``(-1,)`` and the model's
-    position table size), plus ``chunk_size``: documents per length-grouped chunk in streams.
+    Args:
+        model_or_path: a model folder, what :func:`qkv.load` returns, or a bare model with
+            ``tokenizer=``, as for :func:`embed`.
+        options: the :class:`~qkv.embeddings.options.EmbedOptions` (default ``EmbedOptions()``);
+            those left unset come from the model folder (see
+            :func:`~qkv.embeddings.options.folder_defaults`), else from the model.
+        tokenizer: a ``tokenizers.Tokenizer`` (or qkv ``WordPieceTokenizer``) to use instead of the
+            folder's or bundle's; needed with a bare model.
+        **changes: options changed on top of ``options``, by name (``Embedder(m, pooling="cls")``).
 
     Attributes:
-        pooling, layers, normalize, window, stride, truncate, empty: the resolved options.
+        options: the resolved :class:`~qkv.embeddings.options.EmbedOptions`: every field set, the
+            device as a ``torch.device`` (``options.to_dict(VECTOR_FIELDS)`` is what index folders
+            and evaluation results record).
+        pooling, layers, normalize, window, stride, truncate, empty, batch_size, chunk_size, progress:
+            the resolved options (``window`` is ``options.max_len``).
+        device: the ``torch.device`` the encoder runs on.
         dim: C, the vector width.
         stats: an :class:`EmbedStats` over all calls.
         model_ref: the resolved model folder (``None`` for a model object).
+
+    Raises:
+        EmbeddingError: a bad or unknown option, or one that does not fit the model (see
+            :meth:`~qkv.embeddings.options.EmbedOptions.resolved`); a model that cannot be loaded
+            or has no tokenizer.
     """
 
-    def __init__(self, model_or_path, *, pooling: str | None = None, layers=None, normalize: bool = True,
-                 batch_size: int = 32, max_len: int | None = None, stride: int | None = None,
-                 truncate: bool = False, empty: str = "error", progress: bool = False, device=None,
-                 tokenizer=None, chunk_size: int = _CHUNK_DOCS):
+    def __init__(self, model_or_path, options: EmbedOptions | None = None, *, tokenizer=None, **changes):
+        options = as_options(options, **changes)
         self.encoder, self.tokenizer, folder, self.model_ref = resolve_model(model_or_path, tokenizer)
-        n_layers = len(self.encoder.layers)
-        self.pooling = check_pooling(pooling or folder.get("pooling", "mean"))
-        layers = layers if layers is not None else folder.get("layers", (-1,))
-        self.layers = normalize_layers(layers, n_layers)
         limit = self.encoder.max_len
-        self.window = int(max_len if max_len is not None else min(folder.get("max_len", limit), limit))
-        if not 3 <= self.window <= limit:
-            raise EmbeddingError(f"max_len={max_len} must be in [3, {limit}] (the model's position table "
-                                 f"holds {limit}; a window needs [CLS], [SEP] and one token)")
-        span = self.window - 2
-        self.stride = int(stride) if stride is not None else max(1, (3 * span) // 4)
-        if not 1 <= self.stride <= span:
-            raise EmbeddingError(f"stride={stride} must be in [1, {span}] (the window holds {span} text "
-                                 "tokens; a larger stride would skip tokens)")
-        for name, value, low in (("batch_size", batch_size, 1), ("chunk_size", chunk_size, 1)):
-            if not isinstance(value, int) or value < low:
-                raise EmbeddingError(f"{name}={value!r} must be an int ≥ {low}")
-        if empty not in EMPTY_MODES:
-            raise EmbeddingError(f"empty={empty!r} is not allowed; allowed: {', '.join(EMPTY_MODES)}")
-        self.normalize, self.batch_size, self.chunk_size = bool(normalize), batch_size, chunk_size
-        self.truncate, self.empty, self.progress = bool(truncate), empty, progress
-        if device is None:
+        options = options.with_folder_defaults(folder, max_positions=limit).resolved(
+            n_layers=len(self.encoder.layers), max_positions=limit)
+        device = options.device
+        if device is None or device == "auto":
             device = next(self.encoder.parameters()).device if self.model_ref is None else (
                 "cuda" if torch.cuda.is_available() else "cpu")
-        check_device(device)
         self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise EmbeddingError(f"device={device!r} asked for, but torch sees no CUDA device")
+        self.options = o = options.replace(device=self.device)
+        self.pooling, self.layers, self.normalize, self.window = o.pooling, o.layers, o.normalize, o.max_len
+        self.stride, self.truncate, self.empty, self.progress = o.stride, o.truncate, o.empty, o.progress
+        self.batch_size, self.chunk_size = o.batch_size, o.chunk_size
         self.encoder.to(self.device)
         self.dim = int(self.encoder.embeddings.tokens.embedding_dim)
         self.stats = EmbedStats()
@@ -194,11 +156,6 @@ class Embedder:
         self._bar = None
         self._docs_expected: int | None = None
         self._docs_before = 0
-
-    def options(self) -> dict[str, Any]:
-        """The resolved options, for provenance records (index folders, evaluation JSON)."""
-        return {"pooling": self.pooling, "layers": list(self.layers), "normalize": self.normalize,
-                "max_len": self.window, "stride": self.stride, "truncate": self.truncate}
 
     # -- public ---------------------------------------------------------------------------------------
     def embed(self, texts: Sequence[str] | str) -> np.ndarray:
@@ -331,44 +288,33 @@ def _empty_error(ids: list) -> EmptyDocumentError:
         "qkv embed and qkv index, empty='skip' (--empty skip)")
 
 
-def embed(model_or_path, texts: Sequence[str] | str, *, pooling: str | None = None, layers=None,
-          normalize: bool = True, batch_size: int = 32, max_len: int | None = None,
-          stride: int | None = None, truncate: bool = False, empty: str = "error", progress: bool = False,
-          device=None, tokenizer=None) -> np.ndarray:
+def embed(model_or_path, texts: Sequence[str] | str, options: EmbedOptions | None = None, *,
+          tokenizer=None, **changes) -> np.ndarray:
     """Embed documents with a qkv or Hugging Face BERT encoder.
+
+    ``qkv.embed(m, texts, pooling="cls", max_len=128)`` is
+    ``qkv.embed(m, texts, options=EmbedOptions().replace(pooling="cls", max_len=128))``.
 
     Args:
         model_or_path: a model folder (qkv, qkv run, or Hugging Face BERT; see :func:`qkv.load`), what
             :func:`qkv.load` returns (a :class:`~qkv.models.io.Pretrained`), or an
             :class:`~qkv.nn.encoder.Encoder` / :class:`~qkv.models.mlm.MaskedLM` (with ``tokenizer=``).
         texts: the documents (a single ``str`` is one document).
-        pooling: ``"mean"`` (mask-aware), ``"cls"``, ``"max"`` or ``"mean_sqrt_len"``; default: the
-            folder's declared pooling (``embedding.json`` or sentence-transformers config), else mean.
-        layers: one index into the hidden states (``-1`` last, ``0`` the embedding output) or several,
-            whose token vectors are averaged before pooling (e.g. ``(-4, -3, -2, -1)``).
-        normalize: L2-normalise each document vector.
-        batch_size: windows per forward pass.
-        max_len: window length in tokens including ``[CLS]``/``[SEP]``; default: the folder's
-            declared length (e.g. sentence-transformers' ``max_seq_length``), else the model's limit.
-        stride: content tokens between window starts (default ¾ of the window's content: windows
-            overlap by a quarter).
-        truncate: keep only the first window of a long document instead of averaging all its
-            windows (counted in :attr:`Embedder.stats`).
-        empty: ``"error"`` (default) or ``"zero"``; see the module docstring.
-        progress: show a progress bar (stderr).
-        device: ``"cpu"``, ``"cuda"``, …; default: CUDA when available for a folder, the model's own
-            device for a model object.
+        options: the :class:`~qkv.embeddings.options.EmbedOptions` (default ``EmbedOptions()``:
+            pooling, layers and window from the model folder, else mean, the last layer and the
+            model's limit; normalised vectors; ``empty="error"``).
         tokenizer: a ``tokenizers.Tokenizer`` (or qkv ``WordPieceTokenizer``) to use instead of the
             folder's or bundle's; needed with a bare model.
+        **changes: options changed on top of ``options``, by name: ``pooling``, ``layers``,
+            ``normalize``, ``max_len``, ``stride``, ``truncate``, ``empty`` (``"error"`` or
+            ``"zero"``; see the module docstring), ``batch_size``, ``chunk_size``, ``device``,
+            ``progress`` (see :class:`~qkv.embeddings.options.EmbedOptions`).
 
     Returns:
         ``(N,C)`` float32 array, row i for ``texts[i]``.
 
     Raises:
-        EmbeddingError: a bad option, a model without tokenizer, a non-``str`` document.
+        EmbeddingError: a bad or unknown option, a model without tokenizer, a non-``str`` document.
         EmptyDocumentError: an empty document with ``empty="error"``.
     """
-    embedder = Embedder(model_or_path, pooling=pooling, layers=layers, normalize=normalize,
-                        batch_size=batch_size, max_len=max_len, stride=stride, truncate=truncate,
-                        empty=empty, progress=progress, device=device, tokenizer=tokenizer)
-    return embedder.embed(texts)
+    return Embedder(model_or_path, options, tokenizer=tokenizer, **changes).embed(texts)

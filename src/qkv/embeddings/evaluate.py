@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from qkv.embeddings.errors import EmbeddingError
+from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
 
 __all__ = ["EvalData", "load_eval_data", "score", "tfidf_vectors", "evaluate_models", "format_table"]
 
@@ -190,11 +191,30 @@ def tfidf_vectors(data: EvalData):
     return vec.fit_transform(data.train_texts), vec.transform(data.test_texts)
 
 
-def evaluate_models(models: list[str], data: EvalData, *, k: int = 10, max_len: int | None = None,
-                    batch_size: int = 32, device=None, progress: bool = False, log=print) -> dict[str, Any]:
-    """TF-IDF and each model folder on ``data``; returns the JSON-ready result."""
+def evaluate_models(models: list[str], data: EvalData, *, k: int = 10, options: EmbedOptions | None = None,
+                    log=print, **changes) -> dict[str, Any]:
+    """TF-IDF and each model folder on ``data``.
+
+    Args:
+        models: the model folders.
+        data: the labelled split (see :func:`load_eval_data`).
+        k: neighbours for k-NN.
+        options: the :class:`~qkv.embeddings.options.EmbedOptions` of every model (default
+            ``EmbedOptions(empty="zero")``: an empty document is a zero vector); ``normalize`` is
+            forced on.
+        log: called with a line as each model is done.
+        **changes: options changed on top of ``options``, by name (``max_len=128``, ``device="cuda"`` …).
+
+    Returns:
+        The JSON-ready result; each model's row records its resolved options
+        (:data:`~qkv.embeddings.options.VECTOR_FIELDS`).
+
+    Raises:
+        EmbeddingError: a bad option or model.
+    """
     from qkv.embeddings.embedder import Embedder
 
+    options = as_options(options, default=EmbedOptions(empty="zero"), **changes).replace(normalize=True)
     rows = []
     t0 = time.perf_counter()
     tr, te = tfidf_vectors(data)
@@ -203,13 +223,12 @@ def evaluate_models(models: list[str], data: EvalData, *, k: int = 10, max_len: 
     log(f"TF-IDF done ({rows[-1]['seconds']} s)")
     for model in models:
         t0 = time.perf_counter()
-        emb = Embedder(model, max_len=max_len, batch_size=batch_size, device=device, progress=progress,
-                       empty="zero", normalize=True)
+        emb = Embedder(model, options)
         tr, te = emb.embed(data.train_texts), emb.embed(data.test_texts)
         rows.append({"model": str(model), **score(tr, data.train_labels, te, data.test_labels, k=k),
                      "seconds": round(time.perf_counter() - t0, 1),
-                     "options": {**emb.options(), "long_documents": emb.stats.long_documents,
-                                 "windows": emb.stats.windows}})
+                     "options": {**emb.options.to_dict(VECTOR_FIELDS),
+                                 "long_documents": emb.stats.long_documents, "windows": emb.stats.windows}})
         log(f"{model} done ({rows[-1]['seconds']} s)")
     return {"dataset": data.name, "train_documents": len(data.train_texts),
             "test_documents": len(data.test_texts), "notes": data.notes, "k": k, "logreg_C": LOGREG_C,

@@ -33,8 +33,9 @@ import numpy as np
 
 from qkv._fs import make_temp_dir
 from qkv.embeddings.errors import EmbeddingError
+from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
 
-__all__ = ["build_index", "search", "load_index_meta", "Hit", "INDEX_JSON"]
+__all__ = ["build_index", "search", "load_index_meta", "index_options", "Hit", "INDEX_JSON"]
 
 INDEX_JSON = "index.json"
 INDEX_FORMAT = "qkv-embedding-index"
@@ -79,11 +80,22 @@ def _stat(path: Path) -> list[int]:
 
 
 def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], out: str | os.PathLike, *,
-                source: str = "", **embed_options) -> dict[str, Any]:
-    """Embed ``(id, text)`` records into the index folder ``out``; returns its ``index.json`` content.
+                source: str = "", options: EmbedOptions | None = None, **changes) -> dict[str, Any]:
+    """Embed ``(id, text)`` records into the index folder ``out``.
 
-    ``embed_options`` go to :class:`~qkv.embeddings.embedder.Embedder` (``normalize`` is forced on;
-    ``empty`` defaults to ``"skip"``: an empty document is not indexed).
+    Args:
+        model: the model folder.
+        records: ``(id, text)`` pairs.
+        out: the index folder to create (absent or empty).
+        source: where the records came from (recorded).
+        options: the :class:`~qkv.embeddings.options.EmbedOptions` (default
+            ``EmbedOptions(empty="skip")``: an empty document is not indexed); ``normalize`` is
+            forced on. The resolved options that decide the vectors are recorded in ``index.json``.
+        **changes: options changed on top of ``options``, by name
+            (``build_index(m, records, out, max_len=64)``).
+
+    Returns:
+        The ``index.json`` content.
 
     Raises:
         EmbeddingError: ``out`` exists and is not empty, or the embedder's errors.
@@ -91,13 +103,13 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
     from qkv.embeddings.embedder import Embedder
     from qkv.embeddings.streams import make_public_dir, open_writer
 
+    options = as_options(options, default=EmbedOptions(empty="skip"), **changes).replace(normalize=True)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise EmbeddingError(f"{out} exists and is not an empty folder; choose another --out")
     if not Path(model).is_dir():
         raise EmbeddingError(f"model folder not found: {model}")
-    embed_options = {"empty": "skip", **embed_options, "normalize": True}
-    embedder = Embedder(model, **embed_options)
+    embedder = Embedder(model, options)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(out)
     make_public_dir(tmp)
@@ -130,7 +142,8 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
                 "model_weights_sha256": _sha256(weights) if weights else None,
                 "model_weights_stat": _stat(weights) if weights else None,
                 "model_tokenizer_sha256": _tokenizer_sha256(Path(model)),
-                "embedding": embedder.options(), "count": rows, "dim": embedder.dim, "source": source,
+                "embedding": embedder.options.to_dict(VECTOR_FIELDS), "count": rows, "dim": embedder.dim,
+                "source": source,
                 "empty_skipped": embedder.stats.empty, "long_documents": embedder.stats.long_documents,
                 "truncated": embedder.stats.truncated, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         (tmp / INDEX_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
@@ -158,6 +171,32 @@ def load_index_meta(index: str | os.PathLike) -> dict[str, Any]:
     if meta.get("format") != INDEX_FORMAT:
         raise EmbeddingError(f"{path}: format {meta.get('format')!r}, expected {INDEX_FORMAT!r}")
     return meta
+
+
+def index_options(meta: dict[str, Any], index: str | os.PathLike = "") -> EmbedOptions:
+    """The options an index was built with (``index.json``'s ``embedding`` record), for its queries.
+
+    Args:
+        meta: the ``index.json`` content (see :func:`load_index_meta`).
+        index: the index folder, for messages.
+
+    Returns:
+        :class:`~qkv.embeddings.options.EmbedOptions` with the recorded fields that decide the vectors
+        (:data:`~qkv.embeddings.options.VECTOR_FIELDS`), the rest at their defaults.
+
+    Raises:
+        EmbeddingError: the record is missing, incomplete or holds a bad value.
+    """
+    stored = meta.get("embedding")
+    needed = [k for k in VECTOR_FIELDS if k != "normalize"]  # indexes always hold normalised vectors
+    missing = [k for k in needed if not isinstance(stored, dict) or k not in stored]
+    try:
+        if missing:
+            raise EmbeddingError(f"no {', '.join(missing)} in its embedding options")
+        return EmbedOptions.from_dict({k: stored[k] for k in VECTOR_FIELDS if k in stored})
+    except EmbeddingError as e:
+        raise EmbeddingError(f"{Path(index) / INDEX_JSON}: {e}; the index is damaged: rebuild it with "
+                             "qkv index") from None
 
 
 def _top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -209,8 +248,7 @@ def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
     if empty:
         raise EmbeddingError(f"query {empty[0] + 1} is empty; give a query with words")
     vectors, offsets = _open_arrays(Path(index), meta)
-    opts = {key: meta["embedding"][key] for key in ("pooling", "layers", "max_len", "stride", "truncate")}
-    embedder = Embedder(str(model), normalize=True, device=device, **opts)
+    embedder = Embedder(str(model), index_options(meta, index).replace(normalize=True, device=device))
     q = embedder.embed(queries).astype(np.float32)  # (Q,C)
     if not np.isfinite(q).all():
         raise EmbeddingError(f"the model in {model} gives non-finite (NaN/inf) query vectors; its weights are "

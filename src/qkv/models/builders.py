@@ -15,19 +15,59 @@ from torch import nn
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import SequenceClassifier, TaskConfig, TaskModel, TokenClassifier
-from qkv.nn.attention import MultiHeadAttention
+from qkv.nn.attention import MultiHeadAttention, check_heads
 from qkv.nn.encoder import Embeddings, Encoder
 from qkv.nn.layer import FeedForward, TransformerLayer
 from qkv.nn.pooler import Pooler
 from qkv.nn.positional import build_positions
+from qkv.nn.similarity import SIMILARITIES, build_similarity
 
-__all__ = ["build_encoder", "build_masked_lm", "build_model", "build_task_model", "attach_task_head",
+__all__ = ["build_attention", "build_layer", "build_encoder", "build_masked_lm", "build_model", "build_task_model", "attach_task_head",
            "init_weights"]
+
+
+def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot",
+                    similarity_kwargs: dict | None = None, qkv_proj: bool = True, out_proj: bool = True,
+                    bias: bool = True, dropout: float = 0.0, qk_transform: nn.Module | None = None,
+                    score_bias: nn.Module | None = None, backend: str = "auto",
+                    chunk_size: int | None = None) -> MultiHeadAttention:
+    """A :class:`~qkv.nn.attention.MultiHeadAttention` from plain options: its parts are made here.
+
+    Args:
+        d_model: model width C. n_heads: heads H (must divide C).
+        similarity: a name registered in :data:`qkv.nn.similarity.SIMILARITIES`.
+        similarity_kwargs: extra keyword arguments for the similarity (e.g. ``temperature``).
+        qkv_proj: learn Q/K/V maps (one fused ``C → 3C`` linear); ``False`` attends on the
+            embeddings themselves.
+        out_proj: apply the output map to the concatenated heads.
+        bias: biases in the linear maps.
+        dropout: dropout on the attention weights.
+        qk_transform: position transform of q and k (rotary), or ``None``.
+        score_bias: additive score bias module (relative, T5, ALiBi), or ``None``.
+        backend: ``"auto"`` or a registered attention backend.
+        chunk_size: queries per block on the chunked backend.
+    """
+    check_heads(d_model, n_heads)
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {similarity!r}; allowed: {', '.join(sorted(SIMILARITIES))}")
+    return MultiHeadAttention(
+        d_model,
+        n_heads,
+        similarity=build_similarity(similarity, n_heads=n_heads, d_head=d_model // n_heads,
+                                    **(similarity_kwargs or {})),
+        qkv_proj=nn.Linear(d_model, 3 * d_model, bias=bias) if qkv_proj else None,
+        out_proj=nn.Linear(d_model, d_model, bias=bias) if out_proj else None,
+        qk_transform=qk_transform,
+        score_bias=score_bias,
+        dropout=dropout,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
 
 
 def build_layer(config: ModelConfig, slots) -> TransformerLayer:
     """One transformer layer; position slots give each layer its own q/k transform and bias."""
-    attention = MultiHeadAttention(
+    attention = build_attention(
         config.d_model,
         config.n_heads,
         similarity=config.similarity,
@@ -38,7 +78,7 @@ def build_layer(config: ModelConfig, slots) -> TransformerLayer:
         dropout=config.attention_dropout,
         qk_transform=slots.make_qk_transform(),
         score_bias=slots.make_score_bias(),
-        path=config.attention_path,
+        backend=config.attention_path,
         chunk_size=config.chunk_size,
     )
     feed_forward = FeedForward(config.d_model, config.d_ff, activation=config.activation)

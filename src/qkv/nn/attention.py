@@ -1,20 +1,19 @@
-"""Multi-head self-attention: projections and head split/merge around :func:`attend`.
+"""Multi-head self-attention, as the textbook writes it.
 
-Legend: B batch, T query length, S key length, H heads, D head dim, C model width (= H·D).
+Legend: B batch, T query length, S key length, H heads, D head dim, C model width (= H·D),
+N packed tokens.
 
-``MultiHeadAttention`` owns only the maps (a fused Q/K/V projection and the output map) and the
-reshapes; the attention itself — similarity, bias, mask, softmax, mixing — is :func:`attend`.
-Position information plugs in through three slots (see :mod:`qkv.nn.positional`): ``qk_pos``
-added to the input of the query and key maps only, a ``qk_transform`` of per-head q and k
-(rotary), and a ``score_bias`` module giving an additive score bias (relative, T5, ALiBi).
+``MultiHeadAttention`` is given its parts and composes them::
 
-Weights without autograd (``need_weights=True`` under ``no_grad``, or nothing requiring grad;
-``path="auto"``, a dot-product similarity, no dropout in effect) take a low-memory path: the
-returned ``(B,H,T,T)`` weights are allocated once and every stage of :func:`attend` runs in place
-in them (:func:`~qkv.nn.attend.dot_scores_`, :func:`~qkv.nn.attend.softmax_scores_`), with the
-projections done one batch row at a time into a ``(T,2C)`` scratch buffer and each head's output
-summed into the output map in place. Same numbers as the explicit path; all three position slots
-work there.
+    q, k, v = X Ω_q, X Ω_k, X Ω_v        project (one fused C → 3C map), split into H heads
+    q, k    = transform(q, k)            position transform of q and k (rotary), optional
+    bias    = score_bias(T, S)           additive score bias (relative, T5, ALiBi), optional
+    o       = attend(q, k, v, …)         similarity → bias → mask → softmax → dropout → mix
+    out     = merge(o) Ω_o               concatenate the heads, output map
+
+Which kernel runs ``attend`` is not decided here (:mod:`qkv.nn.backends`). Positions added only
+where queries and keys are computed (``qk_pos``) enter the projection: Ω_q(X+Π) = Ω_q X + Ω_q Π.
+:func:`qkv.models.builders.build_attention` makes one from plain options.
 """
 
 from __future__ import annotations
@@ -25,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.nn.attend import PATHS, AttendOutput, attend, dot_scores_, softmax_scores_
+from qkv.nn.attend import attend
+from qkv.nn.backends import backend_names
 from qkv.nn.masks import key_padding_mask
-from qkv.nn.similarity import SIMILARITIES, build_similarity
 
-__all__ = ["MultiHeadAttention", "AttentionOutput", "attend", "AttendOutput"]
+__all__ = ["MultiHeadAttention", "AttentionOutput", "check_heads"]
 
 
 @dataclass
@@ -37,7 +36,7 @@ class AttentionOutput:
     """Result of :class:`MultiHeadAttention`.
 
     Attributes:
-        output: ``(B,T,C)``.
+        output: ``(B,T,C)`` (``(N,C)`` from :meth:`MultiHeadAttention.forward_packed`).
         weights: ``(B,H,T,S)`` per-head attention weights (before dropout), or ``None``.
     """
 
@@ -46,78 +45,44 @@ class AttentionOutput:
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head self-attention with a pluggable similarity.
+    """Multi-head self-attention composed of the parts it is given.
 
     Args:
         d_model: model width C.
         n_heads: number of heads H; must divide ``d_model``.
-        similarity: a name registered in :data:`qkv.nn.similarity.SIMILARITIES`.
-        similarity_kwargs: extra keyword arguments for the similarity (e.g. ``temperature``).
-        qkv_proj: learn Q/K/V maps (one fused ``C → 3C`` linear: rows ``[0:C]`` queries,
-            ``[C:2C]`` keys, ``[2C:3C]`` values). ``False`` attends on the embeddings themselves:
-            queries = keys = values = X split into heads.
-        out_proj: apply the output map Ω_c to the concatenated heads.
-        bias: biases in the linear maps.
-        dropout: dropout on the attention weights (0 keeps the fused kernel on CPU).
+        similarity: a similarity module (:mod:`qkv.nn.similarity`), built for H heads of width D.
+        qkv_proj: the fused Q/K/V map, an ``nn.Linear(C, 3C)`` (rows ``[0:C]`` queries, ``[C:2C]``
+            keys, ``[2C:3C]`` values), or ``None``: attend on the embeddings themselves
+            (queries = keys = values = X split into heads).
+        out_proj: the output map Ω_o, an ``nn.Linear(C, C)``, or ``None``.
         qk_transform: optional module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors (e.g. rotary).
         score_bias: optional module ``(T, S) -> bias`` giving an additive score bias accepted by
-            :func:`attend` (a tensor broadcastable to ``(B,H,T,S)`` or a row-block function).
-        path: attention path for :func:`attend` (``"auto"`` picks).
-        chunk_size: queries per block on the chunked path.
+            :func:`~qkv.nn.attend.attend`.
+        dropout: dropout on the attention weights (0 keeps the fused kernel on CPU).
+        backend: ``"auto"`` or a registered attention backend.
+        chunk_size: queries per block on the chunked backend.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        similarity: str = "scaled_dot",
-        similarity_kwargs: dict | None = None,
-        qkv_proj: bool = True,
-        out_proj: bool = True,
-        bias: bool = True,
-        dropout: float = 0.0,
-        qk_transform: nn.Module | None = None,
-        score_bias: nn.Module | None = None,
-        path: str = "auto",
-        chunk_size: int | None = None,
-    ):
+    def __init__(self, d_model: int, n_heads: int, *, similarity: nn.Module, qkv_proj: nn.Linear | None,
+                 out_proj: nn.Linear | None, qk_transform: nn.Module | None = None,
+                 score_bias: nn.Module | None = None, dropout: float = 0.0, backend: str = "auto",
+                 chunk_size: int | None = None):
         super().__init__()
-        if not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
-        if not isinstance(n_heads, int) or n_heads < 1:
-            raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
-        if d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}; choose n_heads among "
-                f"the divisors of d_model: {[h for h in range(1, d_model + 1) if d_model % h == 0]}"
-            )
-        if similarity not in SIMILARITIES:
-            raise ValueError(
-                f"unknown similarity {similarity!r}; allowed: {', '.join(sorted(SIMILARITIES))}"
-            )
-        if path not in PATHS:
-            raise ValueError(f"unknown attention path {path!r}; allowed: {', '.join(PATHS)}")
+        _check_sizes(d_model, n_heads, qkv_proj, out_proj)
+        if backend not in backend_names():
+            raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(backend_names())}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.dropout, self.path, self.chunk_size = dropout, path, chunk_size
-        self.similarity = build_similarity(
-            similarity, n_heads=n_heads, d_head=self.d_head, **(similarity_kwargs or {})
-        )
-        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias) if qkv_proj else None
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias) if out_proj else None
-        self.qk_transform = qk_transform
-        self.score_bias = score_bias
+        self.similarity, self.qkv_proj, self.out_proj = similarity, qkv_proj, out_proj
+        self.qk_transform, self.score_bias = qk_transform, score_bias
+        self.dropout, self.backend, self.chunk_size = dropout, backend, chunk_size
 
-    def _check_x(self, x: Tensor) -> None:
-        if not isinstance(x, Tensor) or x.dim() != 3:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x must be a 3-D tensor (B, T, C={self.d_model}), got {shape}")
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x has width C={x.shape[-1]}, but this layer has d_model={self.d_model}")
+    def project(self, x: Tensor, qk_pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values split into heads: ``(B,T,C)`` → 3 × ``(B,H,T,D)``.
 
-    def _project(self, x: Tensor, qk_pos: Tensor | None):
+        ``qk_pos`` (``(T,C)`` or ``(B,T,C)``) is added to the input of the query and key maps only.
+        """
         B, T, C = x.shape
         H, D = self.n_heads, self.d_head
         if self.qkv_proj is None:
@@ -130,103 +95,30 @@ class MultiHeadAttention(nn.Module):
         if qk_pos is not None:  # Ω_q(X+Π) = Ω_q X + Ω_q Π, keys likewise; values see X only
             pos = F.linear(qk_pos, self.qkv_proj.weight[: 2 * C])  # (…,T,C) -> (…,T,2C)
             qkv = _cat_last(qkv[..., : 2 * C] + pos, qkv[..., 2 * C :])  # (B,T,3C)
-        # split on the (B,T,3,H,D) view, then transpose each: the same views as a permute to
-        # (3,B,H,T,D), but the backward stacks the three gradients in place of (B,T,3C) in one
-        # contiguous copy (a permuted stack costs a second, strided copy)
+        # split on the (B,T,3,H,D) view, then transpose each: the backward stacks the three
+        # gradients in place of (B,T,3C) in one contiguous copy (a permuted stack costs two)
         parts = qkv.view(B, T, 3, H, D).unbind(2)  # (B,T,3C) -> 3 × (B,T,H,D)
         q, k, v = (t.transpose(1, 2) for t in parts)  # 3 × (B,H,T,D)
         return q, k, v
 
-    # ------------------------------------------------------------------------------------------
-    # need_weights without autograd: the returned weights are the only (B,H,T,T) tensor
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+                need_weights: bool):
+        """Position transform and score bias, then :func:`attend`: ``(B,H,T,D)`` → ``AttendOutput``."""
+        if self.qk_transform is not None:
+            q, k = self.qk_transform(q, k)
+        bias = self.score_bias(q.shape[2], k.shape[2]) if self.score_bias is not None else None
+        return attend(q, k, v, similarity=self.similarity, bias=bias, mask=mask, causal=causal,
+                      dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
+                      backend=self.backend, chunk_size=self.chunk_size)
 
-    def _low_memory_weights_ok(self, x: Tensor, qk_pos: Tensor | None) -> bool:
-        """Path "auto", a dot-product similarity, no dropout in effect, nothing that needs a graph."""
-        if self.path != "auto" or not getattr(self.similarity, "has_dot_form", False):
-            return False
-        if (self.training and self.dropout > 0) or x.shape[0] == 0 or x.shape[1] == 0:
-            return False
-        if not torch.is_grad_enabled():
-            return True
-        return not any(t.requires_grad for t in (x, qk_pos, *self.parameters()) if t is not None)
+    def _out(self, o: Tensor) -> Tensor:
+        """Merge heads and apply the output map: ``(B,H,T,D)`` → ``(B,T,C)``."""
+        B, H, T, D = o.shape
+        out = o.transpose(1, 2).reshape(B, T, H * D)  # (B,H,T,D) -> (B,T,H,D) -> (B,T,C)
+        return self.out_proj(out) if self.out_proj is not None else out  # (B,T,C) -> (B,T,C)
 
-    def _project_qk(self, x: Tensor, qk_pos: Tensor | None, out: Tensor) -> tuple[Tensor, Tensor]:
-        """Queries and keys of one batch row (rows ``[0:2C]`` of the fused map), written into
-        ``out (T,2C)``: 2 × ``(1,H,T,D)`` views. ``x (T,C)``; ``qk_pos (T,C)`` or ``None``."""
-        T, C = x.shape
-        H, D = self.n_heads, self.d_head
-        if self.qkv_proj is None:
-            qk = x if qk_pos is None else x + qk_pos  # (T,C)
-            qk = qk.view(1, T, H, D).transpose(1, 2)  # (T,C) -> (1,T,H,D) -> (1,H,T,D)
-            return qk, qk
-        w, b = self.qkv_proj.weight[: 2 * C], self.qkv_proj.bias
-        _linear_into(out, x, w, None if b is None else b[: 2 * C])  # (T,C) -> (T,2C)
-        if qk_pos is not None:  # Ω_q(X+Π) = Ω_q X + Ω_q Π, keys likewise (as in _project)
-            out.add_(F.linear(qk_pos, w))  # (T,2C) += (T,2C)
-        qk = out.view(1, T, 2, H, D).permute(2, 0, 3, 1, 4)  # (T,2C) -> (1,T,2,H,D) -> (2,1,H,T,D)
-        q, k = qk.unbind(0)  # 2 × (1,H,T,D)
-        return q, k
-
-    def _project_v(self, x: Tensor, out: Tensor) -> Tensor:
-        """Values of one batch row (rows ``[2C:3C]``) into ``out``: ``(T,C) -> (T,C)``, head h in
-        columns ``h·D … (h+1)·D-1``."""
-        if self.qkv_proj is None:
-            return x
-        C, b = self.d_model, self.qkv_proj.bias
-        return _linear_into(out, x, self.qkv_proj.weight[2 * C :], None if b is None else b[2 * C :])
-
-    def _low_memory_weights(self, x: Tensor, mask: Tensor | None, causal: bool,
-                            qk_pos: Tensor | None) -> AttentionOutput:
-        """need_weights without autograd, with no ``(B,H,T,T)`` tensor besides the returned weights.
-
-        The stages of :func:`attend`, in place in the returned weights: similarity (one batch row
-        at a time, the GEMM writing into the weights) ─▶ + bias ─▶ mask ─▶ softmax; then mixing
-        per (batch row, head), each head's ``(T,D)`` output going through its slice of the output
-        map and summed in place. Projections go into one reused ``(T,2C)`` scratch buffer (no
-        per-row allocations to fragment the heap): work memory is O(T·C) beyond weights and output.
-        """
-        B, T, C = x.shape
-        H, D = self.n_heads, self.d_head
-        work = x.new_empty(T * 2 * C)  # scratch: q|k of a row (T,2C), later v (T,C) and o (T,D)
-        weights = None
-        for i in range(B):  # similarity, batch row i
-            pos = qk_pos if qk_pos is None or qk_pos.dim() == 2 else qk_pos[min(i, len(qk_pos) - 1)]  # (T,C)
-            q, k = self._project_qk(x[i], pos, work.view(T, 2 * C))  # 2 × (1,H,T,D)
-            if self.qk_transform is not None:
-                q, k = self.qk_transform(q, k)
-            if weights is None:
-                weights = q.new_empty(B, H, T, T)  # (B,H,T,S)
-            dot_scores_(weights[i : i + 1], q, k, self.similarity)  # into (1,H,T,S)
-        bias = self.score_bias(T, T) if self.score_bias is not None else None
-        softmax_scores_(weights, bias=bias, mask=mask, causal=causal)  # + bias ─▶ mask ─▶ softmax
-        out = weights.new_empty(B, T, C)  # (B,T,C)
-        w_o = None if self.out_proj is None else self.out_proj.weight  # (C,C)
-        v_buf, o = work[: T * C].view(T, C), work[T * C : T * C + T * D].view(T, D)
-        for i in range(B):  # mix and merge, batch row i
-            v = self._project_v(x[i], v_buf)  # (T,C) -> (T,C)
-            out_i = out[i]  # (T,C) view
-            if w_o is not None and self.out_proj.bias is not None:
-                out_i.copy_(self.out_proj.bias)  # (C,) -> (T,C), the output map's bias once
-            elif w_o is not None:
-                out_i.zero_()
-            for h in range(H):
-                cols = slice(h * D, (h + 1) * D)
-                torch.mm(weights[i, h], v[:, cols], out=o)  # (T,S)(S,D) -> (T,D)
-                if w_o is None:
-                    out_i[:, cols] = o  # merge heads: (T,D) into columns of (T,C)
-                else:
-                    out_i.addmm_(o, w_o[:, cols].t())  # += (T,D)(D,C): head h's share of Ω_c
-        return AttentionOutput(out, weights)
-
-    def forward(
-        self,
-        x: Tensor,
-        padding_mask: Tensor | None = None,
-        *,
-        causal: bool = False,
-        need_weights: bool = False,
-        qk_pos: Tensor | None = None,
-    ) -> AttentionOutput:
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, causal: bool = False,
+                need_weights: bool = False, qk_pos: Tensor | None = None) -> AttentionOutput:
         """Self-attention of ``x``.
 
         Args:
@@ -240,39 +132,96 @@ class MultiHeadAttention(nn.Module):
         Returns:
             :class:`AttentionOutput` with ``output (B,T,C)`` and ``weights (B,H,T,T) | None``.
         """
-        self._check_x(x)
-        B, T, C = x.shape
+        self._check_x(x, qk_pos)
+        B, T, _ = x.shape
         mask = None if padding_mask is None else key_padding_mask(padding_mask, batch=B, length=T)
+        q, k, v = self.project(x, qk_pos)  # 3 × (B,H,T,D)
+        res = self._attend(q, k, v, mask, causal, need_weights)
+        return AttentionOutput(self._out(res.output), res.weights)
+
+    def forward_packed(self, x: Tensor, lengths: list[int], qk_pos: Tensor | None = None) -> AttentionOutput:
+        """Self-attention of packed sequences: no padded position is computed.
+
+        The maps run once over all N real tokens; the attention core runs on each sequence on its
+        own, unmasked, sequences of equal length together in one call.
+
+        Args:
+            x: ``(N,C)``, the tokens of several sequences back to back (N = Σ lengths).
+            lengths: the length of each sequence; a token attends only within its own sequence.
+            qk_pos: ``(T,C)`` query/key positions; sequence i uses rows ``[0, lengths[i])``.
+
+        Returns:
+            :class:`AttentionOutput` with ``output (N,C)``; what :meth:`forward` gives at the real
+            positions of the right-padded batch (up to float rounding).
+        """
+        N, C = x.shape
+        if sum(lengths) != N:
+            raise ValueError(f"lengths sum to {sum(lengths)}, but x has {N} rows")
+        pos = None if qk_pos is None else torch.cat([qk_pos[:n] for n in lengths])[None]  # (1,N,C)
+        q, k, v = (t[0] for t in self.project(x[None], pos))  # 3 × (H,N,D)
+        o = torch.empty_like(q)  # (H,N,D)
+        for rows in _rows_by_length(lengths, x.device):  # the m sequences of one length n
+            qs, ks, vs = (_gather(t, rows) for t in (q, k, v))  # 3 × (m,H,n,D)
+            _scatter(o, rows, self._attend(qs, ks, vs, None, False, False).output)
+        return AttentionOutput(self._out(o[None])[0])  # (1,H,N,D) -> (1,N,C) -> (N,C)
+
+    def _check_x(self, x: Tensor, qk_pos: Tensor | None) -> None:
+        if not isinstance(x, Tensor) or x.dim() != 3:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must be a 3-D tensor (B, T, C={self.d_model}), got {shape}")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x has width C={x.shape[-1]}, but this layer has d_model={self.d_model}")
+        T, C = x.shape[1:]
         if qk_pos is not None and (qk_pos.shape[-2:] != (T, C) or qk_pos.dim() not in (2, 3)):
             raise ValueError(f"qk_pos must be (T,C) = ({T},{C}) or (B,T,C), got {tuple(qk_pos.shape)}")
-        if need_weights and self._low_memory_weights_ok(x, qk_pos):
-            return self._low_memory_weights(x, mask, causal, qk_pos)
-        q, k, v = self._project(x, qk_pos)  # 3 × (B,H,T,D)
-        if self.qk_transform is not None:
-            q, k = self.qk_transform(q, k)
-        bias = self.score_bias(T, T) if self.score_bias is not None else None
-        res = attend(
-            q, k, v,
-            similarity=self.similarity,
-            bias=bias,
-            mask=mask,
-            causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-            path=self.path,
-            chunk_size=self.chunk_size,
-        )
-        out = res.output.transpose(1, 2).reshape(B, T, C)  # (B,H,T,D) -> (B,T,H,D) -> (B,T,C)
-        if self.out_proj is not None:
-            out = self.out_proj(out)  # (B,T,C) -> (B,T,C)
-        return AttentionOutput(out, res.weights)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, backend={self.backend!r}"
 
 
-def _linear_into(out: Tensor, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    """``out ← x wᵀ + b`` without allocating: ``x (T,C)``, ``w (C',C)`` -> ``out (T,C')``."""
-    if b is None:
-        return torch.mm(x, w.t(), out=out)  # (T,C)(C,C') -> (T,C')
-    return torch.addmm(b, x, w.t(), out=out)  # (C',) + (T,C)(C,C') -> (T,C')
+def check_heads(d_model: int, n_heads: int) -> None:
+    """``ValueError`` unless ``d_model`` and ``n_heads`` are positive ints and H divides C."""
+    if not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+    if not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
+    if d_model % n_heads != 0:
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}; choose n_heads among "
+            f"the divisors of d_model: {[h for h in range(1, d_model + 1) if d_model % h == 0]}")
+
+
+def _check_sizes(d_model: int, n_heads: int, qkv_proj, out_proj) -> None:
+    check_heads(d_model, n_heads)
+    for name, lin, shape in (("qkv_proj", qkv_proj, (3 * d_model, d_model)), ("out_proj", out_proj, (d_model, d_model))):
+        if lin is not None and (not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != shape):
+            got = tuple(lin.weight.shape) if isinstance(lin, nn.Linear) else type(lin).__name__
+            raise ValueError(f"{name} must be an nn.Linear with weight {shape} or None, got {got}")
+
+
+def _rows_by_length(lengths: list[int], device) -> list[slice | Tensor]:
+    """For each distinct length n > 0, the packed rows of its m sequences: a slice when m = 1,
+    else an ``(m,n)`` index tensor."""
+    starts, at = {}, 0
+    for n in lengths:
+        if n:
+            starts.setdefault(n, []).append(at)
+        at += n
+    return [slice(s[0], s[0] + n) if len(s) == 1 else
+            torch.tensor(s, device=device)[:, None] + torch.arange(n, device=device)  # (m,1)+(n,) -> (m,n)
+            for n, s in starts.items()]
+
+
+def _gather(t: Tensor, rows: slice | Tensor) -> Tensor:
+    """``(H,N,D)`` → ``(m,H,n,D)``: the rows of m packed sequences of length n (a view when m = 1)."""
+    if isinstance(rows, slice):
+        return t[:, rows][None]  # (H,n,D) -> (1,H,n,D)
+    return t[:, rows].transpose(0, 1)  # (H,m,n,D) -> (m,H,n,D)
+
+
+def _scatter(o: Tensor, rows: slice | Tensor, out: Tensor) -> None:
+    """Write ``out (m,H,n,D)`` into the packed rows of ``o (H,N,D)``."""
+    o[:, rows] = out[0] if isinstance(rows, slice) else out.transpose(0, 1)  # (m,H,n,D) -> (H,m,n,D)
 
 
 def _cat_last(a: Tensor, b: Tensor) -> Tensor:

@@ -6,6 +6,10 @@ Modules here take plain arguments; :func:`qkv.models.builders.build_encoder` ass
 a :class:`qkv.config.ModelConfig`. The default path is fast: no attention weights are formed
 (fused ``scaled_dot_product_attention``), an all-real padding mask is dropped so the kernel runs
 unmasked, and absent segment ids add one embedding row instead of a lookup.
+
+Two entry points: :meth:`Encoder.forward` on a padded ``(B,T)`` batch (attention weights on request)
+and :meth:`Encoder.forward_packed` on a :class:`~qkv.nn.packed.PackedBatch` — sequences back to
+back, no padded position computed (N = Σ lengths tokens).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Embeddings", "Encoder", "EncoderOutput"]
+from qkv.nn.packed import PackedBatch
+
+__all__ = ["Embeddings", "Encoder", "EncoderOutput", "PackedEncoderOutput", "PackedBatch"]
 
 
 @dataclass
@@ -36,6 +42,23 @@ class EncoderOutput:
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
     pooler_output: Tensor | None = None
+
+
+@dataclass
+class PackedEncoderOutput:
+    """Result of :meth:`Encoder.forward_packed` (N = Σ lengths packed tokens).
+
+    Attributes:
+        last_hidden_state: ``(N,C)`` output of the last layer (after the final norm, pre-LN).
+        hidden_states: when requested, ``n_layers + 1`` tensors ``(N,C)``; else ``None``.
+        pooler_output: ``(B,C)`` the pooler of each sequence's first token, or ``None``.
+        lengths: the length of each sequence.
+    """
+
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None
+    pooler_output: Tensor | None
+    lengths: tuple[int, ...]
 
 
 class Embeddings(nn.Module):
@@ -79,6 +102,15 @@ class Embeddings(nn.Module):
                 x = x + self.segments.weight[0]  # (B,T,C) + (C,): every token in segment 0
             else:
                 x = x + self.segments(token_type_ids)  # (B,T) -> (B,T,C)
+        return self.dropout(self.norm(x))
+
+    def forward_packed(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Packed ``(N,)`` ids, each token's ``(N,)`` position in its sequence (and segment ids) → ``(N,C)``."""
+        x = self.tokens(input_ids)  # (N,) -> (N,C)
+        if self.positions is not None and len(positions):
+            x = x + self.positions(int(positions.max()) + 1)[positions]  # (T,C)[(N,)] -> (N,C)
+        if self.segments is not None:
+            x = x + (self.segments.weight[0] if token_type_ids is None else self.segments(token_type_ids))
         return self.dropout(self.norm(x))
 
 
@@ -128,11 +160,20 @@ class Encoder(nn.Module):
             got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be an integer tensor (B, T), got {got}")
         B, T = input_ids.shape
+        self._check_length(T)
+        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if t is not None and tuple(t.shape) != (B, T):
+                raise ValueError(f"{name} must have shape (B, T) = ({B}, {T}), got {tuple(t.shape)}")
+        self._check_values(input_ids, token_type_ids)
+
+    def _check_length(self, T: int) -> None:
         if T > self.max_len:
             raise ValueError(
                 f"sequence length {T} exceeds max_len={self.max_len} (the size of the position "
                 "table); truncate the input or build a model with a larger max_len"
             )
+
+    def _check_values(self, input_ids: Tensor, token_type_ids: Tensor | None) -> None:
         if input_ids.numel():
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.vocab_size:
@@ -140,9 +181,6 @@ class Encoder(nn.Module):
                     f"input_ids must lie in [0, vocab_size={self.vocab_size}); found values in "
                     f"[{lo}, {hi}]"
                 )
-        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-            if t is not None and tuple(t.shape) != (B, T):
-                raise ValueError(f"{name} must have shape (B, T) = ({B}, {T}), got {tuple(t.shape)}")
         segments = self.embeddings.segments
         if token_type_ids is not None and token_type_ids.numel():
             n = 0 if segments is None else segments.num_embeddings
@@ -157,9 +195,8 @@ class Encoder(nn.Module):
         token_type_ids: Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        unpad: bool = False,
     ) -> EncoderOutput:
-        """Encode a batch.
+        """Encode a padded batch (see :meth:`forward_packed` for a padding-free one).
 
         Args:
             input_ids: ``(B,T)`` token ids in ``[0, V)``.
@@ -167,13 +204,7 @@ class Encoder(nn.Module):
                 masked: outputs at padded positions are defined but meaningless).
             token_type_ids: ``(B,T)`` segment ids (default: all 0).
             output_hidden_states: return the embedding output and every layer's output.
-            output_attentions: return every layer's exact ``(B,H,T,T)`` attention weights
-                (slower: the explicit attention path).
-            unpad: with a right-padded ``attention_mask`` (each row's real tokens first), run the
-                layers on the real tokens only (packed, no padded position computed; each
-                sequence attends on its own, unmasked) and return zeros at padded positions.
-                Real positions get what the padded computation gives, up to float rounding.
-                Ignored (the padded path runs) with ``output_attentions`` or another mask shape.
+            output_attentions: return every layer's exact ``(B,H,T,T)`` attention weights.
 
         Returns:
             :class:`EncoderOutput`.
@@ -191,21 +222,19 @@ class Encoder(nn.Module):
         T = input_ids.shape[1]
         qk_pos = self.qk_positions(T) if self.qk_positions is not None else None  # (T,C)
         x = self.embeddings(input_ids, token_type_ids)  # (B,T,C)
-        if unpad and padding_mask is not None and not output_attentions:
-            lengths = padding_mask.sum(dim=1)  # (B,)
-            if torch.equal(padding_mask, torch.arange(T, device=x.device) < lengths[:, None]):
-                return self._forward_packed(x, padding_mask, lengths.tolist(), qk_pos, output_hidden_states)
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for i, layer in enumerate(self.layers):
+        for layer in self.layers:
             out = layer(x, padding_mask, need_weights=output_attentions, qk_pos=qk_pos)
             x = out.output
-            if self.final_norm is not None and i == len(self.layers) - 1:
-                x = self.final_norm(x)
             if hidden is not None:
                 hidden.append(x)
             if attentions is not None:
                 attentions.append(out.attention_weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden is not None:
+                hidden[-1] = x
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden) if hidden is not None else None,
@@ -213,24 +242,36 @@ class Encoder(nn.Module):
             pooler_output=self.pooler(x) if self.pooler is not None else None,  # (B,T,C) -> (B,C)
         )
 
-    def _forward_packed(self, x: Tensor, padding_mask: Tensor, lengths: list[int], qk_pos: Tensor | None,
-                        output_hidden_states: bool) -> EncoderOutput:
-        """The layers on the real tokens only; ``x (B,T,C)`` embeddings, right-padded mask."""
-        B, T, C = x.shape
-        flat = padding_mask.reshape(-1)  # (B·T,)
+    def forward_packed(self, batch: PackedBatch, output_hidden_states: bool = False) -> PackedEncoderOutput:
+        """Encode sequences without padding: no padded position is computed anywhere.
 
-        def repad(p: Tensor) -> Tensor:  # (N,C) -> (B,T,C), zeros at padded positions
-            return p.new_zeros(B * T, C).index_put_((flat,), p).view(B, T, C)
+        Args:
+            batch: the sequences back to back (:class:`~qkv.nn.packed.PackedBatch`).
+            output_hidden_states: return the embedding output and every layer's output.
 
+        Returns:
+            :class:`PackedEncoderOutput` with ``(N,C)`` states: for each sequence what
+            :meth:`forward` gives at its real positions when it is right-padded in a batch with a
+            padding mask (up to float rounding).
+        """
+        if not isinstance(batch, PackedBatch):
+            raise ValueError(f"forward_packed needs a qkv.nn.packed.PackedBatch, got {type(batch).__name__}")
+        self._check_length(batch.max_len)
+        self._check_values(batch.input_ids, batch.token_type_ids)
+        T, lengths = batch.max_len, list(batch.lengths)
+        qk_pos = self.qk_positions(T) if self.qk_positions is not None else None  # (T,C)
+        x = self.embeddings.forward_packed(batch.input_ids, batch.positions(), batch.token_type_ids)  # (N,C)
         hidden = [x] if output_hidden_states else None
-        p = x.reshape(B * T, C)[flat]  # (B·T,C) -> (N,C)
-        for i, layer in enumerate(self.layers):
-            p = layer.forward_packed(p, lengths, qk_pos=qk_pos)  # (N,C)
-            if self.final_norm is not None and i == len(self.layers) - 1:
-                p = self.final_norm(p)
+        for layer in self.layers:
+            x = layer.forward_packed(x, lengths, qk_pos=qk_pos)  # (N,C)
             if hidden is not None:
-                hidden.append(repad(p))
-        last = hidden[-1] if hidden is not None else repad(p)
-        pooled = self.pooler(last) if self.pooler is not None else None  # (B,T,C) -> (B,C)
-        return EncoderOutput(last_hidden_state=last, hidden_states=tuple(hidden) if hidden else None,
-                             pooler_output=pooled)
+                hidden.append(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden is not None:
+                hidden[-1] = x
+        pooled = None
+        if self.pooler is not None and lengths:
+            first = x[batch.starts.clamp(max=max(0, x.shape[0] - 1))]  # (B,C) each sequence's first token
+            pooled = self.pooler(first[:, None])  # (B,1,C) -> (B,C)
+        return PackedEncoderOutput(x, tuple(hidden) if hidden is not None else None, pooled, batch.lengths)

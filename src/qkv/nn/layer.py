@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "FeedForward", "TransformerLayer", "LayerOutput", "packed_attention"]
+__all__ = ["ACTIVATIONS", "FeedForward", "TransformerLayer", "LayerOutput"]
 
 #: Feed-forward non-linearities by name (``gelu`` is the exact erf form used by BERT).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -65,18 +65,20 @@ class FeedForward(nn.Module):
         super().__init__()
         self.activation_name = activation
         self.activation = get_activation(activation)
+        self._activation_ = _INPLACE_ACTIVATIONS.get(activation)
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(…,C)`` → ``(…,C)``."""
         h = self.linear1(x)  # (…,C) -> (…,F)
-        inplace = _INPLACE_ACTIVATIONS.get(self.activation_name)
-        if inplace is not None and not torch.is_grad_enabled():
-            h = inplace(h)  # no graph to keep h for: activate in place
-        else:
-            h = self.activation(h)
-        return self.linear2(h)  # (…,F) -> (…,C)
+        return self.linear2(self._activate(h))  # (…,F) -> (…,C)
+
+    def _activate(self, h: Tensor) -> Tensor:
+        """The activation, written into ``h`` when no graph keeps ``h`` (saves a copy)."""
+        if self._activation_ is not None and not h.requires_grad:
+            return self._activation_(h)
+        return self.activation(h)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name!r}"
@@ -99,12 +101,12 @@ class TransformerLayer(nn.Module):
     """One encoder layer around a given attention module and feed-forward module.
 
     Args:
-        attention: a self-attention module with the signature of
-            :class:`qkv.nn.attention.MultiHeadAttention` (``(x, padding_mask, need_weights=,
-            qk_pos=) -> AttentionOutput``).
-        feed_forward: a module ``(B,T,C) -> (B,T,C)``, e.g. :class:`FeedForward`.
+        attention: a self-attention module with the interface of
+            :class:`qkv.nn.attention.MultiHeadAttention` (``forward(x, padding_mask, need_weights=,
+            qk_pos=) -> AttentionOutput`` and ``forward_packed(x, lengths, qk_pos)``).
+        feed_forward: a module ``(…,C) -> (…,C)``, e.g. :class:`FeedForward`.
         d_model: model width C (for the LayerNorms).
-        norm: ``"post"`` (BERT) or ``"pre"``.
+        norm: ``"post"`` (BERT) or ``"pre"``, chosen here once.
         dropout: dropout on each sublayer output before the residual sum.
         layer_norm_eps: LayerNorm epsilon.
     """
@@ -128,6 +130,7 @@ class TransformerLayer(nn.Module):
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)  # feed-forward sublayer
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = norm == "pre"
+        self._sublayers = self._pre_ln if self.pre_norm else self._post_ln
 
     def forward(
         self,
@@ -142,20 +145,19 @@ class TransformerLayer(nn.Module):
         Args:
             x: ``(B,T,C)``.
             padding_mask: ``(B,T)`` boolean, True = real token.
-            need_weights: also return the exact ``(B,H,T,T)`` attention weights (explicit path).
+            need_weights: also return the exact ``(B,H,T,T)`` attention weights.
             qk_pos: ``(T,C)`` positions added to the query and key inputs only.
 
         Returns:
             :class:`LayerOutput` with ``output (B,T,C)``.
         """
-        weights = []
+        att: list = []
 
         def attend_fn(h: Tensor) -> Tensor:
-            att = self.attention(h, padding_mask, need_weights=need_weights, qk_pos=qk_pos)
-            weights.append(att.weights)
-            return att.output
+            att.append(self.attention(h, padding_mask, need_weights=need_weights, qk_pos=qk_pos))
+            return att[0].output
 
-        return LayerOutput(self._sublayers(x, attend_fn), weights[0])
+        return LayerOutput(self._sublayers(x, attend_fn), att[0].weights)
 
     def forward_packed(self, x: Tensor, lengths: list[int], *, qk_pos: Tensor | None = None) -> Tensor:
         """The layer on packed sequences, without padding.
@@ -170,71 +172,24 @@ class TransformerLayer(nn.Module):
             ``(N,C)``: for each sequence, what :meth:`forward` gives at its real positions when it
             is right-padded in a batch with a padding mask (up to float rounding).
         """
-        return self._sublayers(x, lambda h: packed_attention(self.attention, h, lengths, qk_pos))
+        return self._sublayers(x, lambda h: self.attention.forward_packed(h, lengths, qk_pos).output)
 
-    def _sublayers(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
-        """Both sublayers with residuals and norms around ``attend_fn`` (``(…,C) -> (…,C)``)."""
-        if (not torch.is_grad_enabled() and not (self.training and self.dropout.p > 0)
-                and isinstance(self.feed_forward, FeedForward)):
-            # no graph and no dropout: the residual sums go into the fresh sublayer outputs
-            if self.pre_norm:
-                h = _residual_into(attend_fn(self.norm1(x)), x)
-                return _residual_into(self.feed_forward(self.norm2(h)), h)
-            h = self.norm1(_residual_into(attend_fn(x), x))
-            return self.norm2(_residual_into(self.feed_forward(h), h))
-        if self.pre_norm:
-            h = x + self.dropout(attend_fn(self.norm1(x)))
-            return h + self.dropout(self.feed_forward(self.norm2(h)))
-        h = self.norm1(x + self.dropout(attend_fn(x)))
-        return self.norm2(h + self.dropout(self.feed_forward(h)))
+    def _post_ln(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
+        """``h = LN(x + Drop(Att(x)))``, ``y = LN(h + Drop(FFN(h)))``."""
+        h = self.norm1(_residual(self.dropout(attend_fn(x)), x))
+        return self.norm2(_residual(self.dropout(self.feed_forward(h)), h))
+
+    def _pre_ln(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
+        """``h = x + Drop(Att(LN(x)))``, ``y = h + Drop(FFN(LN(h)))``."""
+        h = _residual(self.dropout(attend_fn(self.norm1(x))), x)
+        return _residual(self.dropout(self.feed_forward(self.norm2(h))), h)
 
 
-def _residual_into(out: Tensor, x: Tensor) -> Tensor:
-    """``x + out`` written into ``out`` (a fresh sublayer output) when the types allow it."""
-    if out.dtype == x.dtype and out.shape == x.shape:
+def _residual(out: Tensor, x: Tensor) -> Tensor:
+    """``x + out``; written into ``out`` (a fresh sublayer output) when no graph keeps it, it does
+    not share memory with ``x``, and the types allow (a bfloat16 sublayer output under autocast
+    promotes as usual)."""
+    if (not out.requires_grad and out.dtype == x.dtype and out.shape == x.shape
+            and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()):
         return out.add_(x)
-    return x + out  # e.g. a bfloat16 sublayer output under autocast: promote as usual
-
-
-def packed_attention(attention: nn.Module, x: Tensor, lengths: list[int],
-                     qk_pos: Tensor | None = None) -> Tensor:
-    """Self-attention of packed sequences with a :class:`~qkv.nn.attention.MultiHeadAttention`.
-
-    The position-wise maps (the fused Q/K/V projection, the output map) run once over all N real
-    tokens; the attention core runs per sequence on its own ``(1,H,L,D)`` block, unmasked (so on
-    the sdpa path torch's fused kernel runs without a mask). No padded position is computed.
-
-    Args:
-        attention: the module whose maps, similarity and position slots are used.
-        x: ``(N,C)`` packed tokens.
-        lengths: sequence lengths, summing to N.
-        qk_pos: ``(T,C)`` query/key positions; sequence i uses rows ``[0, lengths[i])``.
-
-    Returns:
-        ``(N,C)``.
-    """
-    from qkv.nn.attend import attend
-
-    N, C = x.shape
-    if sum(lengths) != N:
-        raise ValueError(f"lengths sum to {sum(lengths)}, but x has {N} rows")
-    pos = None
-    if qk_pos is not None:
-        pos = torch.cat([qk_pos[:n] for n in lengths])[None]  # (N,C) -> (1,N,C)
-    q, k, v = attention._project(x[None], pos)  # 3 × (1,H,N,D)
-    outs, start = [], 0
-    for n in lengths:
-        if n == 0:
-            continue
-        stop = start + n
-        qs, ks, vs = q[:, :, start:stop], k[:, :, start:stop], v[:, :, start:stop]  # 3 × (1,H,n,D)
-        if attention.qk_transform is not None:
-            qs, ks = attention.qk_transform(qs, ks)
-        res = attend(qs, ks, vs, similarity=attention.similarity,
-                     bias=attention.score_bias(n, n) if attention.score_bias is not None else None,
-                     dropout_p=attention.dropout if attention.training else 0.0,
-                     path=attention.path, chunk_size=attention.chunk_size)
-        outs.append(res.output[0].transpose(0, 1).reshape(n, C))  # (H,n,D) -> (n,H,D) -> (n,C)
-        start = stop
-    out = torch.cat(outs) if outs else x.new_zeros(0, C)  # (N,C)
-    return attention.out_proj(out) if attention.out_proj is not None else out
+    return x + out

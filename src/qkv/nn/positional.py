@@ -12,7 +12,7 @@ Self-attention is permutation-equivariant; these modules tell it word order thro
   angle proportional to their position, so that qᵀk depends on the offset only;
 * **an additive score bias** of the offset ``d = j - i`` — ``relative`` (a learned scalar per
   head and clipped offset; ``relative-alibi``: the same table started at ALiBi's penalties), ``t5`` (T5's log-spaced buckets), ``alibi`` (a fixed linear penalty
-  with geometric head slopes). They return an :class:`~qkv.nn.blockwise.OffsetBias`, which
+  with geometric head slopes). They return an :class:`~qkv.nn.offset_bias.OffsetBias`, which
   :func:`~qkv.nn.attend.attend` runs on the fused kernel without an ``(H,T,S)`` tensor.
 
 :func:`build_positions` turns a name into :class:`PositionSlots`; an encoder adds ``input`` to its
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from qkv.nn.blockwise import OffsetBias
+from qkv.nn.offset_bias import OffsetBias
 
 __all__ = [
     "POSITIONS",

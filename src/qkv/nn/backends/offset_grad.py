@@ -1,4 +1,4 @@
-"""Gradient of an offset bias table without a ``(T,S)`` tensor (used by :mod:`qkv.nn.blockwise`).
+"""Gradient of an offset bias table without a ``(T,S)`` tensor (used by :mod:`qkv.nn.backends.offset_flash`).
 
 Legend: B batch, H heads, T query length, S key length, D head dim, E value head dim,
 L = T+S-1 offsets, n table entries, t tile size.

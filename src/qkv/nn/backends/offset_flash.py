@@ -1,13 +1,12 @@
-"""Offset-only score biases (relative, T5, ALiBi) on the fast path, with a memory-efficient backward.
+"""The offset-bias flash backend: relative, T5 and ALiBi biases on torch's fused flash kernel,
+with a memory-efficient backward (learned-table gradient included).
 
 Legend: B batch, H heads, T query length, S key length, D head dim, L = T+S-1 offsets, n table entries.
 
-An :class:`OffsetBias` is a score bias that depends only on the offset ``d = j - i`` of key ``j``
-from query ``i``: ``bias[h, i, j] = table[h, index[d + T - 1]]``. It never materialises the
-``(H,T,S)`` tensor. :func:`qkv.nn.attend.attend` accepts it as its ``bias``: it is a row-block
-function ``(start, stop) -> (1,H,stop-start,S)`` for the explicit and chunked paths, and on CPU
-with a dot-product similarity it goes to :func:`offset_attention`, which runs torch's fused flash
-kernel (``_scaled_dot_product_flash_attention_for_cpu``; memory linear in T):
+An :class:`~qkv.nn.offset_bias.OffsetBias` (``bias[h, i, j] = table[h, index[j - i + T - 1]]``)
+never materialises the ``(H,T,S)`` tensor. On CPU with a dot-product similarity
+:func:`offset_attention` runs it on ``_scaled_dot_product_flash_attention_for_cpu`` (memory linear
+in T):
 
 * **Hankel trick.** With the queries reversed (``i' = T-1-i``) the bias is a Hankel matrix
   ``bias[h, i', j] = values[h, i' + j]``: a strided *view* of the ``(H, L)`` per-offset vector
@@ -17,13 +16,13 @@ kernel (``_scaled_dot_product_flash_attention_for_cpu``; memory linear in T):
 * **Learned tables** need ``∂/∂table``: the sum of ``dS = P∘(dP - D)`` along each diagonal. With
   R the radius beyond which ``index`` is constant (:meth:`OffsetBias.radius`), the forward runs
   the left triangle ``d ≤ -R`` (constant bias) as a causal kernel call of its own and the rest in
-  query blocks, and keeps the triangle's output and log-sum-exp. :mod:`qkv.nn.offset_grad` then
-  gets the triangle's sum from those, the band ``|d| < R`` by recomputing dS in small tiles, and
-  ``d ≥ R`` from the rows of dS summing to zero.
+  query blocks, and keeps the triangle's output and log-sum-exp. :mod:`qkv.nn.backends.offset_grad`
+  then gets the triangle's sum from those, the band ``|d| < R`` by recomputing dS in small tiles,
+  and ``d ≥ R`` from the rows of dS summing to zero.
 
 Nothing of size ``(T,S)`` is kept between forward and backward: q, k, v, outputs and log-sum-exps
-only. :func:`offset_fast_ok` says when this path applies (CPU, no dropout, no causal mask, a mask
-over keys only, equal q and v head sizes); otherwise ``attend`` takes its chunked path.
+only. :func:`offset_fast_ok` says when this backend applies (CPU, no dropout, no causal mask, a
+mask over keys only, equal q and v head sizes); otherwise the chunked backend runs the bias.
 """
 
 from __future__ import annotations
@@ -31,9 +30,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.nn.offset_grad import table_grad
+from qkv.nn.backends import AttendCall, Backend, register_backend
+from qkv.nn.backends.offset_grad import table_grad
+from qkv.nn.offset_bias import OffsetBias
+from qkv.nn.stages import AttendOutput
 
-__all__ = ["OffsetBias", "offset_attention", "offset_fast_ok", "toeplitz_rows"]
+__all__ = ["OffsetFlashBackend", "offset_attention", "offset_fast_ok"]
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -41,75 +43,6 @@ _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 #: Queries per kernel call for the keys right of the left triangle (the split forward): at least
 #: this many, and T/8 for long sequences (fewer, larger calls; measured on a 2-core EPYC).
 REST_BLOCK = 256
-
-
-def toeplitz_rows(values: Tensor, q_len: int, k_len: int, start: int, stop: int) -> Tensor:
-    """Rows ``[start, stop)`` of the Toeplitz bias ``bias[h, i, j] = values[h, j - i + T - 1]``.
-
-    Args:
-        values: ``(H, L)`` per-offset values, ``L = T + S - 1``, entry ``d + T - 1`` for offset d.
-
-    Returns:
-        ``(H, stop-start, S)``; differentiable in ``values``.
-    """
-    t = stop - start
-    lo = q_len - stop  # entry of (row stop-1, key 0)
-    win = values[:, lo : lo + k_len + t - 1].unfold(-1, k_len, 1)  # (H,L') -> (H,t,S), window w = row t-1-w
-    return win.flip(1)  # (H,t,S), row r = query start + r
-
-
-class OffsetBias:
-    """A score bias that depends only on the offset ``d = j - i``: ``table[h, index[d + T - 1]]``.
-
-    Args:
-        table: ``(H, n)`` values (may require grad; a transposed parameter view is fine).
-        index: ``(T + S - 1,)`` long, the table entry of each offset ``d = -(T-1) … S-1``.
-        q_len: T. k_len: S.
-    """
-
-    def __init__(self, table: Tensor, index: Tensor, q_len: int, k_len: int):
-        if table.dim() != 2 or not table.is_floating_point():
-            raise ValueError(
-                f"table must be a floating (H, n) tensor, got {tuple(table.shape)} {table.dtype}"
-            )
-        if index.dim() != 1 or index.dtype != torch.long or index.numel() != q_len + k_len - 1:
-            raise ValueError(
-                f"index must be a 1-D long tensor of T+S-1 = {q_len + k_len - 1} entries, "
-                f"got {tuple(index.shape)} {index.dtype}"
-            )
-        self.table, self.index, self.q_len, self.k_len = table, index, q_len, k_len
-        self._radius: int | None = None
-
-    @property
-    def n_heads(self) -> int:
-        return self.table.shape[0]
-
-    @property
-    def requires_grad(self) -> bool:
-        return self.table.requires_grad and torch.is_grad_enabled()
-
-    def values(self) -> Tensor:
-        """``(H, T+S-1)`` bias of each offset (differentiable in the table)."""
-        return self.table[:, self.index]  # (H,n) -> (H,L)
-
-    def __call__(self, start: int, stop: int) -> Tensor:
-        """Rows ``[start, stop)`` of the bias, ``(1, H, stop-start, S)`` (the row-block protocol)."""
-        return toeplitz_rows(self.values(), self.q_len, self.k_len, start, stop)[None]
-
-    def dense(self) -> Tensor:
-        """The whole bias, ``(1, H, T, S)``."""
-        return self(0, self.q_len)
-
-    def radius(self) -> int:
-        """Smallest R ≥ 1 such that ``index`` is constant for ``d ≤ -R`` and for ``d ≥ R``."""
-        if self._radius is None:
-            idx, T = self.index.cpu(), self.q_len
-            left = (idx != idx[0]).nonzero()
-            right = (idx != idx[-1]).nonzero()
-            r_left = T - int(left[0]) if len(left) else 0  # first entry that differs from d = -(T-1)
-            r_right = int(right[-1]) - T + 2 if len(right) else 0  # last entry differing from d = S-1
-            self._radius = max(1, r_left, r_right)
-        return self._radius
 
 
 def offset_fast_ok(q: Tensor, v: Tensor, bias, mask: Tensor | None, causal: bool, dropout_p: float) -> bool:
@@ -353,3 +286,21 @@ class _OffsetAttention(torch.autograd.Function):
                                 values=values, table=table, index=index, radius=bias.radius(),
                                 scale=scale, key_ok=key_ok, budget=budget)
         return dq_f.flip(2), dk, dv, dtable, None, None
+
+
+@register_backend("offset_flash", builtin=True)
+class OffsetFlashBackend(Backend):
+    """:func:`offset_attention` behind the backend interface."""
+
+    def refuse(self, call: AttendCall) -> str | None:
+        if not isinstance(call.bias, OffsetBias) or not call.has_dot or call.need_weights:
+            return ("the offset_flash backend runs an OffsetBias (relative, t5, alibi positions) with a "
+                    "dot-product similarity and no weights; use backend 'auto'")
+        if not offset_fast_ok(call.q, call.v, call.bias, call.mask, call.causal, call.dropout_p):
+            return ("the offset_flash backend needs a CPU tensor, no causal mask, a mask over keys only and "
+                    "no dropout; use backend 'chunked'")
+        return None
+
+    def run(self, call: AttendCall) -> AttendOutput:
+        return AttendOutput(offset_attention(call.q, call.k, call.v, similarity=call.similarity, bias=call.bias,
+                                             mask=call.mask, budget=call.budget))

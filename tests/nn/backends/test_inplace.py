@@ -1,9 +1,10 @@
-"""Tests of the low-memory weights path of :class:`qkv.nn.attention.MultiHeadAttention`.
+"""Tests of the in-place weights backend (:mod:`qkv.nn.backends.inplace`).
 
-``need_weights=True`` without autograd (path "auto", a dot-product similarity) fills the returned
-weights in place (:func:`qkv.nn.attend.dot_scores_`, :func:`qkv.nn.attend.softmax_scores_`):
+``need_weights=True`` without autograd (backend "auto", a dot-product similarity) fills the returned
+weights in place (:func:`~qkv.nn.backends.inplace.dot_scores_`,
+:func:`~qkv.nn.backends.inplace.softmax_scores_`):
 
-* it is the path taken under ``no_grad`` (and only when nothing needs a graph);
+* it is the backend taken under ``no_grad`` (and only when nothing needs a graph);
 * it equals the explicit path (outputs 1e-5, weights 1e-6, float32) for every dot-product
   similarity, with and without key padding, causal, fully padded rows, all three position slots,
   ``qkv_proj=False`` / ``out_proj=False`` / ``bias=False``;
@@ -22,9 +23,12 @@ import torch
 from torch import nn
 
 from qkv import reference as ref
-from qkv.nn.attend import dot_scores_, masked_softmax, softmax_scores_
+from qkv.nn.backends import inplace
+from qkv.nn.backends.inplace import dot_scores_, softmax_scores_
+from qkv.nn.stages import masked_softmax
 from qkv.nn.attention import MultiHeadAttention
-from qkv.nn.blockwise import OffsetBias
+from qkv.models.builders import build_attention
+from qkv.nn.offset_bias import OffsetBias
 from qkv.nn.masks import causal_mask
 from qkv.nn.positional import ALiBiBias, RelativePositionBias, RotaryEmbedding
 from qkv.nn.similarity import build_similarity
@@ -46,29 +50,29 @@ def _pad(seed=0, empty_row=None):
 
 
 def _twins(seed=0, dtype=torch.float32, **kwargs):
-    """The same weights in a path="auto" module (low-memory weights) and a path="explicit" one."""
+    """The same weights in a backend="auto" module (low-memory weights) and a backend="explicit" one."""
     torch.manual_seed(seed)
-    ours = MultiHeadAttention(C, NH, **kwargs).to(dtype)
+    ours = build_attention(C, NH, **kwargs).to(dtype)
     with torch.no_grad():  # make every parameter count (biases start at 0, bilinear at I/√D)
         for p in ours.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    explicit = MultiHeadAttention(C, NH, path="explicit", **kwargs).to(dtype)
+    explicit = build_attention(C, NH, backend="explicit", **kwargs).to(dtype)
     explicit.load_state_dict(ours.state_dict())
     return ours, explicit
 
 
 class _Spy:
-    """Counts calls of ``MultiHeadAttention._low_memory_weights``."""
+    """Counts runs of the in-place weights backend."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        real = MultiHeadAttention._low_memory_weights
+        real = inplace.InplaceBackend.run
 
-        def wrapped(mod, *args, **kwargs):
+        def wrapped(backend, *args, **kwargs):
             self.calls += 1
-            return real(mod, *args, **kwargs)
+            return real(backend, *args, **kwargs)
 
-        monkeypatch.setattr(MultiHeadAttention, "_low_memory_weights", wrapped)
+        monkeypatch.setattr(inplace.InplaceBackend, "run", wrapped)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,7 +81,7 @@ class _Spy:
 
 def test_chosen_under_no_grad_with_weights_and_only_then(monkeypatch):
     spy = _Spy(monkeypatch)
-    mha = MultiHeadAttention(C, NH)
+    mha = build_attention(C, NH)
     x = torch.randn(B, T, C)
 
     def chosen(mod=mha, grad=False, **kw):
@@ -89,26 +93,28 @@ def test_chosen_under_no_grad_with_weights_and_only_then(monkeypatch):
     assert chosen(need_weights=True)  # no_grad
     assert not chosen(need_weights=False)  # the fused kernel
     assert not chosen(need_weights=True, grad=True)  # parameters require grad: a graph is wanted
-    frozen = MultiHeadAttention(C, NH).requires_grad_(False)
+    frozen = build_attention(C, NH).requires_grad_(False)
     assert chosen(frozen, need_weights=True, grad=True)  # grad mode on, but nothing requires grad
-    assert not chosen(MultiHeadAttention(C, NH, path="explicit"), need_weights=True)
-    assert not chosen(MultiHeadAttention(C, NH, path="chunked"), need_weights=True)
-    assert not chosen(MultiHeadAttention(C, NH, similarity="additive"), need_weights=True)
-    dropping = MultiHeadAttention(C, NH, dropout=0.5)
+    assert not chosen(build_attention(C, NH, backend="explicit"), need_weights=True)
+    assert not chosen(build_attention(C, NH, backend="chunked"), need_weights=True)
+    assert not chosen(build_attention(C, NH, similarity="additive"), need_weights=True)
+    dropping = build_attention(C, NH, dropout=0.5)
     assert not chosen(dropping.train(), need_weights=True)  # the output sees dropped weights
     assert chosen(dropping.eval(), need_weights=True)
 
 
-def test_no_grad_weights_never_reach_attend(monkeypatch):
-    """Under no_grad the weights path makes no (B,H,T,T) tensor through attend()."""
-    import qkv.nn.attention as attention_module
+def test_no_grad_weights_never_take_the_explicit_backends(monkeypatch):
+    """Under no_grad the weights backend makes no (B,H,T,T) tensor besides the weights: the
+    explicit and chunked backends (which make scores and weights apart) never run."""
+    from qkv.nn.backends import chunked, explicit
 
     def boom(*args, **kwargs):
-        raise AssertionError("attend() called on the low-memory weights path")
+        raise AssertionError("an explicit backend ran for no-grad weights")
 
-    monkeypatch.setattr(attention_module, "attend", boom)
+    monkeypatch.setattr(explicit.ExplicitBackend, "run", boom)
+    monkeypatch.setattr(chunked.ChunkedBackend, "run", boom)
     with torch.no_grad():
-        res = MultiHeadAttention(C, NH)(torch.randn(B, T, C), _pad(), need_weights=True)
+        res = build_attention(C, NH)(torch.randn(B, T, C), _pad(), need_weights=True)
     assert res.weights.shape == (B, NH, T, T)
 
 
@@ -183,7 +189,7 @@ def test_equals_torch_multihead_attention(padded):
     with torch.no_grad():  # torch zero-initialises the biases; make them count
         theirs.in_proj_bias.normal_()
         theirs.out_proj.bias.normal_()
-    ours = MultiHeadAttention(C, NH).eval()
+    ours = build_attention(C, NH).eval()
     with torch.no_grad():
         ours.qkv_proj.weight.copy_(theirs.in_proj_weight)  # rows [q; k; v] in both
         ours.qkv_proj.bias.copy_(theirs.in_proj_bias)

@@ -8,14 +8,14 @@ import importlib
 import pytest
 import torch
 
-import qkv.nn.blockwise as blockwise
+import qkv.nn.backends.offset_flash as blockwise
 from qkv.nn.attend import attend
-from qkv.nn.blockwise import OffsetBias, toeplitz_rows
+from qkv.nn.offset_bias import OffsetBias, toeplitz_rows
 from qkv.nn.positional import T5RelativeBias, t5_buckets
 from qkv.nn.similarity import build_similarity
 
 DT = torch.float64
-attend_module = importlib.import_module("qkv.nn.attend")  # the package re-exports the function as `attend`
+attend_module = importlib.import_module("qkv.nn.backends.offset_flash")  # the backend calls offset_attention
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -66,7 +66,7 @@ def _padding(kind, b, t):
 def _run(q, k, v, table, index, mask, path, similarity, go):
     t = q.shape[2]
     bias = OffsetBias(table, index, t, t)
-    out = attend(q, k, v, similarity=similarity, bias=bias, mask=mask, path=path).output
+    out = attend(q, k, v, similarity=similarity, bias=bias, mask=mask, backend=path).output
     return out, torch.autograd.grad(out, (q, k, v, table), go)
 
 
@@ -152,7 +152,7 @@ def test_other_cases_take_the_chunked_path_with_the_same_numbers(kind, spy):
         kw["mask"] = m
     outs, grads = [], []
     for path in ("auto", "explicit"):
-        out = attend(q, k, v, path=path, **kw).output
+        out = attend(q, k, v, backend=path, **kw).output
         outs.append(out)
         grads.append(torch.autograd.grad(out, (q, k, v, table), go))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-10, rtol=0)
@@ -191,7 +191,7 @@ def test_no_table_gradient_needed_for_alibi_like_fixed_biases(spy):
     mask = _padding("holes", b, t)
     g_f = torch.autograd.grad(attend(q, k, v, similarity=sim, bias=bias, mask=mask).output, (q, k, v), go)
     assert calls  # a fixed bias takes the kernel even when small
-    g_x = torch.autograd.grad(attend(q, k, v, similarity=sim, bias=bias, mask=mask, path="explicit").output,
+    g_x = torch.autograd.grad(attend(q, k, v, similarity=sim, bias=bias, mask=mask, backend="explicit").output,
                               (q, k, v), go)
     for a, e in zip(g_f, g_x):
         torch.testing.assert_close(a, e, atol=1e-10, rtol=0)
@@ -228,7 +228,7 @@ def test_queries_and_keys_of_different_lengths(t, s, mask_kind, spy):
     res = []
     for path in ("sdpa", "explicit"):
         bias = OffsetBias(table, index, t, s)
-        out = attend(q, k, v, similarity=sim, bias=bias, mask=mask, path=path).output
+        out = attend(q, k, v, similarity=sim, bias=bias, mask=mask, backend=path).output
         res.append((out, torch.autograd.grad(out, (q, k, v, table), go)))
     assert calls
     torch.testing.assert_close(res[0][0], res[1][0], atol=1e-10, rtol=0)

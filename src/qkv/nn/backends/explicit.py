@@ -1,0 +1,23 @@
+"""The explicit backend: the staged core on materialised ``(B,H,T,S)`` scores; returns the weights.
+
+Legend: B batch, H heads, T query length, S key length.
+"""
+
+from __future__ import annotations
+
+from qkv.nn.backends import AttendCall, Backend, register_backend
+from qkv.nn.stages import AttendOutput, bias_rows, block_mask, staged_attention
+
+__all__ = ["ExplicitBackend"]
+
+
+@register_backend("explicit", builtin=True)
+class ExplicitBackend(Backend):
+    """:func:`~qkv.nn.stages.staged_attention` over all queries at once."""
+
+    def run(self, call: AttendCall) -> AttendOutput:
+        _, _, T, S = call.shape
+        m = block_mask(call.mask, call.causal, 0, T, T, S, call.q.device)  # (B?,H?,T?,S)
+        out, w = staged_attention(call.q, call.k, call.v, call.similarity, bias_rows(call.bias, 0, T), m,
+                                  call.dropout_p)
+        return AttendOutput(out, w)

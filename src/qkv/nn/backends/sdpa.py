@@ -1,0 +1,54 @@
+"""The fused backend: ``torch.nn.functional.scaled_dot_product_attention`` on the similarity's
+dot-product form.
+
+Legend: B batch, H heads, T query length, S key length, E value head dim.
+
+Additive score biases go in as the kernel's float ``attn_mask``; on CPU torch runs a flash kernel
+here whose memory is linear in T (any dropout drops it to the quadratic math path). It cannot
+return weights. A query whose keys are all masked attends everywhere inside the kernel and gets
+its output zeroed afterwards, as on every backend.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from qkv.nn.backends import AttendCall, Backend, register_backend
+from qkv.nn.stages import AttendOutput, bias_rows, block_mask
+
+__all__ = ["SdpaBackend"]
+
+
+@register_backend("sdpa", builtin=True)
+class SdpaBackend(Backend):
+    """torch's fused kernel (see the module docstring)."""
+
+    def refuse(self, call: AttendCall) -> str | None:
+        if not call.has_dot:
+            return (f"similarity {getattr(call.similarity, 'name', call.similarity)!r} has no dot-product "
+                    "form; use backend 'explicit' or 'chunked'")
+        if call.need_weights:
+            return "the sdpa backend cannot return weights; use backend 'explicit' or 'chunked'"
+        return None
+
+    def run(self, call: AttendCall) -> AttendOutput:
+        q, k, v, bias, mask = call.q, call.k, call.v, call.bias, call.mask
+        qd, kd, scale = call.similarity.as_dot(q, k)  # (B,H,T,D'), (B,H,S,D')
+        _, _, t, s = call.shape
+        if call.causal and mask is None and bias is None and t == s:
+            return AttendOutput(F.scaled_dot_product_attention(qd, kd, v, dropout_p=call.dropout_p,
+                                                               is_causal=True, scale=scale))
+        m = block_mask(mask, call.causal, 0, t, t, s, q.device)
+        row_ok = None
+        if m is not None:
+            row_ok = m.any(dim=-1, keepdim=True)  # (B?,H?,T?,1)
+            m = m | ~row_ok  # a row with no key attends everywhere; its output is zeroed below
+        attn_mask = m
+        if bias is not None:
+            b = bias_rows(bias, 0, t).to(qd.dtype)  # (B?,H?,T,S)
+            attn_mask = b if m is None else b.masked_fill(~m, float("-inf"))
+        out = F.scaled_dot_product_attention(qd, kd, v, attn_mask=attn_mask, dropout_p=call.dropout_p,
+                                             scale=scale)  # (B,H,T,E)
+        if row_ok is not None:
+            out = out * row_ok  # (B,H,T,E) * (B?,H?,T?,1)
+        return AttendOutput(out)

@@ -1,0 +1,116 @@
+"""``choose_backend`` as a table, the registry, and a backend added from outside (one file + a test).
+
+Every built-in backend is tested against the explicit one elsewhere (tests/nn/test_attend.py,
+tests/nn/test_attention.py, tests/nn/backends/test_inplace.py, tests/nn/backends/test_offset_flash.py);
+here: which one runs, and that adding one touches no model code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv.config import ModelConfig
+from qkv.models.builders import build_attention, build_encoder
+from qkv.nn import backends
+from qkv.nn.attend import attend, choose_backend
+from qkv.nn.backends import BACKENDS, Backend, Features, register_backend
+from qkv.nn.similarity import build_similarity
+from qkv.nn.stages import AttendOutput
+
+F_ = Features  # defaults: dot form, no weights, no grad, no dropout, no offset bias, small
+
+TABLE = [  # (requested, features, chosen)
+    ("auto", F_(), "sdpa"),
+    ("auto", F_(has_dot=False), "explicit"),
+    ("auto", F_(has_dot=False, small=False), "chunked"),
+    ("auto", F_(need_weights=True), "inplace"),
+    ("auto", F_(need_weights=True, grad=True), "explicit"),
+    ("auto", F_(need_weights=True, grad=True, small=False), "chunked"),
+    ("auto", F_(need_weights=True, dropout=True), "explicit"),
+    ("auto", F_(need_weights=True, has_dot=False), "explicit"),
+    ("auto", F_(need_weights=True, empty=True), "explicit"),
+    ("auto", F_(offset_bias=True, offset_kernel_ok=True), "offset_flash"),
+    ("auto", F_(offset_bias=True, offset_kernel_ok=True, learned_bias=True), "explicit"),  # small: explicit is faster
+    ("auto", F_(offset_bias=True, offset_kernel_ok=True, learned_bias=True, small=False), "offset_flash"),
+    ("auto", F_(offset_bias=True, learned_bias=True), "explicit"),  # e.g. causal: kernel cannot run it
+    ("auto", F_(offset_bias=True, learned_bias=True, small=False), "chunked"),
+    ("auto", F_(offset_bias=True, bias_large=True, small=False), "chunked"),  # never a huge dense bias
+    ("auto", F_(offset_bias=True), "sdpa"),  # a small fixed bias goes in dense
+    ("auto", F_(offset_bias=True, has_dot=False), "explicit"),
+    ("sdpa", F_(offset_bias=True, offset_kernel_ok=True), "offset_flash"),
+    ("sdpa", F_(offset_bias=True), "sdpa"),
+    ("sdpa", F_(need_weights=True), "sdpa"),  # refused by the backend with a message, not re-routed
+    ("explicit", F_(), "explicit"),
+    ("chunked", F_(need_weights=True), "chunked"),
+    ("inplace", F_(), "inplace"),
+]
+
+
+@pytest.mark.parametrize("requested,features,chosen", TABLE)
+def test_choose_backend_table(requested, features, chosen):
+    assert choose_backend(requested, features) == chosen
+
+
+def test_builtin_backends_are_registered_in_one_place():
+    assert {"sdpa", "explicit", "chunked", "offset_flash", "inplace"} <= set(BACKENDS)
+    assert all(BACKENDS[n].builtin for n in ("sdpa", "explicit", "chunked", "offset_flash", "inplace"))
+    assert backends.backend_names()[0] == "auto"
+
+
+def test_registering_twice_or_a_non_backend_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend("explicit")(type("X", (Backend,), {"run": lambda self, call: None}))
+    with pytest.raises(ValueError, match="subclass of qkv.nn.backends.Backend"):
+        register_backend("not_a_backend")(object)
+
+
+class MathSdpa(Backend):
+    """torch's math kernel (no flash): the example backend of docs/architecture.md."""
+
+    runs = 0
+
+    def refuse(self, call):
+        return None if call.has_dot and not call.need_weights else "math_sdpa needs a dot form and no weights"
+
+    def run(self, call):
+        MathSdpa.runs += 1
+        qd, kd, scale = call.similarity.as_dot(call.q, call.k)
+        mask = call.mask
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            return AttendOutput(F.scaled_dot_product_attention(qd, kd, call.v, attn_mask=mask, scale=scale,
+                                                               is_causal=call.causal and mask is None))
+
+    def claims(self, features):
+        return features.dropout and not features.need_weights  # e.g. take dropout calls under "auto"
+
+
+@pytest.fixture
+def math_backend():
+    register_backend("math_sdpa")(MathSdpa)
+    MathSdpa.runs = 0
+    yield BACKENDS["math_sdpa"]
+    del BACKENDS["math_sdpa"]  # unregistered again for the other tests
+
+
+def test_a_new_backend_is_used_by_name_by_auto_and_from_a_config(math_backend):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(5, 3, 7, 8, generator=g) for _ in range(3))
+    sim = build_similarity("scaled_dot", n_heads=3, d_head=8)
+    mask = torch.rand(5, 1, 1, 7, generator=g) > 0.3
+    mask[..., 0] = True
+    want = attend(q, k, v, similarity=sim, mask=mask, backend="explicit").output
+    got = attend(q, k, v, similarity=sim, mask=mask, backend="math_sdpa").output
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert MathSdpa.runs == 1
+    attend(q, k, v, similarity=sim, dropout_p=0.1)  # claimed under "auto"
+    assert MathSdpa.runs == 2
+    with pytest.raises(ValueError, match="no weights"):
+        attend(q, k, v, similarity=sim, backend="math_sdpa", need_weights=True)
+    mha = build_attention(24, 3, backend="math_sdpa")
+    mha(torch.randn(2, 5, 24))
+    assert MathSdpa.runs == 3
+    cfg = ModelConfig.preset("tiny", attention_path="math_sdpa")
+    build_encoder(cfg).eval()(torch.randint(1, 97, (2, 6)))
+    assert MathSdpa.runs == 3 + cfg.n_layers
