@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import stat
 
-from qkv._fs import atomic_write_text, clean_stale_temps, make_temp_dir, replace_dir, temp_path
+import pytest
+
+from qkv._fs import (atomic_file, atomic_write_bytes, atomic_write_text, clean_stale_temps,
+                     clean_stale_temps_in, make_temp_dir, make_temp_file, publish_dir, publish_file,
+                     replace_dir, temp_path, write_folder)
 
 
 def _host() -> str:
@@ -41,3 +47,124 @@ def test_replace_dir_swaps_the_whole_folder(tmp_path):
     assert sorted(p.name for p in dest.iterdir()) == ["new.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
     assert temp_path(dest).name.startswith(f".m.tmp-{os.getpid()}-")
+
+
+class Boom(Exception):
+    pass
+
+
+def _names(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_atomic_file_publishes_with_normal_permissions(tmp_path):
+    f = tmp_path / "curve.png"
+    with atomic_file(f) as tmp:
+        assert tmp.parent == tmp_path and tmp.name.startswith(".curve.png.tmp-")
+        tmp.write_bytes(b"png")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert f.read_bytes() == b"png" and _names(tmp_path) == ["curve.png"]
+    assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask
+
+
+def test_a_failure_mid_write_leaves_the_old_file_and_no_temp(tmp_path, monkeypatch):
+    f = tmp_path / "a.jsonl"
+    f.write_text("old\n")
+    with pytest.raises(Boom), atomic_file(f) as tmp, open(tmp, "w") as fh:
+        fh.write("half")
+        raise Boom
+    assert f.read_text() == "old\n" and _names(tmp_path) == ["a.jsonl"]
+
+    def full(fd):  # the disk fills up when the written bytes are flushed
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        atomic_write_bytes(f, b"new\n")
+    assert f.read_text() == "old\n" and _names(tmp_path) == ["a.jsonl"]
+
+
+def test_publish_file_renames_a_finished_temp(tmp_path):
+    dest = tmp_path / "v.npy"
+    fd, tmp = make_temp_file(dest)
+    os.write(fd, b"rows")
+    os.close(fd)
+    publish_file(tmp, dest)
+    assert dest.read_bytes() == b"rows" and _names(tmp_path) == ["v.npy"]
+
+
+def test_write_folder_replace_swaps_the_whole_folder(tmp_path):
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    with write_folder(dest) as tmp:
+        (tmp / "new.txt").write_text("new")
+        assert _names(dest) == ["old.txt"]  # nothing is visible before the block ends
+    assert _names(dest) == ["new.txt"] and _names(tmp_path) == ["m"]
+
+
+def test_a_failure_mid_folder_leaves_the_old_folder_and_no_temp(tmp_path):
+    dest = tmp_path / "sub" / "m"
+    for how in ("replace", "new", "merge"):
+        with pytest.raises(Boom), write_folder(dest, how=how) as tmp:
+            (tmp / "half.bin").write_bytes(b"x")
+            raise Boom
+        assert _names(tmp_path / "sub") == []
+    dest.mkdir()
+    (dest / "keep.txt").write_text("old")
+    for how in ("replace", "merge"):
+        with pytest.raises(Boom), write_folder(dest, how=how) as tmp:
+            (tmp / "keep.txt").write_text("new")
+            raise Boom
+        assert _names(tmp_path / "sub") == ["m"] and (dest / "keep.txt").read_text() == "old"
+
+
+def test_write_folder_new_refuses_a_folder_in_use(tmp_path):
+    dest = tmp_path / "run"
+    dest.mkdir()
+    with write_folder(dest, how="new") as tmp:  # an empty folder is taken over
+        (tmp / "run.json").write_text("{}")
+    assert _names(dest) == ["run.json"]
+    with pytest.raises(OSError), write_folder(dest, how="new") as tmp:
+        (tmp / "run.json").write_text('{"other": 1}')
+    assert (dest / "run.json").read_text() == "{}" and _names(tmp_path) == ["run"]
+    seen = []
+    with write_folder(dest, how="new", on_conflict=lambda e: seen.append(e) or True) as tmp:
+        (tmp / "run.json").write_text("{}")
+    assert isinstance(seen[0], OSError) and _names(tmp_path) == ["run"]
+    with pytest.raises(ValueError, match="taken"):
+        with write_folder(dest, how="new", on_conflict=_refuse) as tmp:
+            pass
+    assert _names(tmp_path) == ["run"]
+
+
+def _refuse(e: OSError) -> bool:
+    raise ValueError("taken")
+
+
+def test_write_folder_merge_keeps_other_files_and_drops_old_owned_ones(tmp_path):
+    dest = tmp_path / "run"
+    dest.mkdir()
+    for name, text in (("run.json", "mine"), ("config.json", "old hf"), ("vocab.txt", "old")):
+        (dest / name).write_text(text)
+    with write_folder(dest, how="merge", last="qkv.json",
+                      owned={"qkv.json", "config.json", "vocab.txt", "model.safetensors"}) as tmp:
+        (tmp / "qkv.json").write_text("new")
+        (tmp / "model.safetensors").write_text("w")
+    assert _names(dest) == ["model.safetensors", "qkv.json", "run.json"]
+    assert (dest / "run.json").read_text() == "mine" and _names(tmp_path) == ["run"]
+    with pytest.raises(ValueError, match="allowed: replace, new, merge"):
+        publish_dir(tmp_path / "x", dest, how="swap")
+
+
+def test_stale_temps_of_every_destination_in_a_folder_are_removed(tmp_path):
+    dead_a = tmp_path / f".a.tmp-999999999-{_host()}-0000aaaa"
+    dead_b = tmp_path / f".b-c.d.tmp-999999999-{_host()}-0000bbbb"
+    alive = tmp_path / f".e.tmp-{os.getpid()}-{_host()}-0000cccc"
+    other_host = tmp_path / ".f.tmp-999999999-elsewhere-0000dddd"
+    dead_a.mkdir()
+    for p in (dead_b, alive, other_host):
+        p.write_text("x")
+    assert sorted(clean_stale_temps_in(tmp_path)) == sorted([dead_a, dead_b])
+    assert alive.exists() and other_host.exists()

@@ -9,9 +9,12 @@ writer's process id and host::
 so that the next run can tell leftovers of a killed process (same host, process gone) from work in
 progress, and remove them (:func:`clean_stale_temps`).
 
-Whole folders are replaced by :func:`replace_dir`: the new folder is assembled aside, then swapped
-with the old one in one ``renameat2(RENAME_EXCHANGE)`` where the kernel offers it (else two
-renames, with the old folder kept aside until the new one is in place).
+Files are written through :func:`atomic_file` (a temp path to write, published when the block
+ends) or :func:`atomic_write_text` / :func:`atomic_write_bytes`. Folders are assembled aside by
+:func:`write_folder` and published by :func:`publish_dir`: as a whole (:func:`replace_dir`: swapped
+with the old one in one ``renameat2(RENAME_EXCHANGE)`` where the kernel offers it, else two renames
+with the old folder kept aside until the new one is in place), as a new folder where none (or an
+empty one) was, or file by file into an existing folder whose other files are kept.
 """
 
 from __future__ import annotations
@@ -23,10 +26,15 @@ import os
 import shutil
 import socket
 import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "sha256_file", "temp_path", "make_temp_dir",
-           "make_temp_file", "clean_stale_temps", "pid_alive", "replace_dir", "check_output_path"]
+from qkv.validation import check_choice
+
+__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_file", "publish_file", "sha256_file",
+           "temp_path", "make_temp_dir", "make_temp_file", "clean_stale_temps", "clean_stale_temps_in",
+           "pid_alive", "replace_dir", "publish_dir", "write_folder", "check_output_path"]
 
 _TMP = ".tmp-"
 
@@ -68,29 +76,57 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _parse_temp(name: str) -> tuple[str, str, int] | None:
+    """``(dest name, tag, pid)`` of a temp name of this host (``.NAME.TAG-PID-HOST-RANDOM``), else None."""
+    head, *tail = name.rsplit("-", 3)
+    if len(tail) != 3 or not name.startswith(".") or not tail[0].isdigit() or tail[1] != _host():
+        return None
+    dest, _, tag = head[1:].rpartition(".")
+    if not dest or not tag.isidentifier():
+        return None
+    return dest, tag, int(tail[0])
+
+
+def _remove_if_stale(p: Path, dest: Path, tag: str, pid: int) -> bool:
+    if pid_alive(pid):
+        return False
+    if tag == "old" and not dest.exists():  # killed between the two renames of replace_dir
+        os.replace(p, dest)
+        return False
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+    return True
+
+
 def clean_stale_temps(dest: str | os.PathLike) -> list[Path]:
-    """Remove temp files/folders of ``dest`` left by dead processes of this host; return them."""
+    """Remove temp files/folders of ``dest`` left by dead processes of this host; return them.
+
+    An old folder that :func:`replace_dir` had moved aside when its process died is put back at
+    ``dest`` when ``dest`` is missing.
+    """
     dest = Path(dest)
     removed = []
     if not dest.parent.is_dir():
         return removed
-    prefix = f".{dest.name}."
     for p in dest.parent.glob(f".{_glob_escape(dest.name)}.*-*-*-*"):
-        rest = p.name[len(prefix):]
-        tag, _, tail = rest.partition("-")
-        parts = tail.split("-")
-        if len(parts) != 3 or not parts[0].isdigit() or parts[1] != _host() or not tag.isidentifier():
-            continue
-        if pid_alive(int(parts[0])):
-            continue
-        if tag == "old" and not dest.exists():  # killed between the two renames of replace_dir
-            os.replace(p, dest)
-            continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-        removed.append(p)
+        parsed = _parse_temp(p.name)
+        if parsed and parsed[0] == dest.name and _remove_if_stale(p, dest, parsed[1], parsed[2]):
+            removed.append(p)
+    return removed
+
+
+def clean_stale_temps_in(folder: str | os.PathLike) -> list[Path]:
+    """:func:`clean_stale_temps` for every destination in ``folder``; return the removed temps."""
+    folder = Path(folder)
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for p in folder.glob(".*.*-*-*-*"):
+        parsed = _parse_temp(p.name)
+        if parsed and _remove_if_stale(p, folder / parsed[0], parsed[1], parsed[2]):
+            removed.append(p)
     return removed
 
 
@@ -111,21 +147,41 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def atomic_file(dest: str | os.PathLike) -> Iterator[Path]:
+    """A temp path beside ``dest`` to write; published at ``dest`` when the block ends normally.
+
+    On an exception (or an interrupt) the temp file is removed and ``dest`` is left as it was::
+
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, format="png")
+    """
+    dest = Path(dest)
+    fd, tmp = make_temp_file(dest)
+    os.close(fd)
+    try:
+        yield tmp
+        publish_file(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def publish_file(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Put the finished file ``tmp`` at ``dest``: fsync, the permissions of a normal new file
+    (temp files are created 0600), one rename, fsync of the folder."""
+    tmp, dest = Path(tmp), Path(dest)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, dest)
+    _fsync_dir(dest.parent)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file in the same folder, fsync, and a rename."""
-    path = Path(path)
-    fd, tmp = make_temp_file(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -187,6 +243,94 @@ def replace_dir(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
         os.replace(tmp, dest)
         shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(dest.parent)
+
+
+PUBLISH_HOW = ("replace", "new", "merge")
+
+
+def publish_dir(tmp: str | os.PathLike, dest: str | os.PathLike, *, how: str = "replace",
+                last: str | None = None, owned: Iterable[str] = (), fault: str | None = None,
+                sync: bool = False) -> None:
+    """Put the finished folder ``tmp`` at ``dest``.
+
+    Args:
+        tmp: the folder assembled aside (by :func:`make_temp_dir` of ``dest``); gone afterwards.
+        dest: where it goes.
+        how: ``"replace"``: a folder at ``dest`` is replaced as a whole (:func:`replace_dir`);
+            ``"new"``: ``dest`` must be missing or an empty folder (removed first), else the
+            ``OSError`` of the rename is raised and ``dest`` is untouched; ``"merge"``: the files of
+            ``tmp`` are renamed one by one into the existing folder ``dest`` (sorted, ``last`` last,
+            so that it appears only once the others are in place), then the names of ``owned`` that
+            ``tmp`` lacked are removed from ``dest``; every other entry of ``dest`` is kept.
+        last: for ``"merge"``: the name to put in place last.
+        owned: for ``"merge"``: the names an old version at ``dest`` may hold (removed unless new).
+        fault: for ``"merge"``: the fault point (:mod:`qkv._faults`) passed once the first file is in place.
+        sync: fsync every file of ``tmp`` first.
+
+    Raises:
+        ValueError: ``how`` is not one of :data:`PUBLISH_HOW`.
+        OSError: the rename failed.
+    """
+    tmp, dest = Path(tmp), Path(dest)
+    check_choice("how", how, PUBLISH_HOW)
+    if sync:
+        for f in tmp.iterdir():
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+    if how == "replace":
+        replace_dir(tmp, dest)
+        return
+    if how == "new":
+        if dest.exists():
+            dest.rmdir()
+        os.replace(tmp, dest)
+    else:
+        from qkv._faults import fault_point
+
+        names = sorted(p.name for p in tmp.iterdir())
+        names.sort(key=lambda n: n == last)
+        for i, name in enumerate(names):
+            os.replace(tmp / name, dest / name)
+            if i == 0 and fault:
+                fault_point(fault)
+        tmp.rmdir()
+        for name in sorted(set(owned) - set(names)):
+            (dest / name).unlink(missing_ok=True)
+    _fsync_dir(dest.parent)
+
+
+@contextmanager
+def write_folder(dest: str | os.PathLike, *, how: str = "replace",
+                 on_conflict: Callable[[OSError], bool] | None = None, **publish) -> Iterator[Path]:
+    """An empty temp folder beside ``dest`` to fill; published at ``dest`` when the block ends normally.
+
+    The parent of ``dest`` is created. On an exception (or an interrupt) inside the block, or a
+    failed publication, the temp folder is removed and ``dest`` is left as it was::
+
+        with write_folder(out, how="new") as tmp:
+            (tmp / "meta.json").write_text(...)
+
+    Args:
+        dest: the folder to write.
+        how: how it is published (see :func:`publish_dir`).
+        on_conflict: called with the ``OSError`` of a failed publication (e.g. another process
+            made ``dest`` meanwhile); return True when ``dest`` now holds an equivalent folder (the
+            error is then dropped), False to raise it — or raise an error of its own.
+        **publish: ``last``, ``owned``, ``fault``, ``sync`` of :func:`publish_dir`.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(dest)
+    try:
+        yield tmp
+        try:
+            publish_dir(tmp, dest, how=how, **publish)
+        except OSError as e:
+            if on_conflict is None or not on_conflict(e):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_output_path(path: str | os.PathLike, what: str = "--out") -> None:

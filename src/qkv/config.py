@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qkv.validation import check_bool, check_choice, check_int, check_positive, check_range
+
 __all__ = ["ModelConfig", "PRESETS", "NORMS"]
 
 #: Where the LayerNorm sits: after each residual sum (BERT, the textbook) or before each sublayer.
@@ -103,11 +105,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
                      "max_distance", "num_buckets"):
-            _check_int(name, getattr(self, name), low=1)
-        _check_int("type_vocab_size", self.type_vocab_size, low=0)
-        _check_int("pad_token_id", self.pad_token_id, low=0)
-        if self.chunk_size is not None:
-            _check_int("chunk_size", self.chunk_size, low=1)
+            check_int(name, getattr(self, name), low=1)
+        check_int("type_vocab_size", self.type_vocab_size, low=0)
+        check_int("pad_token_id", self.pad_token_id, low=0)
+        check_int("chunk_size", self.chunk_size, low=1, optional=True)
         if self.pad_token_id >= self.vocab_size:
             raise ValueError(f"pad_token_id={self.pad_token_id} must be < vocab_size={self.vocab_size}")
         if self.d_model % self.n_heads:
@@ -123,20 +124,13 @@ class ModelConfig:
         for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS),
                               ("attention_path", backend_names()), ("position", POSITIONS),
                               ("similarity", tuple(sorted(SIMILARITIES)))):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"{name}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+            check_choice(name, getattr(self, name), allowed)
         for name in ("dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
-                raise ValueError(f"{name}={value!r} must be a number in [0, 1)")
+            check_range(name, getattr(self, name), 0, 1, number=True)
         for name in ("rope_base", "layer_norm_eps", "initializer_range"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ValueError(f"{name}={value!r} must be a positive number")
+            check_positive(name, getattr(self, name))
         for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only", "pooler"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+            check_bool(name, getattr(self, name))
         if not isinstance(self.similarity_kwargs, dict):
             raise ValueError(f"similarity_kwargs must be a dict, got {self.similarity_kwargs!r}")
         if self.position_qk_only and self.position not in ("sinusoidal", "learned"):
@@ -187,7 +181,3 @@ class ModelConfig:
             text = text.read_text(encoding="utf-8")
         return cls.from_dict(json.loads(text))
 
-
-def _check_int(name: str, value: Any, *, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r} must be an int ≥ {low}")

@@ -32,6 +32,7 @@ from qkv.analysis.layers import (
     linear_probe,
     self_similarity,
 )
+from qkv.validation import check_range
 
 __all__ = ["AnalyzeOptions", "AnalysisResult", "analyze", "run_analyze"]
 
@@ -72,8 +73,7 @@ class AnalyzeOptions:
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "token_sample", "max_word_types", "probe_top_tokens", "max_label_docs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+            check_range(name, getattr(self, name), 1)
         if self.min_contexts < 2 or self.max_contexts < self.min_contexts:
             raise ValueError(
                 f"need 2 ≤ min_contexts ≤ max_contexts, got {self.min_contexts} and {self.max_contexts}"

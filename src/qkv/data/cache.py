@@ -29,14 +29,13 @@ import shutil
 import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from qkv._fs import sha256_file
+from qkv._fs import clean_stale_temps_in, pid_alive, sha256_file, write_folder
 from qkv.data.corpus import Corpus
 from qkv.data.errors import CacheError, EmptyCorpusError
 from qkv.data.tokenizer import WordPieceTokenizer
@@ -142,18 +141,14 @@ def open_token_cache(path: str | os.PathLike) -> TokenCache:
 
 
 def _clean_stale(cache_dir: Path) -> None:
-    """Remove temp folders of dead processes on this host (an interrupted tokenisation)."""
+    """Remove temp folders of dead processes on this host (an interrupted tokenisation), also those
+    named ``.tmp-KEY-PID-RANDOM-HOST`` by qkv versions before the :mod:`qkv._fs` temp names."""
+    clean_stale_temps_in(cache_dir)
     host = socket.gethostname()
     for p in cache_dir.glob(".tmp-*"):
         parts = p.name.split("-", 4)  # .tmp, key, pid, random, host
-        if len(parts) < 5 or parts[4] != host or not parts[2].isdigit():
-            continue
-        try:
-            os.kill(int(parts[2]), 0)
-        except ProcessLookupError:
+        if len(parts) == 5 and parts[4] == host and parts[2].isdigit() and not pid_alive(int(parts[2])):
             shutil.rmtree(p, ignore_errors=True)
-        except PermissionError:
-            pass
 
 
 def build_token_cache(corpus: Corpus, tokenizer: WordPieceTokenizer,
@@ -183,10 +178,13 @@ def build_token_cache(corpus: Corpus, tokenizer: WordPieceTokenizer,
             shutil.rmtree(final, ignore_errors=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
     _clean_stale(cache_dir)
-    tmp = cache_dir / f".tmp-{key[:12]}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{socket.gethostname()}"
-    tmp.mkdir()
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
-    try:
+
+    def quicker(e: OSError) -> bool:  # another process was quicker: its cache is the same
+        return (final / "meta.json").is_file()
+
+    # published only when complete (an atomic rename): the cache appears complete or not at all
+    with write_folder(final, how="new", on_conflict=quicker) as tmp:
         n_tokens, n_docs = _tokenise_into(tmp, corpus, tokenizer, dtype, batch_docs, progress)
         if n_tokens == 0:
             raise EmptyCorpusError(f"empty corpus: {corpus.describe()} holds no token after tokenisation")
@@ -202,13 +200,6 @@ def build_token_cache(corpus: Corpus, tokenizer: WordPieceTokenizer,
             os.fsync(fh.fileno())
         if final.exists() and not (final / "meta.json").is_file():
             shutil.rmtree(final)  # not ours (we only ever rename complete folders): replace it
-        try:
-            os.rename(tmp, final)  # atomic: the cache appears complete or not at all
-        except OSError:
-            if not (final / "meta.json").is_file():  # not "another process was quicker"
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     cache = open_token_cache(final)
     cache.reused = False
     return cache

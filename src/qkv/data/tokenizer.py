@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from qkv._fs import atomic_write_text
 from qkv.data.errors import EmptyCorpusError, TokenizerError
 from qkv.data.tokenizer_facade import SPECIAL_TOKENS, read_tokenizer, special_ids
 
@@ -132,7 +133,7 @@ class WordPieceTokenizer:
     # -- saving -------------------------------------------------------------------------------------
     def save(self, folder: str | os.PathLike) -> Path:
         """Write ``tokenizer.json`` (+ ``vocab.txt``, ``tokenizer_config.json``) into ``folder``;
-        returns the ``tokenizer.json`` path. Each file is written to a temp name and renamed."""
+        returns the ``tokenizer.json`` path. Each file is written atomically (:mod:`qkv._fs`)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         vocab = sorted(self.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
@@ -143,9 +144,7 @@ class WordPieceTokenizer:
                  "vocab.txt": "".join(tok + "\n" for tok, _ in vocab),
                  "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
         for name, text in files.items():
-            tmp = folder / f".{name}.tmp-{os.getpid()}"
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, folder / name)
+            atomic_write_text(folder / name, text)
         return folder / "tokenizer.json"
 
 

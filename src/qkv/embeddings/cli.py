@@ -10,13 +10,15 @@ from pathlib import Path
 
 __all__ = ["add_embedding_parsers"]
 
+_POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")  # qkv.embeddings.pooling.POOLINGS, without importing torch
+
 
 #: The embedding options of the command line, each defined once: ``EmbedOptions`` field → (flag,
 #: argparse keywords). Every embedding subcommand adds them (or some of them) with
 #: :func:`_add_embed_options` and reads them back with :func:`_options` (fields it lacks keep their
 #: ``EmbedOptions`` defaults). Literal values here: building the parser must not import torch.
 _EMBED_ARGS: dict[str, tuple[str, dict]] = {
-    "pooling": ("--pooling", dict(choices=("mean", "cls", "max", "mean_sqrt_len"), default=None,
+    "pooling": ("--pooling", dict(choices=_POOLINGS, default=None,
                                   help="default: what the model folder declares (embedding.json, "
                                   "sentence-transformers config), else mean")),
     "layers": ("--layers", dict(type=int, nargs="+", default=None, metavar="I",
@@ -134,7 +136,7 @@ def add_embedding_parsers(sub) -> None:
                                      ("--dropout", float, None, "dropout (default: the model's own)"),
                                      ("--seed", int, 0, "random seed")):
         t.add_argument(flag, type=typ, default=default, help=f"{text} (default {default})")
-    t.add_argument("--pooling", choices=("mean", "cls", "max", "mean_sqrt_len"), default="mean")
+    t.add_argument("--pooling", choices=_POOLINGS, default="mean")
     t.add_argument("--layers", type=int, nargs="+", default=[-1], metavar="I")
     t.add_argument("--device", default=None)
     t.add_argument("--no-progress", dest="progress", action="store_false")

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,13 +30,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qkv._fs import write_folder
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.data.windows import make_windows, pad_batch
 from qkv.embeddings.embedder import EMBED_SPECIALS, EMBEDDING_JSON, folder_defaults
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
-from qkv.embeddings.streams import make_public_dir
-from qkv.data.windows import make_windows, pad_batch
 from qkv.errors import check_device
+from qkv.validation import check_choice, check_int, check_range
 
 __all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "contrastive_loss", "train_embeddings"]
 
@@ -64,20 +63,16 @@ class ContrastiveConfig:
     log_every: int = 10
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise EmbeddingError(f"mode={self.mode!r} is not allowed; allowed: {', '.join(MODES)}")
+        check_choice("mode", self.mode, MODES, error=EmbeddingError)
         check_pooling(self.pooling)
         for name in ("steps", "batch_size", "log_every"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise EmbeddingError(f"{name}={getattr(self, name)!r} must be an int ≥ 1")
+            check_int(name, getattr(self, name), low=1, allow_bool=True, error=EmbeddingError)
         if self.batch_size < 2:
             raise EmbeddingError("batch_size must be ≥ 2: in-batch negatives need another document")
         if not self.temperature > 0 or not self.lr > 0:
             raise EmbeddingError(f"temperature ({self.temperature}) and lr ({self.lr}) must be > 0")
-        if not 0 <= self.warmup < 1:
-            raise EmbeddingError(f"warmup={self.warmup} must be a fraction in [0, 1)")
-        if self.dropout is not None and not 0 <= self.dropout < 1:
-            raise EmbeddingError(f"dropout={self.dropout} must be in [0, 1)")
+        check_range("warmup", self.warmup, 0, 1, noun="a fraction", error=EmbeddingError)
+        check_range("dropout", self.dropout, 0, 1, optional=True, error=EmbeddingError)
         if self.mode == "simcse" and self.dropout == 0:
             raise EmbeddingError("SimCSE needs dropout > 0: the two views of a text differ only by dropout")
 
@@ -263,14 +258,6 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
 def _write_model(encoder, tokenizer, out: Path, record: dict) -> None:
     from qkv.models.io import save
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        save(encoder, tmp / "model", tokenizer=tokenizer)
-        (tmp / "model" / EMBEDDING_JSON).write_text(json.dumps(record, indent=2), encoding="utf-8")
-        make_public_dir(tmp / "model")
-        if out.exists():
-            out.rmdir()  # empty (checked before training)
-        os.replace(tmp / "model", out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with write_folder(out, how="new") as tmp:  # an empty folder at out (checked before training) is replaced
+        save(encoder, tmp, tokenizer=tokenizer)
+        (tmp / EMBEDDING_JSON).write_text(json.dumps(record, indent=2), encoding="utf-8")

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from qkv.embeddings.errors import EmbeddingError
+from qkv.validation import check_choice
 
 __all__ = ["POOLINGS", "pool", "select_layers", "check_pooling", "normalize_layers"]
 
@@ -30,8 +31,7 @@ POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 
 
 def check_pooling(pooling: str) -> str:
-    if pooling not in POOLINGS:
-        raise EmbeddingError(f"pooling={pooling!r} is not allowed; allowed: {', '.join(POOLINGS)}")
+    check_choice("pooling", pooling, POOLINGS, error=EmbeddingError)
     return pooling
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from array import array
 from collections import deque
@@ -31,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from qkv._fs import make_temp_dir
+from qkv._fs import write_folder
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
+from qkv.validation import check_range
 
 __all__ = ["build_index", "search", "load_index_meta", "index_options", "Hit", "INDEX_JSON"]
 
@@ -101,7 +101,7 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
         EmbeddingError: ``out`` exists and is not empty, or the embedder's errors.
     """
     from qkv.embeddings.embedder import Embedder
-    from qkv.embeddings.streams import make_public_dir, open_writer
+    from qkv.embeddings.streams import open_writer
 
     options = as_options(options, default=EmbedOptions(empty="skip"), **changes).replace(normalize=True)
     out = Path(out)
@@ -110,10 +110,7 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
     if not Path(model).is_dir():
         raise EmbeddingError(f"model folder not found: {model}")
     embedder = Embedder(model, options)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(out)
-    make_public_dir(tmp)
-    try:
+    with write_folder(out, how="new") as tmp:  # an empty folder at out (checked) is replaced
         pending: deque[tuple[int, Any, str]] = deque()
 
         def numbered():
@@ -147,11 +144,6 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
                 "empty_skipped": embedder.stats.empty, "long_documents": embedder.stats.long_documents,
                 "truncated": embedder.stats.truncated, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         (tmp / INDEX_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 
@@ -228,8 +220,7 @@ def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
 
     if isinstance(queries, str):
         queries = [queries]
-    if k < 1:
-        raise EmbeddingError(f"k={k} must be ≥ 1")
+    check_range("k", k, 1, error=EmbeddingError)
     meta = load_index_meta(index)
     model = Path(meta["model"])
     if not model.is_dir():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qkv._fs import check_output_path, make_temp_file
+from qkv._fs import check_output_path, make_temp_file, publish_file
 from qkv.embeddings.errors import EmbeddingError, OutputFormatError
 
 __all__ = ["open_writer", "output_format", "OUTPUT_FORMATS", "VectorWriter", "PARQUET_PIP"]
@@ -30,20 +30,6 @@ __all__ = ["open_writer", "output_format", "OUTPUT_FORMATS", "VectorWriter", "PA
 OUTPUT_FORMATS = (".npy", ".jsonl", ".parquet")
 PARQUET_PIP = "pip install pyarrow"
 _NPY_HEADER = 128  # bytes reserved for the .npy header: room for any row count
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def make_public_dir(path: Path) -> None:
-    """Give a folder made by ``tempfile.mkdtemp`` (0700) the permissions of a normal new folder."""
-    os.chmod(path, 0o777 & ~_umask())
-
-
-# ----------------------------------------------------------------------------------------- outputs
 
 
 def output_format(path: str | os.PathLike) -> str:
@@ -78,7 +64,6 @@ class VectorWriter(ABC):
         fd, tmp = make_temp_file(self.path)  # also removes temp files of killed writers of this path
         os.close(fd)
         self.tmp = Path(tmp)
-        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make the output private
         self._done = False
 
     def write(self, ids: list, vectors: np.ndarray) -> None:
@@ -94,7 +79,7 @@ class VectorWriter(ABC):
 
     def commit(self) -> Path:
         self._finish()
-        os.replace(self.tmp, self.path)
+        publish_file(self.tmp, self.path)  # with the permissions of a normal new file
         self._done = True
         return self.path
 

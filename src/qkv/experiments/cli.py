@@ -7,6 +7,8 @@ import json
 import shlex
 import sys
 
+from qkv.training.cli import add_table_options, given_values, split_specs
+
 __all__ = ["add_ablate_parser", "config_from_args", "parse_set"]
 
 # (flag, TrainConfig field, type, help)
@@ -49,8 +51,7 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per run (default cores // jobs); equal numbers across different "
                    "--jobs need equal --threads")
-    for flag, name, typ, text in _OPTIONS:
-        p.add_argument(flag, dest=name, type=typ, default=None, help=text)
+    add_table_options(p, _OPTIONS)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a TrainConfig field (warmup_steps=50) or a model field (model.dropout=0) "
                    "for every variant; VALUE is JSON, else a string; repeatable")
@@ -88,11 +89,8 @@ def config_from_args(args: argparse.Namespace):
     missing = [flag for flag, v in given if not v]
     if missing:
         raise ValueError(f"{', '.join(missing)} required (see qkv ablate --help; --list-grids lists grids)")
-    overrides = parse_set(args.sets)
-    for _, name, _, _ in _OPTIONS:
-        if getattr(args, name) is not None:
-            overrides[name] = getattr(args, name)
-    eval_corpus = tuple(s for s in args.eval_corpus.split(",") if s) if args.eval_corpus else None
+    overrides = {**parse_set(args.sets), **given_values(args, _OPTIONS)}
+    eval_corpus = split_specs(args.eval_corpus) if args.eval_corpus else None
     command = ""
     if sys.argv[1:2] == ["ablate"]:
         command = "qkv ablate " + " ".join(shlex.quote(a) for a in sys.argv[2:])

@@ -16,15 +16,12 @@ one with different inputs is refused.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from qkv.experiments.grid import DATA_FIELDS
-from qkv._fs import atomic_write_text
+from qkv._fs import atomic_file, atomic_write_text, write_folder
 
 __all__ = ["prepare_shared_data", "corpus_options"]
 
@@ -40,17 +37,11 @@ def corpus_options(fields: dict[str, Any]):
 
 
 def _write_jsonl(path: Path, texts) -> int:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for text in texts:
-                f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-                n += 1
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for text in texts:
+            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            n += 1
     return n
 
 
@@ -110,20 +101,12 @@ def prepare_shared_data(out: Path, corpus: tuple[str, ...], eval_corpus: tuple[s
     log(f"training the shared tokenizer (vocab {fields['vocab_size']}) on the training text")
     tok = train_tokenizer(train_text, vocab_size=fields["vocab_size"], lowercase=fields["lowercase"])
     tok_dir = out / "tokenizer"
-    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.tmp-", dir=out))
-    try:
+
+    def same_file(e: OSError) -> bool:  # another harness process on this folder got there first
+        return (tok_dir / "tokenizer.json").is_file()  # same inputs, same file
+
+    with write_folder(tok_dir, on_conflict=same_file) as tmp:  # replaces one left by an interrupted run
         tok.save(tmp)
-        if tok_dir.exists():  # left by an interrupted preparation
-            shutil.rmtree(tok_dir)
-        try:
-            os.replace(tmp, tok_dir)
-        except OSError:  # another harness process on this folder got there first: same inputs, same file
-            if not (tok_dir / "tokenizer.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     data_fields["tokenizer"] = str(tok_dir)
     log("tokenising the training and held-out text once (token caches)")
     prepare_pretraining_data(data_fields["corpus"], options=corpus_options(data_fields),

@@ -48,6 +48,7 @@ from typing import Any
 
 from qkv.config import ModelConfig
 from qkv.training.config import TrainConfig
+from qkv.validation import check_int, check_positive
 
 __all__ = ["Grid", "load_grid", "builtin_grids", "check_overrides", "STATS", "DATA_FIELDS",
            "HARNESS_FIELDS"]
@@ -152,15 +153,13 @@ class Grid:
         if bad:
             raise ValueError(f"{where}: extra_eval: unknown key(s) {bad}; "
                              f"allowed: {', '.join(_EXTRA_EVAL_KEYS)}")
-        lf = extra.get("length_factor")
-        if lf is not None and (not isinstance(lf, int) or isinstance(lf, bool) or lf < 2):
-            raise ValueError(f"{where}: extra_eval.length_factor={lf!r} must be an int ≥ 2")
+        check_int("extra_eval.length_factor", extra.get("length_factor"), low=2, optional=True,
+                  where=f"{where}: ")
         stats = data.get("stats", [])
         if not isinstance(stats, list) or any(s not in STATS for s in stats):
             raise ValueError(f"{where}: stats={stats!r} must be a list of names from: {', '.join(STATS)}")
         early = data.get("early_steps", 20)
-        if not isinstance(early, int) or isinstance(early, bool) or early < 1:
-            raise ValueError(f"{where}: early_steps={early!r} must be an int ≥ 1")
+        check_int("early_steps", early, low=1, where=f"{where}: ")
         notes = data.get("notes", "")
         if not isinstance(notes, str):
             raise ValueError(f"{where}: notes must be a string")
@@ -190,9 +189,8 @@ def check_overrides(where: str, over: Any, *, variant: bool) -> None:
         if key not in allowed:
             hint = " (a ModelConfig field: put it under \"model\")" if key in _MODEL_FIELDS else ""
             raise ValueError(f"{where}: unknown key {key!r}{hint}; allowed: {', '.join(allowed)}")
-        if key == "lr_scale" and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                                  or not value > 0):
-            raise ValueError(f"{where}: lr_scale={value!r} must be a positive number")
+        if key == "lr_scale":
+            check_positive("lr_scale", value, where=f"{where}: ")
     model = over.get("model", {})
     if not isinstance(model, dict):
         raise ValueError(f"{where}: model must be an object of ModelConfig fields, got {model!r}")

@@ -18,9 +18,9 @@ from typing import Any
 
 from qkv.experiments.grid import Grid, check_overrides
 from qkv.config import PRESETS, ModelConfig
-from qkv.training.config import TrainConfig
+from qkv.training.config import TrainConfig, model_config_for
 
-__all__ = ["Job", "resolve_variant", "model_config_for", "validate_grid", "plan_jobs", "merge_overrides"]
+__all__ = ["Job", "resolve_variant", "validate_grid", "plan_jobs", "merge_overrides"]
 
 _TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
                    if f.default is not dataclasses.MISSING}
@@ -101,14 +101,6 @@ def resolve_variant(grid: Grid, variant: str, overrides: dict[str, Any] | None =
     return d
 
 
-def model_config_for(cfg: TrainConfig, vocab_size: int | None = None) -> ModelConfig:
-    """The ModelConfig a run of ``cfg`` builds (``vocab_size``: the tokenizer's; default the preset's)."""
-    model = dict(cfg.model)
-    if vocab_size is not None:
-        model["vocab_size"] = vocab_size
-    return ModelConfig.preset(cfg.preset, **model)
-
-
 def validate_grid(grid: Grid, overrides: dict[str, Any] | None = None) -> dict[str, TrainConfig]:
     """Build every variant's TrainConfig and ModelConfig (with a placeholder corpus), so that a bad
     value stops the harness before any data is read. Returns variant → TrainConfig."""
@@ -118,12 +110,9 @@ def validate_grid(grid: Grid, overrides: dict[str, Any] | None = None) -> dict[s
         where = f"grid {grid.name!r}, variant {variant!r}"
         try:
             cfg = TrainConfig(corpus=("-",), out="-", **resolve_variant(grid, variant, overrides))
-            mc = model_config_for(cfg)
+            model_config_for(cfg, hint="; set model.max_len")
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: {e}") from e
-        if mc.max_len < cfg.max_len:
-            raise ValueError(f"{where}: max_len={cfg.max_len} exceeds the model's position table "
-                             f"({mc.max_len}); set model.max_len")
         out[variant] = cfg
     return out
 

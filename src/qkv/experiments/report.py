@@ -19,7 +19,7 @@ from qkv.experiments.grid import Grid
 from qkv.experiments.plan import Job
 from qkv.experiments.ranking import ranking_section
 from qkv.experiments.reuse import REUSED_KEY
-from qkv._fs import atomic_write_text
+from qkv._fs import atomic_file, atomic_write_text
 
 __all__ = ["write_report", "format_table", "table_columns", "CSV_COLUMNS"]
 
@@ -148,10 +148,9 @@ def plot_curves(grid: Grid, rows: list[dict], path: Path) -> Path | None:
     ax.set_title(f"ablation grid '{grid.name}': held-out loss (mean over seeds)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    tmp.replace(path)
     return path
 
 

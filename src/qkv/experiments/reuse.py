@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import filecmp
 import json
-import os
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from qkv._fs import write_folder
 from qkv.experiments.plan import Job
 from qkv.training.config import TrainConfig
 
@@ -102,15 +102,12 @@ def find_reusable(job: Job, sources: Iterable[Path]) -> Path | None:
 
 def _copy_run(source: Path, job: Job) -> None:
     target = Path(job.run_dir)
-    tmp = target.parent / f".{target.name}.reuse-tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("result.json"))
-    meta = json.loads((tmp / "run.json").read_text(encoding="utf-8"))
-    meta["train_config"].update({k: job.train_config[k] for k in _PATH_FIELDS})
-    meta[REUSED_KEY] = str(source)
-    (tmp / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    os.replace(tmp, target)
+    with write_folder(target, how="new") as tmp:
+        shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("result.json"), dirs_exist_ok=True)
+        meta = json.loads((tmp / "run.json").read_text(encoding="utf-8"))
+        meta["train_config"].update({k: job.train_config[k] for k in _PATH_FIELDS})
+        meta[REUSED_KEY] = str(source)
+        (tmp / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
 
 def check_sources(sources: Iterable[str | Path]) -> None:

@@ -43,6 +43,7 @@ from qkv.experiments.reuse import check_sources, reuse_runs
 from qkv.experiments.worker import is_finished, read_result, run_job
 from qkv._fs import atomic_write_text
 from qkv.training.config import TrainConfig
+from qkv.validation import check_int
 
 __all__ = ["AblationConfig", "AblationResult", "run_ablation"]
 
@@ -90,11 +91,8 @@ class AblationConfig:
         if not self.corpus:
             raise ValueError("corpus is empty: give at least one file, folder or dataset:NAME")
         for name in ("seeds", "jobs"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an int ≥ 1")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"threads={self.threads!r} must be an int ≥ 1 or None")
+            check_int(name, getattr(self, name), low=1)
+        check_int("threads", self.threads, low=1, optional=True, allow_bool=True, tail=" or None")
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from qkv.training.cli import LOOP_OPTIONS
+from qkv.training.cli import LOOP_OPTIONS, add_run_arguments, add_table_options, report_interrupted
 
 __all__ = ["add_finetune_parsers", "config_from_args"]
 
@@ -75,11 +75,8 @@ def add_finetune_parsers(sub) -> None:
     p.add_argument("model", help="the folder of the model to fine-tune")
     p.add_argument("--train", action="append", default=None, metavar="SPEC",
                    help="training data: dataset:NAME[:SPLIT], a .jsonl/.csv/.tsv file or a CoNLL file; repeatable")
-    p.add_argument("--out", required=True, help="the run folder")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--config", help="a JSON file of FinetuneConfig fields (command-line options override it)")
-    for flag, name, typ, text in _OPTIONS:
-        p.add_argument(flag, dest=name, type=typ, default=None, help=f"{text} (default: {defaults[name]})")
+    add_run_arguments(p, "FinetuneConfig")
+    add_table_options(p, _OPTIONS, defaults)
     p.add_argument("--truncate", dest="truncate", action="store_true", default=None,
                    help="keep only the first window of a long text (counted and reported)")
     p.add_argument("--reset-head", dest="reset_head", action="store_true", default=None,
@@ -127,9 +124,7 @@ def _finetune(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     result = finetune(cfg, resume=args.resume)
     if result.status != "complete":
-        print(f"interrupted after step {result.steps_done}; checkpoint saved. Continue with:\n"
-              f"  qkv finetune {cfg.model} --out {result.out} --resume")
-        return 130
+        return report_interrupted(result, f"qkv finetune {cfg.model}")
     print(f"run folder: {result.out}  (report: {result.out / 'report.md'}, curve: {result.out / 'curve.png'}"
           + (f", confusion matrix: {result.out / 'confusion.png'}" if cfg.task == "sequence-classification" else "")
           + f"; predict: qkv predict {result.out} INPUT --out predictions.jsonl)")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from qkv.training.config import RunConfig, check_field_types
+from qkv.training.config import RunConfig
 from qkv.training.optim import SCHEDULES
+from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range
 
 __all__ = ["FinetuneConfig", "TASKS", "BASELINES", "POOLINGS"]
 
@@ -123,8 +123,7 @@ class FinetuneConfig(RunConfig):
             if isinstance(getattr(self, name), os.PathLike):
                 object.__setattr__(self, name, str(getattr(self, name)))
         check_field_types(self)
-        if self.task not in TASKS:
-            raise ValueError(f"task={self.task!r} is not allowed; allowed: {', '.join(TASKS)}")
+        check_choice("task", self.task, TASKS)
         if not self.model:
             raise ValueError("model is empty: give the folder of the model to fine-tune")
         if not self.train:
@@ -132,38 +131,26 @@ class FinetuneConfig(RunConfig):
         if self.eval is not None and not self.eval:
             raise ValueError("eval is empty: give a held-out data spec, or leave it out to hold out eval_fraction")
         for name in ("batch_size", "grad_accum", "eval_sample", "eval_batch_size", "log_every"):
-            _positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name), low=1)
         for name in ("steps", "eval_every", "save_every", "max_train", "max_eval", "stride"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        if self.warmup_steps is not None and (not isinstance(self.warmup_steps, int) or self.warmup_steps < 0):
-            raise ValueError(f"warmup_steps={self.warmup_steps!r} must be an int ≥ 0")
-        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 3):
-            raise ValueError(f"max_len={self.max_len!r} must be an int ≥ 3")
+            check_int(name, getattr(self, name), low=1, optional=True)
+        check_int("warmup_steps", self.warmup_steps, low=0, optional=True)
+        check_int("max_len", self.max_len, low=3, optional=True)
         if self.stride is not None and self.max_len is not None and self.stride > self.max_len - 2:
             raise ValueError(f"stride={self.stride} must be ≤ max_len − 2 = {self.max_len - 2} (the text tokens "
                              "of one window); a larger stride would skip tokens")
-        if not (self.epochs > 0 and math.isfinite(self.epochs)):
-            raise ValueError(f"epochs={self.epochs!r} must be a positive number")
-        if self.time_budget is not None and not (self.time_budget > 0 and math.isfinite(self.time_budget)):
-            raise ValueError(f"time_budget={self.time_budget!r} must be a positive number of minutes")
+        check_positive("epochs", self.epochs)
+        check_positive("time_budget", self.time_budget, unit=" of minutes", optional=True)
         if self.steps is not None and self.time_budget is not None:
             raise ValueError("steps and time_budget are both set: give one (--steps or --time-budget)")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r} is not allowed; allowed: {', '.join(SCHEDULES)}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling={self.pooling!r} is not allowed; allowed: {', '.join(POOLINGS)}")
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("pooling", self.pooling, POOLINGS)
         for name in ("lr", "clip_norm"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay={self.weight_decay!r} must be ≥ 0")
-        if not 0 < self.eval_fraction < 1:
-            raise ValueError(f"eval_fraction={self.eval_fraction!r} must be in (0, 1)")
+            check_range(name, getattr(self, name), 0, bounds="(")
+        check_range("weight_decay", self.weight_decay, 0)
+        check_range("eval_fraction", self.eval_fraction, 0, 1, bounds="()")
         for name in ("classifier_dropout", "dropout", "attention_dropout"):
-            v = getattr(self, name)
-            if v is not None and not 0 <= v < 1:
-                raise ValueError(f"{name}={v!r} must be in [0, 1)")
+            check_range(name, getattr(self, name), 0, 1, optional=True)
         unknown = [b for b in self.baselines if b not in BASELINES]
         if unknown:
             raise ValueError(f"unknown baseline(s) {unknown}; allowed: {', '.join(BASELINES)} (or none)")
@@ -193,8 +180,3 @@ class FinetuneConfig(RunConfig):
             raise ValueError(f"missing FinetuneConfig field(s): {', '.join(missing)}")
         return cls(**data)
 
-
-
-def _positive_int(name: str, v: Any) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{name}={v!r} must be an int ≥ 1")

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from qkv.config import ModelConfig
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.nn.encoder import Encoder
+from qkv.validation import check_choice, check_range
 
 __all__ = ["TASKS", "POOLINGS", "TaskConfig", "TaskOutput", "TaskModel", "SequenceClassifier",
            "TokenClassifier"]
@@ -62,8 +63,7 @@ class TaskConfig:
     classifier_dropout: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise ValueError(f"task={self.task!r} is not allowed; allowed: {', '.join(TASKS)}")
+        check_choice("task", self.task, TASKS)
         labels = self.labels
         if isinstance(labels, list):
             labels = tuple(labels)
@@ -81,11 +81,8 @@ class TaskConfig:
         if self.task != "regression" and len(labels) < 2:
             raise ValueError(f"labels={labels!r}: task={self.task!r} needs at least 2 labels "
                              "(class names in id order)")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling={self.pooling!r} is not allowed; allowed: {', '.join(POOLINGS)}")
-        p = self.classifier_dropout
-        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
-            raise ValueError(f"classifier_dropout={p!r} must be a number in [0, 1)")
+        check_choice("pooling", self.pooling, POOLINGS)
+        check_range("classifier_dropout", self.classifier_dropout, 0, 1, number=True)
 
     @property
     def num_labels(self) -> int:

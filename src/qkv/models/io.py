@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,8 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from qkv._faults import fault_point
-from qkv._fs import make_temp_dir, replace_dir
+from qkv._fs import write_folder
 from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
@@ -45,6 +43,7 @@ from qkv.models import hf
 from qkv.models.builders import build_model, build_task_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
+from qkv.validation import check_choice
 
 __all__ = ["Pretrained", "load", "save", "export_hf", "convert", "unpack", "read_weights", "CheckpointError"]
 
@@ -230,34 +229,17 @@ def is_model_folder(folder: Path) -> bool:
     return all(p.name in MODEL_FILES or p.name.startswith(".") for p in Path(folder).iterdir())
 
 
-def _publish(tmp: Path, dest: Path, config_name: str) -> None:
-    """Move the finished folder ``tmp`` to ``dest`` atomically (see the module docstring)."""
-    if not dest.exists() or is_model_folder(dest):
-        replace_dir(tmp, dest)
-        return
-    names = sorted(p.name for p in tmp.iterdir())
-    names.sort(key=lambda n: n == config_name)  # config last: a reader sees old or new, never half
-    for i, name in enumerate(names):
-        os.replace(tmp / name, dest / name)
-        if i == 0:
-            fault_point("finalise.model")
-    tmp.rmdir()
-    for name in sorted(MODEL_FILES - set(names)):  # the old model's files: other config, old tokenizer
-        (dest / name).unlink(missing_ok=True)
-
-
 def _write_folder(dest: Path, config_name: str, fill) -> None:
+    """Fill a temp folder beside ``dest`` and publish it there (see the module docstring)."""
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise CheckpointError(f"{dest}: exists and is not a folder; choose another destination")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(dest)
-    try:
+    if not dest.exists() or is_model_folder(dest):
+        publish = {"how": "replace"}
+    else:  # config last: a reader sees old or new, never half; the old model's other files go
+        publish = {"how": "merge", "last": config_name, "owned": MODEL_FILES, "fault": "finalise.model"}
+    with write_folder(dest, **publish) as tmp:
         fill(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _publish(tmp, dest, config_name)
 
 
 def _model_parts(model: nn.Module) -> tuple[ModelConfig, bool, TaskConfig | None]:
@@ -336,8 +318,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
         dst: the folder to write.
         to: ``"qkv"`` or ``"hf"``; default: the other format than ``src``'s.
     """
-    if to not in (None, "qkv", "hf"):
-        raise ValueError(f"to={to!r} is not allowed; allowed: qkv, hf")
+    check_choice("to", to, ("qkv", "hf"), optional=True)
     if to is None:
         to = "hf" if (Path(src) / QKV_CONFIG).is_file() else "qkv"
     dst_path = Path(dst)

@@ -6,7 +6,7 @@ Layout inside a run folder::
     checkpoints/LATEST           the name of the newest complete checkpoint folder
 
 A checkpoint folder is written under a temporary name, flushed, then renamed into place; only
-then is ``LATEST`` replaced (temp file + ``os.replace``). A crash at any moment therefore leaves
+then is ``LATEST`` replaced (atomically, :mod:`qkv._fs`). A crash at any moment therefore leaves
 ``LATEST`` naming a complete checkpoint — never a half-written one. Older checkpoints beyond
 ``keep`` are removed after the switch; leftovers of an interrupted write are removed by the next.
 
@@ -25,7 +25,6 @@ checkpoint, and ``LATEST``, untouched.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -36,11 +35,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from qkv._faults import fault_point
-from qkv._fs import atomic_write_text, make_temp_dir, sha256_file
+from qkv._fs import atomic_write_text, sha256_file, write_folder
 from qkv.models.errors import CheckpointError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "atomic_write_text",
-           "CheckpointWriteError", "read_trainer_state"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "CheckpointWriteError",
+           "read_trainer_state"]
 
 LATEST = "LATEST"
 _CHECKED = ("model.safetensors", "optimizer.pt")
@@ -73,28 +72,18 @@ def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module,
     root = Path(run_dir) / "checkpoints"
     name = f"step-{step:08d}"
     final = root / name
-    tmp = None
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = make_temp_dir(final)
-        save_file(_state_dict_for_saving(model), str(tmp / "model.safetensors"))
-        fault_point("checkpoint.write")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        files = {f: sha256_file(tmp / f) for f in _CHECKED}
-        state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None,
-                     files=files)
-        (tmp / "trainer.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with write_folder(final, sync=True) as tmp:  # replaces a folder of this step as a whole
+            save_file(_state_dict_for_saving(model), str(tmp / "model.safetensors"))
+            fault_point("checkpoint.write")
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            files = {f: sha256_file(tmp / f) for f in _CHECKED}
+            state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None,
+                         files=files)
+            (tmp / "trainer.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
         fault_point("checkpoint.latest")
         atomic_write_text(root / LATEST, name + "\n")
     except OSError as e:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         try:
             last = latest_checkpoint(run_dir)
         except CheckpointError:
@@ -103,10 +92,6 @@ def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module,
             f"could not write checkpoint {final} ({e.strerror or e}); nothing is lost: "
             + (f"the last complete checkpoint {last} is intact" if last else "no checkpoint was written yet")
             + ". Free space (or fix the folder), then continue with --resume") from e
-    except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
     olds = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name != name)
     for p in olds[: max(0, len(olds) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)

@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-__all__ = ["add_pretrain_parser", "config_from_args", "given_options", "LOOP_OPTIONS", "parse_threads"]
+__all__ = ["add_pretrain_parser", "config_from_args", "given_options", "LOOP_OPTIONS", "parse_threads",
+           "add_table_options", "add_run_arguments", "given_values", "split_specs", "report_interrupted"]
 
 
 def parse_threads(text: str):
@@ -87,12 +88,9 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--corpus", action="append", default=None, metavar="SPEC",
                    help="training text: a file (.txt, .jsonl, .gz), a folder, or dataset:NAME[:SPLIT] "
                    "with NAME in 20newsgroups, reuters8, reuters52, pydoc, kjv; repeatable")
-    p.add_argument("--out", required=True, help="the run folder")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--config", help="a JSON file of TrainConfig fields (command-line options override it)")
+    add_run_arguments(p, "TrainConfig")
     p.add_argument("--model", metavar="JSON", help='ModelConfig overrides as JSON, e.g. \'{"norm": "pre"}\'')
-    for flag, name, typ, text in _OPTIONS:
-        p.add_argument(flag, dest=name, type=typ, default=_D, help=f"{text} (default: {defaults[name]})")
+    add_table_options(p, _OPTIONS, defaults)
     p.add_argument("--whole-word", dest="whole_word", action="store_true", default=_D,
                    help="whole-word masking: select all pieces of a word or none")
     p.add_argument("--no-unigram-bias", dest="unigram_bias", action="store_false", default=_D,
@@ -102,6 +100,40 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", default=_D,
                    help="no progress bar")
     p.set_defaults(func=_run)
+
+
+def add_table_options(p: argparse.ArgumentParser, options, defaults: dict | None = None) -> None:
+    """Add the (flag, field, type, help) rows of ``options`` to ``p``, each defaulting to ``None``
+    ("not given"); with ``defaults`` (field → default) the help ends with ``(default: …)``."""
+    for flag, name, typ, text in options:
+        p.add_argument(flag, dest=name, type=typ, default=_D,
+                       help=text if defaults is None else f"{text} (default: {defaults[name]})")
+
+
+def add_run_arguments(p: argparse.ArgumentParser, config_name: str) -> None:
+    """Add ``--out`` (the run folder), ``--resume`` and ``--config`` (a JSON file of ``config_name``
+    fields) — the run-folder options of ``qkv pretrain`` and ``qkv finetune``."""
+    p.add_argument("--out", required=True, help="the run folder")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--config", help=f"a JSON file of {config_name} fields (command-line options override it)")
+
+
+def given_values(args: argparse.Namespace, options) -> dict:
+    """The fields of the (flag, field, type, help) rows of ``options`` that the command line gave."""
+    return {name: getattr(args, name) for _, name, _, _ in options if getattr(args, name) is not None}
+
+
+def split_specs(text: str) -> tuple[str, ...]:
+    """A comma-separated list of corpus specs (``--eval-corpus``), empty items dropped."""
+    return tuple(s for s in text.split(",") if s)
+
+
+def report_interrupted(result, command: str) -> int:
+    """Print how to continue a run stopped by a signal (``command``: the command line without
+    ``--out``); returns the exit status 130."""
+    print(f"interrupted after step {result.steps_done}; checkpoint saved. Continue with:\n"
+          f"  {command} --out {result.out} --resume")
+    return 130
 
 
 def given_options(args: argparse.Namespace, options, switches: tuple[str, ...] = ()) -> dict:
@@ -116,9 +148,9 @@ def given_options(args: argparse.Namespace, options, switches: tuple[str, ...] =
         base = read_run(Path(args.out))["train_config"]
     elif args.config:
         base = read_config_file(args.config)
-    given = {name: getattr(args, name) for _, name, _, _ in options}
-    given.update({name: getattr(args, name) for name in switches})
-    return {**base, **{k: v for k, v in given.items() if v is not None}}
+    given = given_values(args, options)
+    given.update({name: getattr(args, name) for name in switches if getattr(args, name) is not None})
+    return {**base, **given}
 
 
 def config_from_args(args: argparse.Namespace):
@@ -127,7 +159,7 @@ def config_from_args(args: argparse.Namespace):
 
     data = given_options(args, _OPTIONS, ("whole_word", "lowercase", "progress", "unigram_bias"))
     if args.eval_corpus is not None:  # given on the command line: comma-separated
-        data["eval_corpus"] = tuple(s for s in args.eval_corpus.split(",") if s)
+        data["eval_corpus"] = split_specs(args.eval_corpus)
     if args.corpus:
         data["corpus"] = tuple(args.corpus)
     if args.model:
@@ -144,9 +176,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)  # errors: printed by qkv.cli.main
     result = pretrain(cfg, resume=args.resume)
     if result.status != "complete":
-        print(f"interrupted after step {result.steps_done}; checkpoint saved. Continue with:\n"
-              f"  qkv pretrain --out {result.out} --resume")
-        return 130
+        return report_interrupted(result, "qkv pretrain")
     ev = result.final_eval or {}
     if ev:
         print(f"held-out: loss {ev['eval_loss']:.4f}, perplexity {ev['perplexity']:.1f}, "

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from qkv.config import ModelConfig
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
+from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range, is_int
 
-__all__ = ["RunConfig", "TrainConfig", "RESUME_MAY_CHANGE", "read_config_file", "parse_json_object",
-           "check_field_types"]
+__all__ = ["RunConfig", "TrainConfig", "RESUME_MAY_CHANGE", "model_config_for", "read_config_file",
+           "parse_json_object"]
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
 RESUME_MAY_CHANGE = ("device", "progress", "log_every", "threads")
@@ -39,13 +40,11 @@ class RunConfig:
     def check_loop_fields(self) -> None:
         """``ValueError`` for a bad ``precision``, ``device`` or ``threads`` (``adaptive`` needs a
         ``time_budget``) — the fields of the shared training loop."""
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device={self.device!r} is not allowed; allowed: auto, cpu, cuda")
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("device", self.device, ("auto", "cpu", "cuda"))
         if self.threads is not None:
             t = self.threads
-            if t != "adaptive" and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+            if t != "adaptive" and (not is_int(t) or t < 1):
                 raise ValueError(f"threads={t!r} must be a number ≥ 1 or 'adaptive'")
             if t == "adaptive" and self.time_budget is None:
                 raise ValueError("threads='adaptive' needs a time_budget: a step-count run stays "
@@ -160,26 +159,15 @@ class TrainConfig(RunConfig):
             raise ValueError("corpus is empty: give at least one file, folder or dataset:NAME")
         for name in ("steps", "batch_size", "grad_accum", "eval_every", "save_every", "eval_batches",
                      "eval_batch_size", "vocab_size", "log_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an int ≥ 1")
-        if not isinstance(self.max_len, int) or self.max_len < 3:
-            raise ValueError(f"max_len={self.max_len!r} must be an int ≥ 3")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps!r} must be an int ≥ 0")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r} is not allowed; allowed: {', '.join(SCHEDULES)}")
+            check_int(name, getattr(self, name), low=1)
+        check_int("max_len", self.max_len, low=3)
+        check_int("warmup_steps", self.warmup_steps, low=0)
+        check_choice("schedule", self.schedule, SCHEDULES)
         for name in ("lr", "clip_norm", "position_lr_scale"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay={self.weight_decay!r} must be ≥ 0")
-        if not 0 < self.eval_fraction < 1:
-            raise ValueError(f"eval_fraction={self.eval_fraction!r} must be in (0, 1)")
-        if self.time_budget is not None:
-            tb = self.time_budget
-            if not isinstance(tb, (int, float)) or isinstance(tb, bool) or not math.isfinite(tb) or tb <= 0:
-                raise ValueError(f"time_budget={tb!r} must be a positive number of minutes (e.g. 10)")
+            check_range(name, getattr(self, name), 0, bounds="(")
+        check_range("weight_decay", self.weight_decay, 0)
+        check_range("eval_fraction", self.eval_fraction, 0, 1, bounds="()")
+        check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 10)", optional=True)
         self.check_loop_fields()
         if self.init_from is not None:
             if not isinstance(self.init_from, str) or not self.init_from:
@@ -211,39 +199,37 @@ class TrainConfig(RunConfig):
         return cls(**data)
 
 
+def model_config_for(cfg: TrainConfig, vocab_size: int | None = None, *, hint: str = "") -> ModelConfig:
+    """The ModelConfig a run of ``cfg`` builds from its preset: ``cfg.preset`` with the ``cfg.model``
+    overrides and the tokenizer's vocabulary size (an ``init_from`` run loads its model instead).
 
-_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str, os.PathLike),
-          "tuple[str, ...]": (tuple, list, str, os.PathLike), "dict[str, Any]": (dict,)}
+    Args:
+        cfg: the run's configuration.
+        vocab_size: the tokenizer's vocabulary size; ``None``: the preset's (or the overrides').
+        hint: appended to the message of a ``max_len`` beyond the position table (how to fix it).
 
-
-def check_field_types(cfg) -> None:
-    """Raise ``ValueError`` naming the field when a value has the wrong JSON type (e.g. a string
-    where a number belongs), so that a bad config file is refused with a message, not a crash."""
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        optional = ann.endswith(" | None")
-        base = ann[: -len(" | None")] if optional else ann
-        allowed = _TYPES.get(base)
-        if allowed is None or (optional and v is None):
-            continue
-        wrong = not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed)
-        if not wrong and base == "tuple[str, ...]" and isinstance(v, (tuple, list)):
-            wrong = not all(isinstance(x, (str, os.PathLike)) for x in v)
-        if not wrong and base == "float" and not math.isfinite(v):
-            raise ValueError(f"{f.name}={v!r} must be a finite number")
-        if wrong:
-            want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-                    "tuple[str, ...]": "a string or a list of strings", "dict[str, Any]": "a JSON object"}[base]
-            raise ValueError(f"{f.name}={v!r} must be {want}{' or null' if optional else ''}")
+    Raises:
+        ValueError: the overrides name another ``vocab_size`` than the tokenizer's, a field is bad
+            (the message of :class:`~qkv.config.ModelConfig`), or ``cfg.max_len`` exceeds the model's
+            position table.
+    """
+    overrides = dict(cfg.model)
+    if vocab_size is not None:
+        overrides.setdefault("vocab_size", vocab_size)
+        if overrides["vocab_size"] != vocab_size:
+            raise ValueError(f"model vocab_size={overrides['vocab_size']} differs from the tokenizer's "
+                             f"{vocab_size}")
+    mc = ModelConfig.preset(cfg.preset, **overrides)
+    if mc.max_len < cfg.max_len:
+        raise ValueError(f"max_len={cfg.max_len} exceeds the model's position table ({mc.max_len}){hint}")
+    return mc
 
 
 def _check_masking(cfg) -> None:
     from qkv.data.masking import MaskingConfig
 
-    if not 0 < cfg.select_rate <= 1:
-        raise ValueError(f"select_rate={cfg.select_rate!r} must be in (0, 1]: it is the share of tokens "
-                         "the model learns to predict (--select-rate, default 0.15)")
+    check_range("select_rate", cfg.select_rate, 0, 1, bounds="(]",
+                tail=": it is the share of tokens the model learns to predict (--select-rate, default 0.15)")
     MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
 
 

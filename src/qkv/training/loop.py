@@ -23,7 +23,7 @@ from qkv.data.masking import IGNORE_INDEX, MaskingConfig
 from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
 from qkv.models.builders import build_masked_lm
 from qkv.training import distributed as qdist
-from qkv.training.config import TrainConfig
+from qkv.training.config import TrainConfig, model_config_for
 from qkv.training.engine import TrainingError, TrainResult, run_session, run_training, save_final_model
 from qkv.training.finalise import finished_result, resume_eval
 from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
@@ -77,14 +77,7 @@ def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
             raise ValueError(f"max_len={cfg.max_len} exceeds the model's window ({mc.max_len}); "
                              f"use --max-len {mc.max_len} or less")
         return mc
-    overrides = dict(cfg.model)
-    overrides.setdefault("vocab_size", vocab_size)
-    if overrides["vocab_size"] != vocab_size:
-        raise ValueError(f"model vocab_size={overrides['vocab_size']} differs from the tokenizer's {vocab_size}")
-    mc = ModelConfig.preset(cfg.preset, **overrides)
-    if mc.max_len < cfg.max_len:
-        raise ValueError(f"max_len={cfg.max_len} exceeds the model's position table ({mc.max_len})")
-    return mc
+    return model_config_for(cfg, vocab_size)
 
 
 def _initial_model(cfg: TrainConfig):

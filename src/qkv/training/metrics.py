@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from qkv._fs import atomic_file
 from qkv.data.masking import IGNORE_INDEX
 from qkv.training.distributed import all_sum
 
@@ -155,8 +156,7 @@ def plot_curve(metrics_path: Path, png_path: Path, title: str = "", *, x: str = 
     ax.set_title(title)
     ax.legend(loc="upper right")
     fig.tight_layout()
-    tmp = Path(png_path).with_suffix(".tmp.png")
-    fig.savefig(tmp)
+    with atomic_file(png_path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    tmp.replace(png_path)
     return Path(png_path)

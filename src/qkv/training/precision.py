@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from qkv.validation import check_choice
+
 __all__ = ["PRECISIONS", "bf16_support", "resolve_precision", "autocast"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -58,8 +60,7 @@ def resolve_precision(requested: str, device: torch.device | str = "cpu") -> tup
     ``fp32`` → fp32. ``bf16`` → bf16 where native, else fp32 with a message. ``auto`` → bf16 where
     native, else fp32 (no message: that is what auto means).
     """
-    if requested not in PRECISIONS:
-        raise ValueError(f"precision={requested!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
+    check_choice("precision", requested, PRECISIONS)
     if requested == "fp32":
         return "fp32", None
     ok, why = bf16_support(device)

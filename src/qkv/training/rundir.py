@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from qkv._faults import fault_point
-from qkv._fs import atomic_write_text, make_temp_dir
+from qkv._fs import atomic_write_text, write_folder
 from qkv.errors import QkvError
 
 __all__ = ["RunError", "check_out_dir", "create_run_dir", "read_run", "update_run", "truncate_metrics"]
@@ -65,22 +64,15 @@ def create_run_dir(out: Path, meta: dict[str, Any], tokenizer) -> Path:
     from qkv.training.lock import write_lock
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(out)
-    try:
+
+    def taken(e: OSError) -> bool:  # another process created the run meanwhile
+        raise RunError(f"{out} was created by another process while this run prepared its data; "
+                       f"continue that run with --resume or choose another --out ({e.strerror})") from e
+
+    with write_folder(out, how="new", on_conflict=taken) as tmp:
         tokenizer.save(tmp)
         (tmp / RUN_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
         write_lock(tmp)
-        try:
-            if out.exists():  # an empty folder (checked before)
-                out.rmdir()
-            os.replace(tmp, out)
-        except OSError as e:  # another process created the run meanwhile
-            raise RunError(f"{out} was created by another process while this run prepared its data; "
-                           f"continue that run with --resume or choose another --out ({e.strerror})") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
