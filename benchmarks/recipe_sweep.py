@@ -100,7 +100,7 @@ def head_specialisation(run: Path, n_blocks: int = 64) -> dict:
                           tok.special)
     idx = list(range(0, len(blocks), max(1, len(blocks) // n_blocks)))[:n_blocks]
     b = blocks.batch(idx)
-    s = block_head_statistics(qkv.load(run), b.input_ids, b.attention_mask, cls_id=tok.special.cls,
+    s = block_head_statistics(qkv.load(run).model, b.input_ids, b.attention_mask, cls_id=tok.special.cls,
                               sep_id=tok.special.sep)
     both = (s.prev_share >= 0.3) | (s.next_share >= 0.3)
     return {"max_prev": float(s.prev_share.max()), "max_next": float(s.next_share.max()),

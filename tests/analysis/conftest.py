@@ -50,9 +50,10 @@ def tiny_hf_model(tiny_hf_folder):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_hf_folder):
-    from qkv.analysis.inputs import load_tokenizer
+    from qkv.analysis.inputs import tokenizer_view
+    from qkv.data.tokenizer_facade import read_tokenizer
 
-    return load_tokenizer(tiny_hf_folder)
+    return tokenizer_view(read_tokenizer(tiny_hf_folder))
 
 
 @pytest.fixture(autouse=True)

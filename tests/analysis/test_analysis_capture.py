@@ -13,7 +13,7 @@ from qkv.analysis.inputs import AnalysisInputError
 
 def test_long_texts_are_split_into_windows_with_special_tokens(tiny_tokenizer):
     text = pydoc_texts(1)[0]
-    pieces, _ = tiny_tokenizer.encode(text)
+    pieces = tiny_tokenizer.encode([text])[0].tolist()
     assert len(pieces) > 3 * MAX_LEN
     ctx = tokenize_corpus([text, "short one"], tiny_tokenizer, max_len=MAX_LEN)
     room = MAX_LEN - 2

@@ -50,6 +50,20 @@ def test_inspect_long_text_is_an_error_unless_truncated(tiny_hf_model, tiny_toke
         inspect_text(tiny_hf_model, tiny_tokenizer, "   ")
 
 
+def test_inspect_takes_what_qkv_load_returns(tiny_hf_folder, inspection, tmp_path):
+    import qkv
+    from qkv.analysis import run_inspect
+
+    text, pair = "the cat sat on the mat because it was tired", "then it slept"
+    ours = inspect_text(*qkv.load(tiny_hf_folder), text, pair)
+    assert ours.tokens == inspection.tokens
+    np.testing.assert_allclose(ours.attentions, inspection.attentions, atol=1e-5)
+    ins, paths = run_inspect(qkv.load(tiny_hf_folder), text, tmp_path / "i", text_b=pair)
+    assert ins.tokens == inspection.tokens and paths["viewer"].is_file()
+    with pytest.raises(AnalysisInputError, match=r"the model has no tokenizer.*pass its tokenizer"):
+        inspect_text(qkv.load(tiny_hf_folder).model, None, text)
+
+
 def test_viewer_weights_survive_quantisation(inspection):
     back = dequantize_attention(quantize_attention(inspection.attentions))
     np.testing.assert_allclose(back, inspection.attentions, atol=1e-5)

@@ -12,7 +12,8 @@ import pytest
 
 import qkv
 from qkv.cli import main
-from qkv.embeddings.streams import npy_header, output_format, read_records
+from qkv.data.readers import read_records
+from qkv.embeddings.streams import npy_header, output_format
 from qkv.embeddings.errors import OutputFormatError
 
 DOCS = ["the def statement defines a function", "", "classes and objects", "while loops repeat", "  ",

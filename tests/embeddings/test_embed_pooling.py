@@ -73,7 +73,11 @@ def test_model_without_tokenizer(tiny_model, tmp_path):
         shutil.copy(tiny_model / name, bare / name)
     with pytest.raises(EmbeddingError, match="no tokenizer.*tokenizer.json or vocab.txt"):
         qkv.embed(bare, ["text"])
-    model = qkv.load(bare)
+    model = qkv.load(bare).model
+    with pytest.raises(EmbeddingError, match="a bare Encoder carries no tokenizer; pass tokenizer="):
+        qkv.embed(model, ["text"])
+    with pytest.raises(EmbeddingError, match="the model has no tokenizer.*or pass tokenizer="):
+        qkv.embed(qkv.load(bare), ["text"])  # what qkv.load returns for a folder without one
     tok = qkv.load(tiny_model).tokenizer
     np.testing.assert_allclose(qkv.embed(model, ["text"], tokenizer=tok), qkv.embed(tiny_model, ["text"]),
                                atol=1e-6)

@@ -80,13 +80,13 @@ def test_training_from_a_masked_lm_folder(tiny_model, tmp_path, labelled):
     from qkv.models.io import save
     from qkv.nn.encoder import Encoder
 
-    encoder_folder = qkv.load(tiny_model)
-    mlm = build_masked_lm(encoder_folder.config)
-    src = save(mlm, tmp_path / "run", tokenizer=encoder_folder.tokenizer)
+    encoder, tokenizer = qkv.load(tiny_model)
+    mlm = build_masked_lm(encoder.config)
+    src = save(mlm, tmp_path / "run", tokenizer=tokenizer)
     texts, _ = labelled
     out = tmp_path / "out"
     train_embeddings(src, texts, out, ContrastiveConfig(steps=2, batch_size=4, max_len=16))
-    assert isinstance(qkv.load(out), Encoder)
+    assert isinstance(qkv.load(out).model, Encoder)
     assert qkv.embed(out, ["a text"]).shape == (1, 24)
 
 
@@ -97,7 +97,7 @@ def test_training_from_a_hugging_face_bert_folder(tiny_model, tmp_path, labelled
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    vocab = qkv.load(tiny_model).config.vocab_size
+    vocab = qkv.load(tiny_model).model.config.vocab_size
     cfg = BertConfig(vocab_size=vocab, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
                      intermediate_size=40, max_position_embeddings=32)
     src = tmp_path / "hf"

@@ -1,4 +1,5 @@
-"""Long documents: overlapping windows averaged by token count, never dropped; length grouping."""
+"""Long documents: overlapping windows averaged by token count, never dropped (the windows
+themselves: tests/data/test_data_windows.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import torch
 
 import qkv
 from qkv.embeddings import EmbeddingError, Embedder
-from qkv.embeddings.windows import length_batches, make_windows, window_starts
 
 WORDS = ("the cat sat on a mat and the dog ran to the house by the river in the park with a "
          "ball then they slept under old tree").split()
@@ -22,34 +22,6 @@ def _hand_windows(n: int, span: int, stride: int) -> list[int]:
         a += stride
     starts.append(max(0, n - span))
     return sorted(set(starts))
-
-
-@pytest.mark.parametrize("n,span,stride", [(1, 5, 3), (5, 5, 3), (6, 5, 3), (20, 5, 5), (23, 5, 2),
-                                           (100, 30, 29)])
-def test_window_starts_cover_every_token(n, span, stride):
-    starts = window_starts(n, span, stride)
-    assert starts == _hand_windows(n, span, stride)
-    covered = set()
-    for a in starts:
-        assert 0 <= a and a + min(span, n) <= n
-        covered.update(range(a, a + span))
-    assert covered >= set(range(n))
-
-
-def test_make_windows_and_truncation_count():
-    docs = [np.arange(10, 10 + n) for n in (3, 12, 7)]
-    w = make_windows(docs, window=7, stride=3, truncate=False, cls_id=1, sep_id=2)
-    assert w.doc == [0, 1, 1, 1, 1, 2, 2] and w.long == 2 and w.truncated == 0
-    assert all(x[0] == 1 and x[-1] == 2 for x in w.ids)
-    t = make_windows(docs, window=7, stride=3, truncate=True, cls_id=1, sep_id=2)
-    assert t.doc == [0, 1, 2] and t.truncated == 2
-
-
-def test_length_batches_group_similar_lengths():
-    lengths = np.array([5, 50, 6, 49, 7, 48])
-    batches = length_batches(lengths, 2)
-    assert [sorted(lengths[b].tolist()) for b in batches] == [[49, 50], [7, 48], [5, 6]]
-    assert sorted(np.concatenate(batches).tolist()) == list(range(6))
 
 
 def _long_doc(tokenizer_view, n_tokens: int) -> str:
@@ -84,10 +56,11 @@ def test_long_document_is_token_weighted_mean_of_windows_minilm(minilm):
 
 
 def test_long_document_tiny_model_and_truncate(tiny_model):
-    model = qkv.load(tiny_model)
-    emb = Embedder(model, stride=10)  # window 32: span 30
+    pretrained = qkv.load(tiny_model)
+    model = pretrained.model
+    emb = Embedder(pretrained, stride=10)  # window 32: span 30
     # the tiny tokenizer has its own vocabulary: build a document from its own tokens
-    vocab = sorted(t for t in model.tokenizer.get_vocab() if t.isalpha() and len(t) > 2)[:40]
+    vocab = sorted(t for t in pretrained.tokenizer.get_vocab() if t.isalpha() and len(t) > 2)[:40]
     text = " ".join(vocab[i % len(vocab)] for i in range(120))
     ids = emb.tokenizer.encode([text])[0]
     n = len(ids)
@@ -101,7 +74,7 @@ def test_long_document_tiny_model_and_truncate(tiny_model):
         weight += win.shape[1]
     ref = torch.nn.functional.normalize(total / weight, dim=0).numpy()
     np.testing.assert_allclose(emb.embed([text])[0], ref, atol=1e-5, rtol=0)
-    trunc = Embedder(model, truncate=True)
+    trunc = Embedder(model, truncate=True, tokenizer=pretrained.tokenizer)
     first = torch.tensor([[cls, *ids[:30].tolist(), sep]])
     with torch.no_grad():
         ref_first = torch.nn.functional.normalize(model(first).last_hidden_state[0].mean(0), dim=0).numpy()

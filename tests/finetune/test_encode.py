@@ -14,10 +14,9 @@ from qkv.finetune.encode import TaskBatches, encode_sequences, encode_tagged, ev
 
 @pytest.fixture(scope="module")
 def tok(tiny_bert):
-    from qkv.embeddings.windows import TokenizerView
-    from qkv.models.io import load_tokenizer
+    from qkv.data.tokenizer_facade import TokenizerView, read_tokenizer
 
-    return TokenizerView(load_tokenizer(tiny_bert))
+    return TokenizerView(read_tokenizer(tiny_bert))
 
 
 def test_long_texts_become_covering_windows_with_the_text_target(tok):

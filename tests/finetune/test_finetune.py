@@ -78,8 +78,13 @@ def test_sequence_classification_report_files_and_int_labels(tiny_bert, tmp_path
     assert abs(sum(pred[0]["probabilities"].values()) - 1) < 1e-4
     import qkv
 
-    model = qkv.load(tmp_path / "run")
+    model = qkv.load(tmp_path / "run").model
     assert type(model).__name__ == "SequenceClassifier" and model.task.labels == ("3", "13", "23")
+    from qkv.finetune import predict_file
+
+    predict_file(qkv.load(tmp_path / "run"), str(texts), tmp_path / "q.jsonl", progress=False, device="cpu")
+    again = [json.loads(line) for line in (tmp_path / "q.jsonl").read_text().splitlines()]
+    assert [p["label"] for p in again] == ["13", "3"]  # from the head: its labels are strings
 
 
 def test_regression_learns_a_count(tiny_bert, tmp_path):
@@ -130,7 +135,7 @@ def test_fine_tuned_model_exports_to_hugging_face_with_equal_logits(tiny_bert, t
     assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     import qkv
 
-    ours = qkv.load(tmp_path / "run")
+    ours = qkv.load(tmp_path / "run").model
     theirs = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
     ids = torch.randint(5, ours.config.vocab_size, (3, 11))
     mask = torch.ones(3, 11, dtype=torch.long)

@@ -83,7 +83,7 @@ def _compare(ours, theirs, masked_lm):
 @pytest.mark.parametrize("masked_lm", [True, False])
 def test_hf_checkpoint_loads_with_parity(tmp_path, masked_lm):
     folder = _hf_folder(tmp_path, masked_lm)
-    ours = qkv.load(folder)
+    ours = qkv.load(folder).model
     assert isinstance(ours, MaskedLM if masked_lm else Encoder)
     assert not ours.training
     _compare(ours, _hf_load(folder, masked_lm), masked_lm)
@@ -94,7 +94,7 @@ def test_hf_relu_and_pickle_weights(tmp_path):
     tensors = load_file(folder / "model.safetensors")
     os.remove(folder / "model.safetensors")
     torch.save(tensors, folder / "pytorch_model.bin")
-    ours = qkv.load(folder)
+    ours = qkv.load(folder).model
     assert ours.config.activation == "relu"
     _compare(ours, _hf_load(folder), True)
 
@@ -110,7 +110,7 @@ def test_export_loads_in_transformers_with_parity(tmp_path, masked_lm):
     theirs = _hf_load(folder, masked_lm)
     _compare(ours, theirs, masked_lm)
     # and back: the exported folder loads in qkv to the same weights
-    again = qkv.load(folder)
+    again = qkv.load(folder).model
     for (n, p), (_, q) in zip(ours.state_dict().items(), again.state_dict().items()):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
 
@@ -151,9 +151,8 @@ SENTENCES = [
 
 def test_real_minilm_matches_transformers():
     folder = _minilm_folder()
-    ours = qkv.load(folder)
-    assert isinstance(ours, Encoder) and ours.tokenizer is not None
-    tok = ours.tokenizer
+    ours, tok = qkv.load(folder)
+    assert isinstance(ours, Encoder) and tok is not None
     tok.enable_padding(pad_id=0, pad_token="[PAD]")
     enc = tok.encode_batch(SENTENCES)
     ids = torch.tensor([e.ids for e in enc])
@@ -178,10 +177,10 @@ def _minilm_batch(tokenizer):
 
 def test_real_minilm_pooler_is_kept_and_exported(tmp_path):
     folder = _minilm_folder()
-    ours = qkv.load(folder)
+    ours, tok = qkv.load(folder)
     assert ours.config.pooler and ours.pooler is not None
-    out = qkv.export_hf(ours, tmp_path / "minilm")
-    ids, mask = _minilm_batch(ours.tokenizer)
+    out = qkv.export_hf(ours, tmp_path / "minilm", tokenizer=tok)
+    ids, mask = _minilm_batch(tok)
     original = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
     exported = transformers.BertModel.from_pretrained(out, attn_implementation="eager").eval()
     with torch.no_grad():

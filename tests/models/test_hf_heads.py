@@ -92,7 +92,7 @@ def _compare(ours, theirs, kind):
 @pytest.mark.parametrize("kind", ["sequence", "regression", "token"])
 def test_hf_task_model_loads_with_parity(tmp_path, kind):
     folder = _hf_folder(tmp_path, kind)
-    ours = qkv.load(folder)
+    ours = qkv.load(folder).model
     assert isinstance(ours, TokenClassifier if kind == "token" else SequenceClassifier) and not ours.training
     want = {"sequence": ("sequence-classification", NAMES), "regression": ("regression", ()),
             "token": ("token-classification", TAGS)}[kind]
@@ -103,7 +103,7 @@ def test_hf_task_model_loads_with_parity(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["sequence", "regression", "token"])
 def test_export_loads_in_transformers_auto_classes(tmp_path, kind):
-    ours = qkv.load(_hf_folder(tmp_path, kind))
+    ours = qkv.load(_hf_folder(tmp_path, kind)).model
     folder = qkv.export_hf(ours, tmp_path / "export")
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architectures"] == ["BertForTokenClassification" if kind == "token" else "BertForSequenceClassification"]
@@ -116,7 +116,7 @@ def test_export_loads_in_transformers_auto_classes(tmp_path, kind):
     theirs = _auto(folder, kind)
     assert theirs.config.num_labels == len(names)
     _compare(ours, theirs, kind)
-    again = qkv.load(folder)
+    again = qkv.load(folder).model
     assert again.task == ours.task
     for (n, p), (_, q) in zip(ours.state_dict().items(), again.state_dict().items()):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
@@ -135,8 +135,8 @@ def test_export_of_a_qkv_built_model(tmp_path):
 
 
 def test_qkv_save_load_of_an_imported_head(tmp_path):
-    ours = qkv.load(_hf_folder(tmp_path, "sequence"))
-    again = qkv.load(qkv.save(ours, tmp_path / "q"))
+    ours = qkv.load(_hf_folder(tmp_path, "sequence")).model
+    again = qkv.load(qkv.save(ours, tmp_path / "q")).model
     assert again.task == ours.task
     ids, mask, types = _batch()
     with torch.no_grad():
@@ -149,14 +149,14 @@ def test_cli_convert_round_trip(tmp_path, capsys):
     assert json.loads((tmp_path / "q" / "qkv.json").read_text())["kind"] == "token_classification"
     assert main(["convert", str(tmp_path / "q"), str(tmp_path / "h")]) == 0
     assert "wrote" in capsys.readouterr().out
-    _compare(qkv.load(tmp_path / "q"), _auto(tmp_path / "h", "token"), "token")
+    _compare(qkv.load(tmp_path / "q").model, _auto(tmp_path / "h", "token"), "token")
 
 
 def test_pretraining_checkpoint_keeps_pooler_and_mlm_head(tmp_path):
     torch.manual_seed(0)
     hf = _perturb(transformers.BertForPreTraining(transformers.BertConfig(**SIZES))).eval()
     hf.save_pretrained(tmp_path / "pt")
-    ours = qkv.load(tmp_path / "pt")  # the next-sentence head (cls.seq_relationship) is ignored
+    ours = qkv.load(tmp_path / "pt").model  # the next-sentence head (cls.seq_relationship) is ignored
     assert isinstance(ours, MaskedLM) and ours.config.pooler
     ids, mask, types = _batch()
     with torch.no_grad():

@@ -66,7 +66,7 @@ def test_init_from_an_hf_encoder_without_head_ties_a_new_head_and_uses_its_token
     assert tok_run == tok_src
     import qkv
 
-    model = qkv.load(tmp_path / "run")  # a masked LM now, decoder tied to the embeddings
+    model = qkv.load(tmp_path / "run").model  # a masked LM now, decoder tied to the embeddings
     assert model.decoder_weight.data_ptr() == model.encoder.embeddings.tokens.weight.data_ptr()
 
 
@@ -83,7 +83,7 @@ def test_init_from_a_qkv_run_continues_from_its_weights(tmp_path):
     pretrain(first)
     import qkv
 
-    before = qkv.load(tmp_path / "a").state_dict()
+    before = qkv.load(tmp_path / "a").model.state_dict()
     state = _first_step_state(TrainConfig(out=str(tmp_path / "b"), init_from=str(tmp_path / "a"), **RUN))
     assert all(torch.equal(state[k], v) for k, v in before.items() if k in state)
 

@@ -59,7 +59,7 @@ def test_bf16_trains_and_matches_fp32_loss_within_tolerance(tmp_path, monkeypatc
     # the master weights stay float32
     import qkv
 
-    assert all(p.dtype == torch.float32 for p in qkv.load(tmp_path / "bf16").parameters())
+    assert all(p.dtype == torch.float32 for p in qkv.load(tmp_path / "bf16").model.parameters())
 
 
 def test_bf16_without_native_support_falls_back_to_fp32_with_a_message(tmp_path, monkeypatch, capsys):

@@ -82,7 +82,7 @@ def test_run_folder_metrics_curve_and_loadable_model(tmp_path):
     evals = [r for r in rows if "eval_loss" in r]
     assert [r["step"] for r in evals] == [4, 8]
     assert {"perplexity", "accuracy", "most_frequent_accuracy"} <= set(evals[-1])
-    model = qkv.load(out)
+    model = qkv.load(out).model
     assert type(model).__name__ == "MaskedLM"
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
 

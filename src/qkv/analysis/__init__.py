@@ -19,10 +19,9 @@ from qkv.analysis.heads import HEAD_METRICS, HeadAccumulator, HeadStats, head_st
 from qkv.analysis.inputs import (
     AnalysisInputError,
     Documents,
-    TextTokenizer,
     load_model,
-    load_tokenizer,
     read_corpus,
+    tokenizer_view,
 )
 from qkv.analysis.layers import (
     LayerStats,
@@ -52,7 +51,6 @@ __all__ = [
     "LayerStats",
     "ProbeCurve",
     "ProbeResult",
-    "TextTokenizer",
     "analyze",
     "anisotropy",
     "cka_matrix",
@@ -63,12 +61,12 @@ __all__ = [
     "linear_cka",
     "linear_probe",
     "load_model",
-    "load_tokenizer",
     "read_corpus",
     "run_analyze",
     "run_inspect",
     "self_similarity",
     "tokenize_corpus",
+    "tokenizer_view",
     "write_inspection",
     "write_report",
 ]

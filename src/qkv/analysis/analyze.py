@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 from qkv.analysis.capture import Contexts, iter_captures, model_window, tokenize_corpus
 from qkv.analysis.collect import LayerCollector, SamplePlan, label_documents, plan_samples
 from qkv.analysis.heads import HeadAccumulator, HeadStats
-from qkv.analysis.inputs import AnalysisInputError, Documents, TextTokenizer
+from qkv.analysis.inputs import AnalysisInputError, Documents, tokenizer_view
 from qkv.analysis.layers import (
     LayerStats,
     ProbeCurve,
@@ -108,7 +108,7 @@ class AnalysisResult:
 
 def analyze(
     model,
-    tokenizer: TextTokenizer,
+    tokenizer,
     documents: Documents,
     options: AnalyzeOptions | None = None,
     *,
@@ -117,12 +117,20 @@ def analyze(
 ) -> AnalysisResult:
     """Layer and head statistics of ``model`` over ``documents`` (one batched pass).
 
+    ``model``: any model whose output has ``hidden_states`` / ``attentions`` (qkv or
+    ``transformers``) with its ``tokenizer``, or what :func:`qkv.load` returns (``tokenizer=None``:
+    the bundle's; ``analyze(*qkv.load(folder), documents)`` works too).
+
     Raises:
         AnalysisInputError: empty corpus, texts that do not fit (with ``long_text="error"``), or a
             model whose output lacks hidden states / attentions.
     """
+    from qkv.models.io import unpack
+
     opts = options or AnalyzeOptions()
     t0 = time.perf_counter()
+    model, tokenizer = unpack(model, tokenizer)  # a qkv.load bundle brings its tokenizer
+    tokenizer = tokenizer_view(tokenizer)
     window = model_window(model)
     max_len = opts.max_len or window or 512
     if window is not None and max_len > window:
@@ -233,7 +241,7 @@ def _label_probe(doc_sum, doc_count, labels, seed) -> ProbeCurve | None:
 
 
 def run_analyze(
-    model_path: str | Path,
+    model_path,
     corpus: str | list[str],
     out_dir: str | Path,
     options: AnalyzeOptions | None = None,
@@ -241,17 +249,17 @@ def run_analyze(
     max_docs: int | None = None,
     progress: bool = False,
 ) -> tuple[AnalysisResult, dict[str, Path]]:
-    """Load a model folder and a corpus, analyse, and write the report into ``out_dir``.
+    """Load a model folder (or take what :func:`qkv.load` returned) and a corpus, analyse, and
+    write the report into ``out_dir``.
 
     Returns the result and the paths written (``report.html``, ``report.md``, ``analysis.json``,
     figures).
     """
-    from qkv.analysis.inputs import load_model, load_tokenizer, read_corpus
+    from qkv.analysis.inputs import model_and_tokenizer, read_corpus
     from qkv.analysis.report import write_report
 
     opts = options or AnalyzeOptions()
     documents = read_corpus(corpus, max_docs=max_docs, seed=opts.seed)  # cheap errors first
-    model = load_model(model_path)
-    tokenizer = load_tokenizer(model_path, model)
-    result = analyze(model, tokenizer, documents, opts, model_name=str(model_path), progress=progress)
+    model, tokenizer, name = model_and_tokenizer(model_path)
+    result = analyze(model, tokenizer, documents, opts, model_name=name, progress=progress)
     return result, write_report(result, out_dir)

@@ -11,7 +11,8 @@ no state kept on modules. Memory is bounded by the batch: :func:`iter_captures` 
 than ``max_len - 2`` pieces, the policy ``long_text`` decides:
 
 * ``"window"`` (the default for corpus analysis): split it into consecutive, non-overlapping windows
-  of ``max_len - 2`` pieces, each wrapped in ``[CLS] … [SEP]`` and analysed as its own context;
+  of ``max_len - 2`` pieces (:func:`qkv.data.windows.make_windows` with ``cover_end=False``), each
+  wrapped in ``[CLS] … [SEP]`` and analysed as its own context;
   document-level statistics (the label probe) average over all windows of the document.
   ``max_windows_per_doc`` keeps only the first windows of very long documents.
 * ``"truncate"``: keep the first window only.
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from qkv.analysis.inputs import AnalysisInputError, TextTokenizer
+from qkv.analysis.inputs import AnalysisInputError, tokenizer_view
+from qkv.data.windows import length_batches, make_windows, pad_batch
 
 __all__ = ["Contexts", "Capture", "model_window", "tokenize_corpus", "forward", "iter_captures"]
 
@@ -102,7 +104,7 @@ def _encoder_of(model):
 
 def tokenize_corpus(
     texts: Sequence[str],
-    tokenizer: TextTokenizer,
+    tokenizer,
     *,
     max_len: int,
     long_text: str = "window",
@@ -120,34 +122,26 @@ def tokenize_corpus(
         raise AnalysisInputError(f"max_len must be at least 3 ([CLS] x [SEP]), got {max_len}")
     if len(texts) == 0:
         raise AnalysisInputError("the corpus is empty: no documents to analyse")
+    tokenizer = tokenizer_view(tokenizer)
     room = max_len - 2
-    ids: list[np.ndarray] = []
-    whole: list[np.ndarray] = []
-    doc: list[int] = []
-    for d, text in enumerate(texts):
-        pieces, words = tokenizer.encode(text)
-        if not pieces:
-            continue
-        if len(pieces) > room and long_text == "error":
-            preview = text[:40].replace("\n", " ")
-            raise AnalysisInputError(
-                f"text {d} ({preview!r}…) has {len(pieces)} word pieces, more than the window of "
-                f"{max_len} tokens allows ({room} + [CLS] + [SEP]); shorten it, or use "
-                f"long_text='truncate' or 'window'"
-            )
-        starts = range(0, len(pieces), room)
-        if long_text == "truncate":
-            starts = starts[:1]
-        elif max_windows_per_doc is not None:
-            starts = starts[:max_windows_per_doc]
-        for s in starts:
-            chunk = pieces[s : s + room]
-            ids.append(np.array([tokenizer.cls_id, *chunk, tokenizer.sep_id], dtype=np.int64))
-            whole.append(np.array([False, *words[s : s + room], False], dtype=bool))
-            doc.append(d)
-    if not ids:
+    encoded = tokenizer.encode_words(texts)
+    if long_text == "error":
+        for d, (text, (pieces, _)) in enumerate(zip(texts, encoded)):
+            if len(pieces) > room:
+                preview = text[:40].replace("\n", " ")
+                raise AnalysisInputError(
+                    f"text {d} ({preview!r}…) has {len(pieces)} word pieces, more than the window of "
+                    f"{max_len} tokens allows ({room} + [CLS] + [SEP]); shorten it, or use "
+                    f"long_text='truncate' or 'window'"
+                )
+    wins = make_windows([pieces for pieces, _ in encoded], window=max_len, cover_end=False, skip_empty=True,
+                        truncate=long_text == "truncate", max_windows=max_windows_per_doc,
+                        cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)
+    if not wins.ids:
         raise AnalysisInputError(f"the corpus of {len(texts)} documents gives no tokens at all")
-    return Contexts(ids, whole, np.array(doc, dtype=np.int64), len(texts), max_len)
+    whole = [np.array([False, *encoded[d][1][a : a + room], False], dtype=bool)
+             for d, a in zip(wins.doc, wins.start)]
+    return Contexts(wins.ids, whole, np.array(wins.doc, dtype=np.int64), len(texts), max_len)
 
 
 def forward(
@@ -197,12 +191,6 @@ def forward(
     return hidden, attn
 
 
-def _batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
-    """Context indices grouped into batches of similar length (longest first: less padding)."""
-    order = np.argsort(-lengths, kind="stable")
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
 def iter_captures(
     model, contexts: Contexts, *, batch_size: int = 16, pad_id: int = 0, attentions: bool = True
 ) -> Iterator[Capture]:
@@ -218,15 +206,8 @@ def iter_captures(
         raise AnalysisInputError(
             f"contexts of up to {contexts.max_len} tokens do not fit the model's window of {window}"
         )
-    lengths = contexts.lengths
-    for idx in _batches(lengths, batch_size):
-        t = int(lengths[idx].max())
-        input_ids = np.full((len(idx), t), pad_id, dtype=np.int64)  # (B,T)
-        mask = np.zeros((len(idx), t), dtype=bool)  # (B,T)
-        for row, c in enumerate(idx):
-            n = lengths[c]
-            input_ids[row, :n] = contexts.ids[c]
-            mask[row, :n] = True
+    for idx in length_batches(contexts.lengths, batch_size):  # similar lengths: little padding
+        input_ids, mask = pad_batch([contexts.ids[c] for c in idx], pad_id)  # (B,T) each
         hidden, attn = forward(model, torch.from_numpy(input_ids), torch.from_numpy(mask), attentions=attentions)
         yield Capture(
             context=idx,

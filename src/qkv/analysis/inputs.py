@@ -7,18 +7,19 @@ Corpora are read by the data package (:mod:`qkv.data.corpus`); the analysis sees
 from __future__ import annotations
 
 import importlib
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+
 __all__ = [
     "AnalysisInputError",
     "Documents",
-    "TextTokenizer",
     "load_model",
-    "load_tokenizer",
+    "model_and_tokenizer",
     "read_corpus",
+    "tokenizer_view",
 ]
 
 
@@ -32,7 +33,8 @@ class AnalysisInputError(ValueError):
 def load_model(path: str | Path):
     """Load a model folder with :func:`qkv.load` (a qkv folder or a Hugging Face BERT folder).
 
-    Returns the model in eval mode.
+    Returns:
+        The :class:`~qkv.models.io.Pretrained` ``(model, tokenizer)``, the model in eval mode.
 
     Raises:
         AnalysisInputError: the folder is missing or ``qkv.load`` cannot load it (message names it).
@@ -47,83 +49,54 @@ def load_model(path: str | Path):
     except (ImportError, AttributeError) as exc:
         raise AnalysisInputError(f"qkv.load is not available in this installation: {exc}") from exc
     try:
-        model = loader(path)
+        pretrained = loader(path)
     except Exception as exc:  # the loader's own message is the useful part
         raise AnalysisInputError(f"cannot load a model from {str(path)!r}: {exc}") from exc
-    model.eval()
-    return model
+    pretrained.model.eval()
+    return pretrained
+
+
+def model_and_tokenizer(model) -> tuple[object, TokenizerView, str]:
+    """``(model, tokenizer view, name)`` of a model folder or a :class:`~qkv.models.io.Pretrained`
+    (what :func:`run_analyze` and ``run_inspect`` accept); ``name``: the folder, else the model's class.
+
+    Raises:
+        AnalysisInputError: a folder :func:`load_model` cannot load, or a model without a usable tokenizer.
+    """
+    from qkv.models.io import Pretrained
+
+    if isinstance(model, Pretrained):
+        return model.model, tokenizer_view(model.tokenizer), type(model.model).__name__
+    if not isinstance(model, (str, Path)):
+        raise AnalysisInputError(f"expected a model folder or what qkv.load returns, got {type(model).__name__}; "
+                                 "call analyze(model, tokenizer, documents) for another model")
+    pretrained = load_model(model)
+    return pretrained.model, tokenizer_view(pretrained.tokenizer, model), str(model)
 
 
 # ------------------------------------------------------------------------------------- tokenizer
 
 
-@dataclass
-class TextTokenizer:
-    """A WordPiece tokenizer (``tokenizers`` library) with BERT's special tokens.
-
-    Attributes:
-        backend: the ``tokenizers.Tokenizer``; truncation and padding are switched off.
-        cls_id, sep_id, pad_id: ids of ``[CLS]``, ``[SEP]``, ``[PAD]``.
-    """
-
-    backend: object
-    cls_id: int
-    sep_id: int
-    pad_id: int
-
-    def encode(self, text: str) -> tuple[list[int], list[bool]]:
-        """Token ids of ``text`` without special tokens, and for each token whether it is a whole
-        word (the only piece of its word)."""
-        enc = self.backend.encode(text, add_special_tokens=False)
-        words = enc.word_ids
-        counts: dict[int, int] = {}
-        for w in words:
-            if w is not None:
-                counts[w] = counts.get(w, 0) + 1
-        whole = [w is not None and counts[w] == 1 for w in words]
-        return list(enc.ids), whole
-
-    def id_to_token(self, i: int) -> str:
-        tok = self.backend.id_to_token(int(i))
-        return tok if tok is not None else f"<{i}>"
-
-
-def load_tokenizer(path: str | Path, model=None) -> TextTokenizer:
-    """The tokenizer of a model: ``model.tokenizer`` (attached by :func:`qkv.load`) when present,
-    else the folder's ``tokenizer.json``, else BERT's ``vocab.txt``.
+def tokenizer_view(tokenizer, folder: str | Path | None = None) -> TokenizerView:
+    """The analysis' view of ``tokenizer`` (a ``tokenizers.Tokenizer``, a qkv
+    :class:`~qkv.data.tokenizer.WordPieceTokenizer` or a :class:`TokenizerView`, kept as it is):
+    no truncation or padding, ``[CLS]``/``[SEP]``/``[PAD]`` ids. ``folder``: the model folder it
+    came from, for messages.
 
     Raises:
-        AnalysisInputError: no tokenizer, or one without ``[CLS]``/``[SEP]``/``[PAD]``.
+        AnalysisInputError: no tokenizer (``None``), not a tokenizer, or one without
+            ``[CLS]``/``[SEP]``/``[PAD]``.
     """
-    from tokenizers import Tokenizer
-
-    path = Path(path)
-    backend = getattr(model, "tokenizer", None)
-    if backend is not None:
-        backend = Tokenizer.from_str(backend.to_str())  # a copy: switching truncation off stays local
-    elif (path / "tokenizer.json").is_file():
-        backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    elif (path / "vocab.txt").is_file():
-        from tokenizers.implementations import BertWordPieceTokenizer
-
-        lower = True
-        cfg = path / "tokenizer_config.json"
-        if cfg.is_file():
-            lower = bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
-        backend = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lower)
-    else:
-        raise AnalysisInputError(
-            f"model folder {str(path)!r} has no tokenizer: expected tokenizer.json or vocab.txt"
-        )
-    backend.no_truncation()
-    backend.no_padding()
-    ids = {}
-    for name in ("[CLS]", "[SEP]", "[PAD]"):
-        i = backend.token_to_id(name)
-        if i is None:
-            raise AnalysisInputError(f"tokenizer in {str(path)!r} has no {name} token")
-        ids[name] = i
-    return TextTokenizer(backend, ids["[CLS]"], ids["[SEP]"], ids["[PAD]"])
+    if isinstance(tokenizer, TokenizerView):
+        return tokenizer
+    if tokenizer is None:
+        if folder is not None:
+            raise no_tokenizer(f"model folder {str(folder)!r}", error=AnalysisInputError)
+        raise no_tokenizer("the model", error=AnalysisInputError,
+                           hint=", or pass its tokenizer (model, tokenizer = qkv.load(folder))")
+    where = f"the tokenizer of {str(folder)!r}" if folder is not None else "the tokenizer"
+    return TokenizerView(tokenizer, error=AnalysisInputError, where=where,
+                         purpose="the analysis needs [CLS], [SEP] and [PAD]")
 
 
 # ---------------------------------------------------------------------------------------- corpus

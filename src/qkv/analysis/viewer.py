@@ -16,7 +16,8 @@ import torch
 
 from qkv.analysis import plots
 from qkv.analysis.capture import forward, model_window
-from qkv.analysis.inputs import AnalysisInputError, TextTokenizer
+from qkv.analysis.inputs import AnalysisInputError, tokenizer_view
+from qkv.data.tokenizer_facade import TokenizerView
 from qkv.analysis.viewer_html import render_viewer
 
 __all__ = ["Inspection", "inspect_text", "write_inspection", "run_inspect"]
@@ -43,9 +44,9 @@ class Inspection:
     special: list[bool]
 
 
-def _encode(tokenizer: TextTokenizer, text: str, text_b: str | None, max_len: int, long_text: str):
-    a, _ = tokenizer.encode(text)
-    b = tokenizer.encode(text_b)[0] if text_b is not None else None
+def _encode(tokenizer: TokenizerView, text: str, text_b: str | None, max_len: int, long_text: str):
+    a = tokenizer.encode([text])[0].tolist()
+    b = tokenizer.encode([text_b])[0].tolist() if text_b is not None else None
     n_special = 3 if b is not None else 2
     total = len(a) + (len(b) if b is not None else 0) + n_special
     if not a and not b:
@@ -72,7 +73,7 @@ def _encode(tokenizer: TextTokenizer, text: str, text_b: str | None, max_len: in
 
 def inspect_text(
     model,
-    tokenizer: TextTokenizer,
+    tokenizer,
     text: str,
     text_b: str | None = None,
     *,
@@ -81,11 +82,17 @@ def inspect_text(
 ) -> Inspection:
     """Run one text (or a text pair, as ``[CLS] a [SEP] b [SEP]``) and keep all attention maps.
 
+    ``model`` and ``tokenizer`` as in :func:`qkv.analysis.analyze`.
+
     Raises:
         AnalysisInputError: empty text; text longer than the window with ``long_text="error"``.
     """
     if long_text not in ("error", "truncate"):
         raise AnalysisInputError(f"long_text for inspect must be 'error' or 'truncate', got {long_text!r}")
+    from qkv.models.io import unpack
+
+    model, tokenizer = unpack(model, tokenizer)  # a qkv.load bundle brings its tokenizer
+    tokenizer = tokenizer_view(tokenizer)
     window = model_window(model) or 512
     max_len = min(max_len or window, window)
     ids, types = _encode(tokenizer, text, text_b, max_len, long_text)
@@ -127,17 +134,17 @@ def write_inspection(ins: Inspection, out_dir: str | Path, *, title: str = "") -
 
 
 def run_inspect(
-    model_path: str | Path,
+    model_path,
     text: str,
     out_dir: str | Path,
     *,
     text_b: str | None = None,
     long_text: str = "error",
 ) -> tuple[Inspection, dict[str, Path]]:
-    """Load a model folder, inspect ``text`` and write the heatmaps and the viewer into ``out_dir``."""
-    from qkv.analysis.inputs import load_model, load_tokenizer
+    """Load a model folder (or take what :func:`qkv.load` returned), inspect ``text`` and write the
+    heatmaps and the viewer into ``out_dir``."""
+    from qkv.analysis.inputs import model_and_tokenizer
 
-    model = load_model(model_path)
-    tokenizer = load_tokenizer(model_path, model)
+    model, tokenizer, name = model_and_tokenizer(model_path)
     ins = inspect_text(model, tokenizer, text, text_b, long_text=long_text)
-    return ins, write_inspection(ins, out_dir, title=Path(model_path).name)
+    return ins, write_inspection(ins, out_dir, title=Path(name).name)

@@ -3,10 +3,13 @@ blocks → dynamic masks. See ``docs/data.md``; the one-call entry point is
 :func:`prepare_pretraining_data`.
 
 Modules: :mod:`~qkv.data.corpus` (specs, streaming, held-out split), :mod:`~qkv.data.readers`
-(file formats), :mod:`~qkv.data.datasets` (named offline datasets), :mod:`~qkv.data.tokenizer`
-(WordPiece), :mod:`~qkv.data.cache` (memory-mapped token cache), :mod:`~qkv.data.packing` (blocks and
-sampling), :mod:`~qkv.data.masking` (MLM masks), :mod:`~qkv.data.pipeline` (all together),
-:mod:`~qkv.data.errors` (the error types).
+(the one reader of text, JSONL, CSV/TSV and ``.gz`` files, for every command),
+:mod:`~qkv.data.datasets` (named offline datasets), :mod:`~qkv.data.tokenizer` (WordPiece training),
+:mod:`~qkv.data.tokenizer_facade` (every tokenizer qkv reads: loading, the view without truncation or
+padding, the special-token check, saving), :mod:`~qkv.data.windows` (long texts → model windows →
+batches, for embeddings, fine-tuning and analysis), :mod:`~qkv.data.cache` (memory-mapped token
+cache), :mod:`~qkv.data.packing` (blocks and sampling), :mod:`~qkv.data.masking` (MLM masks),
+:mod:`~qkv.data.pipeline` (all together), :mod:`~qkv.data.errors` (the error types).
 """
 
 from qkv.data.cache import TokenCache, build_token_cache, default_cache_dir, open_token_cache

@@ -1,32 +1,39 @@
-"""Streaming readers for corpus files: plain text and JSONL, optionally gzip-compressed.
+"""The one reader of input files: plain text, JSONL and CSV/TSV, optionally gzip-compressed.
 
-Files are read as bytes, one line at a time with a bounded read (``readline(max_doc_bytes + 1)``),
-so memory stays bounded by ``max_doc_bytes`` whatever the file holds — a 50 MB line is either a
-clear :class:`DocumentTooLongError` (``long_docs="error"``, the default) or streamed as consecutive
-documents of at most ``max_doc_bytes`` cut at whitespace (``long_docs="split"``). Decoding happens
-per line so that an invalid byte is reported with its file, line and byte offset (of the
-decompressed stream for ``.gz``).
+Every command reads its files here: corpora for pretraining, analysis and contrastive training
+(:func:`iter_file_documents`, through :mod:`qkv.data.corpus`), documents to embed or index
+(:func:`read_records`: a file or ``-`` for standard input; id = line number or the JSONL id
+field), labelled records for fine-tuning and prediction (:func:`iter_records`).
+
+Files are read as bytes, one line at a time. Corpus documents are read with a bounded read
+(``readline(max_doc_bytes + 1)``), so memory stays bounded by ``max_doc_bytes`` whatever the file
+holds — a 50 MB line is either a clear :class:`DocumentTooLongError` (``long_docs="error"``, the
+default) or streamed as consecutive documents of at most ``max_doc_bytes`` cut at whitespace
+(``long_docs="split"``). Decoding happens per line so that an invalid byte is reported with its
+file, line and byte offset (of the decompressed stream for ``.gz``).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 from qkv.data.errors import (
     CorpusDecodeError,
     CorpusError,
     CorpusFormatError,
+    CorpusNotFoundError,
     DocumentTooLongError,
 )
 
 __all__ = ["CorpusOptions", "Document", "iter_file_documents", "file_format", "DEFAULT_MAX_DOC_BYTES",
-           "iter_records", "record_format", "RECORD_FORMATS"]
+           "iter_records", "record_format", "RECORD_FORMATS", "read_records", "input_format"]
 
 DEFAULT_MAX_DOC_BYTES = 4 << 20  # 4 MiB: far above real documents, far below a memory problem
 _WHITESPACE = (b" ", b"\t", b"\f", b"\v", b"\r")
@@ -111,21 +118,22 @@ def _strip_newline(data: bytes) -> bytes:
     return data
 
 
-def _raw_lines(fh: BinaryIO, path: Path, opts: CorpusOptions,
+def _raw_lines(fh: BinaryIO, path: Path, limit: int | None,
                split: bool) -> Iterator[tuple[int, int, bytes]]:
-    """Yield ``(line_no, byte_offset, bytes)`` per line (newline stripped); with ``split``, a line
-    longer than ``max_doc_bytes`` is yielded as several pieces (same line number)."""
-    limit, offset, line_no = opts.max_doc_bytes, 0, 0
+    """Yield ``(line_no, byte_offset, bytes)`` per line (newline stripped, a leading BOM dropped);
+    a line longer than ``limit`` bytes is a :class:`DocumentTooLongError`, or with ``split`` yielded
+    as several pieces (same line number); ``limit=None``: lines of any length."""
+    offset, line_no = 0, 0
     while True:
         start = offset
-        data = fh.readline(limit + 1)
+        data = fh.readline() if limit is None else fh.readline(limit + 1)
         if not data:
             return
         line_no += 1
         offset += len(data)
         if line_no == 1 and data.startswith(_BOM):
             data, start = data[len(_BOM):], start + len(_BOM)
-        if data.endswith(b"\n") or len(data) <= limit:
+        if limit is None or data.endswith(b"\n") or len(data) <= limit:
             yield line_no, start, _strip_newline(data)
             continue
         if not split:
@@ -152,14 +160,22 @@ def _raw_lines(fh: BinaryIO, path: Path, opts: CorpusOptions,
             ended = not more or more.endswith(b"\n")
 
 
-def _decode(data: bytes, path: Path, line_no: int, offset: int, errors: str) -> str:
+def _decode(data: bytes, path: Path, line_no: int, offset: int, errors: str, *, command_input: bool = False) -> str:
+    """``data`` decoded as UTF-8; ``command_input``: the message of a command's input file
+    (``qkv embed`` / ``index`` / ``predict``), which names the line first and the option to use."""
     try:
         return data.decode("utf-8", errors)
     except UnicodeDecodeError as e:
+        bad = data[e.start:e.start + 4]
+        if command_input:
+            raise CorpusDecodeError(
+                f"{path}: not valid UTF-8 at line {line_no}, byte offset {offset + e.start} ({e.reason}, bytes "
+                f"{bad!r}). Convert the input to UTF-8 (e.g. iconv -f latin1 -t utf-8), or read it with "
+                "--encoding-errors replace (U+FFFD for bad bytes).") from None
         where = "of the decompressed data " if path.name.lower().endswith(".gz") else ""
         raise CorpusDecodeError(
             f"{path}: not valid UTF-8 at byte offset {offset + e.start} {where}(line {line_no}): "
-            f"{e.reason}, bytes {data[e.start:e.start + 4]!r}. Convert the file to UTF-8 (e.g. iconv), or "
+            f"{e.reason}, bytes {bad!r}. Convert the file to UTF-8 (e.g. iconv), or "
             "pass encoding_errors='replace' (in qkv pretrain, embed and index: --encoding-errors replace) to "
             "read it with U+FFFD in place of the bad bytes."
         ) from None
@@ -168,14 +184,14 @@ def _decode(data: bytes, path: Path, line_no: int, offset: int, errors: str) -> 
 def _text_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[Document]:
     split = opts.long_docs == "split"
     if opts.doc_sep == "line":
-        for line_no, offset, data in _raw_lines(fh, path, opts, split):
+        for line_no, offset, data in _raw_lines(fh, path, opts.max_doc_bytes, split):
             text = _decode(data, path, line_no, offset, opts.encoding_errors).strip()
             if text:
                 yield Document(text, None, f"{path}:{line_no}")
         return
     lines: list[str] = []
     size, first = 0, 0
-    for line_no, offset, data in _raw_lines(fh, path, opts, split):
+    for line_no, offset, data in _raw_lines(fh, path, opts.max_doc_bytes, split):
         text = _decode(data, path, line_no, offset, opts.encoding_errors).strip()
         if not text:
             if lines:
@@ -199,39 +215,56 @@ def _text_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[D
         yield Document("\n".join(lines), None, f"{path}:{first}")
 
 
-def _jsonl_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[Document]:
-    field, label_field = opts.text_field, opts.label_field
-    for line_no, offset, data in _raw_lines(fh, path, opts, split=False):
-        line = _decode(data, path, line_no, offset, opts.encoding_errors).strip()
+def _json_lines(fh: BinaryIO, path: Path, limit: int | None, errors: str, field: str | None = None,
+                command_input: bool = False) -> Iterator[tuple[int, dict]]:
+    """``(line_no, object)`` per non-blank line of a JSONL stream (``field``: the text field the
+    objects must have, for the messages; ``command_input``: see :func:`_decode`).
+
+    Raises:
+        CorpusFormatError: a line that is not valid JSON or not an object.
+    """
+    want = f" with a {field!r} field" if field else ""
+    for line_no, offset, data in _raw_lines(fh, path, limit, split=False):
+        line = _decode(data, path, line_no, offset, errors, command_input=command_input).strip()
         if not line:
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise CorpusFormatError(
-                f"{path}, line {line_no}: not valid JSON ({e.msg} at column {e.colno}). Every non-blank "
-                f"line of a .jsonl file must be one JSON object with a {field!r} field."
-            ) from None
+                f"{path}, line {line_no}: not valid JSON ({e.msg} at column {e.colno}); every non-blank line "
+                f"of a .jsonl file must be one JSON object{want}") from None
         if not isinstance(obj, dict):
-            raise CorpusFormatError(
-                f"{path}, line {line_no}: expected a JSON object with a {field!r} field, got "
-                f"{type(obj).__name__}"
-            )
-        if field not in obj:
-            keys = ", ".join(map(repr, list(obj)[:10])) or "none"
-            raise CorpusFormatError(
-                f"{path}, line {line_no}: the JSON object has no {field!r} field (its fields: {keys}). "
-                "Choose the field with text_field=... (--text-field)."
-            )
-        text = obj[field]
-        if not isinstance(text, str):
-            raise CorpusFormatError(
-                f"{path}, line {line_no}: field {field!r} must be a string, got {type(text).__name__}"
-            )
+            raise CorpusFormatError(f"{path}, line {line_no}: expected a JSON object{want}, got {type(obj).__name__}")
+        yield line_no, obj
+
+
+def _text_of(obj: dict, path: Path, line_no: int, field: str) -> str:
+    """The string in ``obj[field]``.
+
+    Raises:
+        CorpusFormatError: no such field (the message lists the object's fields), or not a string.
+    """
+    if field not in obj:
+        keys = ", ".join(map(repr, list(obj)[:10])) or "none"
+        raise CorpusFormatError(
+            f"{path}, line {line_no}: expected a JSON object with a {field!r} field, found one with no {field!r} "
+            f"field (its fields: {keys}); choose the field with --text-field (text_field=...)")
+    text = obj[field]
+    if not isinstance(text, str):
+        raise CorpusFormatError(f"{path}, line {line_no}: field {field!r} must be a string, got {type(text).__name__}")
+    return text
+
+
+def _jsonl_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[Document]:
+    field, label_field = opts.text_field, opts.label_field
+    for line_no, obj in _json_lines(fh, path, opts.max_doc_bytes, opts.encoding_errors, field):
+        text = _text_of(obj, path, line_no, field)
         label = None
         if label_field is not None:
             if label_field not in obj:
-                raise CorpusFormatError(f"{path}, line {line_no}: no label field {label_field!r}")
+                raise CorpusFormatError(f"{path}, line {line_no}: no label field {label_field!r}; choose it with "
+                                        "--label-field")
             label = str(obj[label_field])
         text = text.strip()
         if text:
@@ -284,19 +317,7 @@ def iter_records(path: Path, *, encoding_errors: str = "strict") -> Iterator[tup
     try:
         with _open(path) as fh:
             if fmt == "jsonl":
-                opts = CorpusOptions(encoding_errors=encoding_errors)
-                for line_no, offset, data in _raw_lines(fh, path, opts, split=False):
-                    line = _decode(data, path, line_no, offset, encoding_errors).strip()
-                    if not line:
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise CorpusFormatError(f"{path}, line {line_no}: not valid JSON ({e.msg} at column "
-                                                f"{e.colno}); every non-blank line must be one JSON object") from None
-                    if not isinstance(obj, dict):
-                        raise CorpusFormatError(f"{path}, line {line_no}: expected a JSON object, got "
-                                                f"{type(obj).__name__}")
+                for line_no, obj in _json_lines(fh, path, DEFAULT_MAX_DOC_BYTES, encoding_errors):
                     yield f"{path}:{line_no}", obj
                 return
             raw = fh.read()
@@ -330,3 +351,49 @@ def iter_records(path: Path, *, encoding_errors: str = "strict") -> Iterator[tup
         raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
     except FileNotFoundError:
         raise CorpusError(f"{path}: no such file") from None
+
+
+def input_format(path: str | Path, fmt: str | None = None) -> str:
+    """The format of a :func:`read_records` input: ``fmt`` (``"text"`` or ``"jsonl"``, else a
+    :class:`CorpusFormatError`) when given, else from the name (:func:`file_format`)."""
+    if fmt is not None:
+        if fmt not in ("text", "jsonl"):
+            raise CorpusFormatError(f"input format {fmt!r} is not allowed; allowed: text, jsonl")
+        return fmt
+    return file_format(Path(str(path)))
+
+
+def read_records(path: str | Path, *, fmt: str | None = None, text_field: str = "text", id_field: str = "id",
+                 encoding_errors: str = "strict") -> Iterator[tuple[Any, str]]:
+    """Stream ``(id, text)`` records of a file, or of standard input for ``"-"`` (what ``qkv embed``
+    and ``qkv index`` read).
+
+    A text file (``fmt="text"``): one document per line, the newline removed (a blank line is an
+    empty document), id = line number (from 1). A JSONL file: one object per non-blank line, the
+    text in ``text_field``, id = its ``id_field`` value when present, else the line number. Either
+    may be gzip-compressed (``.gz``); ``fmt`` defaults to the name (:func:`input_format`; ``"-"`` is
+    text). Lines of any length are read one at a time; invalid UTF-8 is an error naming the line
+    and byte offset unless ``encoding_errors="replace"``.
+
+    Raises:
+        CorpusNotFoundError, CorpusDecodeError, CorpusFormatError, CorpusError: a missing file,
+            invalid UTF-8, invalid JSON, a missing or non-string text field, a broken ``.gz``.
+    """
+    if encoding_errors not in ("strict", "replace"):
+        raise CorpusError(f"encoding_errors={encoding_errors!r}; allowed: strict, replace")
+    fmt, owned, name = input_format(path, fmt), str(path) != "-", Path("<stdin>" if str(path) == "-" else path)
+    if owned and not name.is_file():
+        raise CorpusNotFoundError(f"input file not found: {name}" + (" (it is a folder)" if name.is_dir() else ""))
+    fh = _open(name) if owned else sys.stdin.buffer
+    try:
+        if fmt == "jsonl":
+            for line_no, obj in _json_lines(fh, name, None, encoding_errors, text_field, command_input=True):
+                yield obj.get(id_field, line_no), _text_of(obj, name, line_no, text_field)
+            return
+        for line_no, offset, data in _raw_lines(fh, name, None, split=False):
+            yield line_no, _decode(data, name, line_no, offset, encoding_errors, command_input=True).rstrip("\r\n")
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise CorpusError(f"{name}: not a readable gzip file ({e})") from None
+    finally:
+        if owned:
+            fh.close()

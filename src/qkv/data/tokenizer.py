@@ -26,10 +26,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from qkv._fs import atomic_write_text
 from qkv.data.errors import EmptyCorpusError, TokenizerError
+from qkv.data.tokenizer_facade import SPECIAL_TOKENS, read_tokenizer, special_ids
 
 __all__ = ["SPECIAL_TOKENS", "SpecialTokens", "WordPieceTokenizer", "train_tokenizer", "load_tokenizer"]
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _PIECE_CHARS = 1 << 16  # long documents are encoded in whitespace-cut pieces of at most this size
 
 
@@ -64,11 +64,7 @@ class WordPieceTokenizer:
 
     def __init__(self, backend: Tokenizer):
         self.backend = backend
-        ids = {t: backend.token_to_id(t) for t in SPECIAL_TOKENS}
-        missing = [t for t, i in ids.items() if i is None]
-        if missing:
-            raise TokenizerError(f"tokenizer lacks the special token(s) {', '.join(missing)}; qkv needs "
-                                 f"all of {', '.join(SPECIAL_TOKENS)}")
+        ids = special_ids(backend, SPECIAL_TOKENS)
         self.special = SpecialTokens(*(ids[t] for t in SPECIAL_TOKENS))
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         norm = json.loads(backend.to_str()).get("normalizer") or {}
@@ -244,31 +240,14 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8192, lowercase: 
 
 def load_tokenizer(path: str | os.PathLike, *, lowercase: bool | None = None) -> WordPieceTokenizer:
     """Load a tokenizer from a ``tokenizer.json`` file, or a folder holding ``tokenizer.json`` or
-    ``vocab.txt`` (BERT WordPiece; lower-casing from ``tokenizer_config.json``'s ``do_lower_case``,
-    else ``lowercase``, else True).
+    ``vocab.txt`` (BERT WordPiece, its special tokens registered; lower-casing: ``lowercase``, else
+    ``tokenizer_config.json``'s ``do_lower_case``, else True), with
+    :func:`qkv.data.tokenizer_facade.read_tokenizer`.
 
     Raises:
         TokenizerError: nothing loadable there, a broken file, or missing special tokens.
     """
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise TokenizerError(f"tokenizer path not found: {path}")
-    folder = path if path.is_dir() else path.parent
-    file = path if path.is_file() else folder / "tokenizer.json"
-    try:
-        if file.name.endswith(".json") and file.is_file():
-            return WordPieceTokenizer(Tokenizer.from_file(str(file)))
-        vocab = file if file.name == "vocab.txt" else folder / "vocab.txt"
-        if vocab.is_file():
-            from tokenizers.implementations import BertWordPieceTokenizer
-
-            if lowercase is None:
-                cfg = folder / "tokenizer_config.json"
-                lowercase = json.loads(cfg.read_text()).get("do_lower_case", True) if cfg.is_file() else True
-            impl = BertWordPieceTokenizer(str(vocab), lowercase=bool(lowercase))
-            return WordPieceTokenizer(impl._tokenizer)
-    except TokenizerError:
-        raise
-    except Exception as e:  # the tokenizers library raises bare Exceptions on malformed files
-        raise TokenizerError(f"cannot load a tokenizer from {path}: {e}") from None
-    raise TokenizerError(f"no tokenizer in {path}: expected tokenizer.json or vocab.txt")
+    backend = read_tokenizer(path, lowercase=lowercase, register_specials=True)
+    if backend is None:
+        raise TokenizerError(f"no tokenizer in {Path(path).expanduser()}: expected tokenizer.json or vocab.txt")
+    return WordPieceTokenizer(backend)

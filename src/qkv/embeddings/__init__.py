@@ -1,9 +1,9 @@
 """Document embeddings: pooling, long documents, contrastive training, evaluation, search.
 
 See ``docs/embeddings.md``. Modules: :mod:`~qkv.embeddings.embedder` (:func:`embed`,
-:class:`Embedder`), :mod:`~qkv.embeddings.options` (:class:`EmbedOptions`, the embedding options),
-:mod:`~qkv.embeddings.pooling`, :mod:`~qkv.embeddings.windows` (long documents, length-grouped
-batches), :mod:`~qkv.embeddings.streams` (files in, vector files out),
+:class:`Embedder`; long documents are windowed by :mod:`qkv.data.windows`, inputs read by
+:mod:`qkv.data.readers`), :mod:`~qkv.embeddings.options` (:class:`EmbedOptions`, the embedding
+options), :mod:`~qkv.embeddings.pooling`, :mod:`~qkv.embeddings.streams` (vector files out),
 :mod:`~qkv.embeddings.contrastive` (SimCSE / supervised training), :mod:`~qkv.embeddings.evaluate`,
 :mod:`~qkv.embeddings.search` (index folders), :mod:`~qkv.embeddings.cli` (the subcommands).
 """

@@ -162,7 +162,7 @@ def add_embedding_parsers(sub) -> None:
 
 
 def _records(args, spec: str):
-    from qkv.embeddings.streams import read_records
+    from qkv.data.readers import read_records
 
     if spec != "-" and (spec.startswith("dataset:") or Path(spec).is_dir()):
         from qkv.data.corpus import open_corpus

@@ -31,10 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from qkv._fs import write_folder
-from qkv.embeddings.embedder import EMBEDDING_JSON, folder_defaults
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.data.windows import make_windows, pad_batch
+from qkv.embeddings.embedder import EMBED_SPECIALS, EMBEDDING_JSON, folder_defaults
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
-from qkv.embeddings.windows import TokenizerView, pad_batch
 from qkv.errors import check_device
 from qkv.validation import check_choice, check_int, check_range
 
@@ -186,20 +187,20 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     if cfg.dropout is not None:
         overrides["dropout"] = cfg.dropout
     try:
-        model = load(model_path, **overrides)
+        model, tokenizer = load(model_path, **overrides)
     except CheckpointError as e:
         raise EmbeddingError(f"cannot load the model: {e}") from e
-    if model.tokenizer is None:
-        raise EmbeddingError(f"model folder {model_path} has no tokenizer (tokenizer.json or vocab.txt)")
+    if tokenizer is None:
+        raise no_tokenizer(f"model folder {model_path}", error=EmbeddingError)
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if cfg.mode == "simcse" and encoder.config.dropout == 0:
         raise EmbeddingError("the model has dropout 0; SimCSE needs dropout (pass --dropout 0.1)")
     layers = normalize_layers(cfg.layers, len(encoder.layers))
     cfg = ContrastiveConfig(**{**asdict(cfg), "layers": layers})
     window = min(cfg.max_len, encoder.max_len)
-    tok = TokenizerView(model.tokenizer)
-    ids = [np.concatenate([[tok.cls_id], t[:window - 2], [tok.sep_id]]).astype(np.int64)
-           for t in tok.encode(texts)]
+    tok = TokenizerView(tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
+    ids = make_windows(tok.encode(texts), window=window, truncate=True, cls_id=tok.cls_id,
+                       sep_id=tok.sep_id).ids  # each text's first window
     check_device(device)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     encoder.to(device).train()
@@ -250,7 +251,7 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
                            "documents": len(texts), "initial_loss": result.initial_loss,
                            "final_loss": result.final_loss, "seconds": round(result.seconds, 1),
                            "loss_curve": [round(x, 5) for x in result.losses]}}
-    _write_model(encoder, model.tokenizer, out, record)
+    _write_model(encoder, tokenizer, out, record)
     return result
 
 

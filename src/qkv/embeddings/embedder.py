@@ -4,7 +4,7 @@ Legend: N documents, B windows in a batch, T padded length, C model width.
 
 Steps, per chunk of documents (the whole input when it fits, so a list in memory is one chunk):
 tokenise (no truncation) → split long documents into overlapping windows
-(:mod:`qkv.embeddings.windows`) → sort windows by length and run them in batches → pool each
+(:mod:`qkv.data.windows`) → sort windows by length and run them in batches → pool each
 window (:mod:`qkv.embeddings.pooling`) → average the windows of a document weighted by their token
 count (the tokens pooling ran over, ``[CLS]``/``[SEP]`` included) → L2-normalise (optional) →
 input order.
@@ -32,15 +32,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.data.windows import length_batches, make_windows
 from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.options import EMBEDDING_JSON, EMPTY_MODES, EmbedOptions, as_options, folder_defaults
 from qkv.embeddings.pooling import forward_pooled_packed
-from qkv.embeddings.windows import TokenizerView, length_batches, make_windows
 from qkv.nn.packed import PackedBatch
 
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
            "folder_defaults", "resolve_model"]
 
+#: Why the tokenizer needs its special tokens (the message of a tokenizer without them).
+EMBED_SPECIALS = "qkv embeds with BERT-style tokenizers that have [CLS], [SEP] and [PAD]"
 _CHUNK_CHARS = 8 << 20  # a chunk also ends after this many characters: memory stays bounded
 
 
@@ -59,23 +62,23 @@ class EmbedStats:
 
 
 def resolve_model(model_or_path, tokenizer=None):
-    """``(encoder, tokenizer view, folder defaults, model reference)`` from a folder or a model.
+    """``(encoder, tokenizer view, folder defaults, model reference)`` from a folder, a
+    :class:`~qkv.models.io.Pretrained` (``qkv.load(folder)``) or a model (with ``tokenizer=``).
 
     Raises:
         EmbeddingError: not loadable, not an encoder, or no tokenizer.
     """
     from qkv.models.errors import CheckpointError
+    from qkv.models.io import Pretrained, load, unpack
     from qkv.models.mlm import MaskedLM
     from qkv.nn.encoder import Encoder
 
     defaults: dict[str, Any] = {}
     ref = None
     if isinstance(model_or_path, (str, os.PathLike)):
-        from qkv.models.io import load
-
         ref = str(Path(model_or_path).resolve())
         try:
-            model = load(model_or_path)
+            pretrained = load(model_or_path)
         except CheckpointError as e:
             raise EmbeddingError(f"cannot load the model: {e}") from e
         try:
@@ -83,29 +86,33 @@ def resolve_model(model_or_path, tokenizer=None):
         except (OSError, json.JSONDecodeError) as e:
             raise EmbeddingError(f"{model_or_path}: unreadable embedding settings ({e})") from e
     else:
-        model = model_or_path
+        pretrained = model_or_path
+    model, tok = unpack(pretrained, tokenizer)
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if not isinstance(encoder, Encoder):
         raise EmbeddingError(f"expected a model folder, a qkv Encoder or MaskedLM, got "
                              f"{type(model).__name__}")
-    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if tok is None and ref is None and not isinstance(pretrained, Pretrained):
+        raise EmbeddingError(f"a bare {type(model).__name__} carries no tokenizer; pass tokenizer= (model, tokenizer "
+                             "= qkv.load(folder)), or the folder, or what qkv.load returns")
     if tok is None:
         where = f"model folder {model_or_path}" if ref else "the model"
-        raise EmbeddingError(
-            f"{where} has no tokenizer (expected tokenizer.json or vocab.txt beside the weights). Copy "
-            "the tokenizer files of the model it was trained with into the folder, or pass tokenizer=")
-    return encoder, TokenizerView(tok), defaults, ref
+        raise no_tokenizer(where, error=EmbeddingError, hint=", or pass tokenizer=")
+    view = TokenizerView(tok, error=EmbeddingError, purpose=EMBED_SPECIALS)
+    return encoder, view, defaults, ref
 
 
 class Embedder:
     """A model with fixed embedding options; reuse it to embed many inputs.
 
     Args:
-        model_or_path: a model folder or a loaded model, as for :func:`embed`.
+        model_or_path: a model folder, what :func:`qkv.load` returns, or a bare model with
+            ``tokenizer=``, as for :func:`embed`.
         options: the :class:`~qkv.embeddings.options.EmbedOptions` (default ``EmbedOptions()``);
             those left unset come from the model folder (see
             :func:`~qkv.embeddings.options.folder_defaults`), else from the model.
-        tokenizer: a ``tokenizers.Tokenizer`` to use instead of the model's.
+        tokenizer: a ``tokenizers.Tokenizer`` (or qkv ``WordPieceTokenizer``) to use instead of the
+            folder's or bundle's; needed with a bare model.
         **changes: options changed on top of ``options``, by name (``Embedder(m, pooling="cls")``).
 
     Attributes:
@@ -285,13 +292,15 @@ def embed(model_or_path, texts: Sequence[str] | str, options: EmbedOptions | Non
     ``qkv.embed(m, texts, options=EmbedOptions().replace(pooling="cls", max_len=128))``.
 
     Args:
-        model_or_path: a model folder (qkv, qkv run, or Hugging Face BERT; see :func:`qkv.load`) or a
-            loaded :class:`~qkv.nn.encoder.Encoder` / :class:`~qkv.models.mlm.MaskedLM`.
+        model_or_path: a model folder (qkv, qkv run, or Hugging Face BERT; see :func:`qkv.load`), what
+            :func:`qkv.load` returns (a :class:`~qkv.models.io.Pretrained`), or an
+            :class:`~qkv.nn.encoder.Encoder` / :class:`~qkv.models.mlm.MaskedLM` (with ``tokenizer=``).
         texts: the documents (a single ``str`` is one document).
         options: the :class:`~qkv.embeddings.options.EmbedOptions` (default ``EmbedOptions()``:
             pooling, layers and window from the model folder, else mean, the last layer and the
             model's limit; normalised vectors; ``empty="error"``).
-        tokenizer: a ``tokenizers.Tokenizer`` to use instead of the model's.
+        tokenizer: a ``tokenizers.Tokenizer`` (or qkv ``WordPieceTokenizer``) to use instead of the
+            folder's or bundle's; needed with a bare model.
         **changes: options changed on top of ``options``, by name: ``pooling``, ``layers``,
             ``normalize``, ``max_len``, ``stride``, ``truncate``, ``empty`` (``"error"`` or
             ``"zero"``; see the module docstring), ``batch_size``, ``chunk_size``, ``device``,

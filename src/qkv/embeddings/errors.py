@@ -17,7 +17,8 @@ class EmptyDocumentError(EmbeddingError):
 
 
 class InputFormatError(EmbeddingError):
-    """An input file that is not UTF-8, not valid JSONL, or lacks the text field."""
+    """An input the embedder cannot use. Input files themselves are read by
+    :func:`qkv.data.readers.read_records`, whose errors are :class:`qkv.data.errors.CorpusError`\ s."""
 
 
 class OutputFormatError(EmbeddingError):

@@ -56,7 +56,7 @@ def subsample(texts, labels, n, seed, what, notes):
 
 
 def _file_split(path: Path, seed: int, text_field: str, label_field: str):
-    from qkv.embeddings.streams import read_records
+    from qkv.data.readers import read_records
 
     rows: dict[str, tuple[list, list]] = {"train": ([], []), "test": ([], []), "": ([], [])}
     import json

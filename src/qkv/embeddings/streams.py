@@ -1,12 +1,7 @@
-"""Documents in, vectors out — streamed, so that a million-line input never sits in memory.
+"""Vectors out — streamed, so that a million-line input never sits in memory.
 
-Inputs (:func:`read_records`): a text file (one document per line; id = line number, from 1), a
-JSONL file (one object per line, the text in ``text_field``; id = the ``id_field`` value when
-present, else the line number), either gzip-compressed (``.gz``), or ``-`` for standard input
-(``fmt`` says which of the two). Lines are read one at a time and decoded strictly: a byte that is
-not UTF-8 is an :class:`InputFormatError` naming the line and byte offset (``encoding_errors=
-"replace"`` reads it with U+FFFD instead). A blank line of a text file is an empty document; a blank
-line of a JSONL file is no record.
+Documents come in through :func:`qkv.data.readers.read_records` (text, JSONL, ``.gz``, standard
+input) or :mod:`qkv.data.corpus` (folders, named datasets); this module writes the vectors.
 
 Outputs (:func:`open_writer`, format from the suffix): ``.npy`` (float32 ``(N,C)``, rows in input
 order; the header is rewritten with the final N at the end), ``.jsonl`` (``{"id": …, "vector":
@@ -18,106 +13,23 @@ are written; on failure the temporary file is removed, so no partial output is e
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
 import struct
-import sys
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import numpy as np
 
 from qkv._fs import check_output_path, make_temp_file, publish_file
-from qkv.embeddings.errors import EmbeddingError, InputFormatError, OutputFormatError
+from qkv.embeddings.errors import EmbeddingError, OutputFormatError
 
-__all__ = ["read_records", "input_format", "open_writer", "output_format", "OUTPUT_FORMATS", "VectorWriter",
-           "PARQUET_PIP"]
+__all__ = ["open_writer", "output_format", "OUTPUT_FORMATS", "VectorWriter", "PARQUET_PIP"]
 
 OUTPUT_FORMATS = (".npy", ".jsonl", ".parquet")
 PARQUET_PIP = "pip install pyarrow"
 _NPY_HEADER = 128  # bytes reserved for the .npy header: room for any row count
-
-
-# ------------------------------------------------------------------------------------------ inputs
-
-
-def input_format(path: str, fmt: str | None = None) -> str:
-    """``"jsonl"`` or ``"text"``: ``fmt`` when given, else from the name (``*.jsonl[.gz]``)."""
-    if fmt is not None:
-        if fmt not in ("text", "jsonl"):
-            raise InputFormatError(f"input format {fmt!r} is not allowed; allowed: text, jsonl")
-        return fmt
-    return "jsonl" if str(path).lower().removesuffix(".gz").endswith(".jsonl") else "text"
-
-
-def _open_input(path: str) -> tuple[BinaryIO, bool]:
-    if path == "-":
-        return sys.stdin.buffer, False
-    p = Path(path)
-    if not p.is_file():
-        raise InputFormatError(f"input file not found: {p}" + (" (it is a folder)" if p.is_dir() else ""))
-    return (gzip.open(p, "rb") if p.name.lower().endswith(".gz") else open(p, "rb")), True
-
-
-def read_records(path: str, *, fmt: str | None = None, text_field: str = "text", id_field: str = "id",
-                 encoding_errors: str = "strict") -> Iterator[tuple[Any, str]]:
-    """Stream ``(id, text)`` records from a file or ``-`` (stdin); see the module docstring.
-
-    Raises:
-        InputFormatError: a missing file, invalid UTF-8, invalid JSON, a missing or non-string text field.
-    """
-    if encoding_errors not in ("strict", "replace"):
-        raise InputFormatError(f"encoding_errors={encoding_errors!r}; allowed: strict, replace")
-    fmt = input_format(path, fmt)
-    name = "<stdin>" if path == "-" else str(path)
-    fh, owned = _open_input(path)
-    try:
-        offset = 0
-        for line_no, raw in enumerate(fh, 1):
-            start, offset = offset, offset + len(raw)
-            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw, start = raw[3:], start + 3
-            try:
-                line = raw.decode("utf-8", encoding_errors).rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise InputFormatError(
-                    f"{name}: not valid UTF-8 at line {line_no}, byte offset {start + e.start} "
-                    f"({e.reason}, bytes {raw[e.start:e.start + 4]!r}). Convert the input to UTF-8 (e.g. "
-                    "iconv -f latin1 -t utf-8), or read it with --encoding-errors replace (U+FFFD for bad "
-                    "bytes).") from None
-            if fmt == "text":
-                yield line_no, line
-            elif line.strip():
-                yield _jsonl_record(line, name, line_no, text_field, id_field)
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise InputFormatError(f"{name}: not a readable gzip file ({e})") from None
-    finally:
-        if owned:
-            fh.close()
-
-
-def _jsonl_record(line: str, name: str, line_no: int, text_field: str, id_field: str) -> tuple[Any, str]:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise InputFormatError(f"{name}, line {line_no}: not valid JSON ({e.msg} at column {e.colno}); "
-                               f"each line must be one JSON object with a {text_field!r} field") from None
-    if not isinstance(obj, dict) or text_field not in obj:
-        keys = ", ".join(map(repr, list(obj)[:10])) if isinstance(obj, dict) else type(obj).__name__
-        raise InputFormatError(f"{name}, line {line_no}: expected a JSON object with a {text_field!r} field "
-                               f"(found: {keys}); choose the field with --text-field")
-    text = obj[text_field]
-    if not isinstance(text, str):
-        raise InputFormatError(f"{name}, line {line_no}: field {text_field!r} must be a string, got "
-                               f"{type(text).__name__}")
-    return obj.get(id_field, line_no), text
-
-
-# ----------------------------------------------------------------------------------------- outputs
 
 
 def output_format(path: str | os.PathLike) -> str:

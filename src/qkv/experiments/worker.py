@@ -110,7 +110,7 @@ def measure(job: Job, cfg, data, hook: EarlyStats | None) -> dict:
     from qkv.training.metrics import read_metrics
 
     run_dir = Path(job.run_dir)
-    model = qkv.load(run_dir).eval()
+    model = qkv.load(run_dir).model.eval()
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [r for r in rows if "eval_loss" in r]
     final = evals[-1] if evals else {}

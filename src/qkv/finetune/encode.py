@@ -4,7 +4,7 @@ Legend: B windows in a batch, T padded length, W window length (``max_len``, ``[
 included), S = W − 2 content tokens per window.
 
 Sequence tasks: each text becomes windows exactly as in ``qkv embed``
-(:func:`qkv.embeddings.windows.make_windows`): ``[CLS] t[a:a+S] [SEP]`` at starts 0, stride, … and a
+(:func:`qkv.data.windows.make_windows`): ``[CLS] t[a:a+S] [SEP]`` at starts 0, stride, … and a
 last window ending at the text's end, so every token is seen; each window carries its example's
 target. At evaluation the class probabilities (or regression outputs) of an example's windows are
 averaged. With ``truncate`` only the first window is kept; how many examples were cut is counted.
@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from qkv.data.masking import IGNORE_INDEX
-from qkv.embeddings.windows import TokenizerView, make_windows, pad_batch
+from qkv.data.tokenizer_facade import TokenizerView
+from qkv.data.windows import make_windows, pad_batch
 
 __all__ = ["Encoded", "TaskBatch", "TaskBatches", "encode_sequences", "encode_tagged", "eval_batches"]
 
@@ -75,16 +76,8 @@ def encode_sequences(tok: TokenizerView, texts, targets, *, max_len: int, stride
 
 def _word_pieces(tok: TokenizerView, sentences) -> list[list[np.ndarray]]:
     """Per sentence, per word, its piece ids (``[UNK]`` for a word with none)."""
-    unk = tok.backend.token_to_id("[UNK]")
-    encs = tok.backend.encode_batch([list(s) for s in sentences], is_pretokenized=True, add_special_tokens=False)
-    out = []
-    for words, enc in zip(sentences, encs):
-        pieces: list[list[int]] = [[] for _ in words]
-        for piece, w in zip(enc.ids, enc.word_ids):
-            if w is not None:
-                pieces[w].append(piece)
-        out.append([np.asarray(p if p else [unk if unk is not None else tok.sep_id], dtype=np.int64) for p in pieces])
-    return out
+    fill = np.asarray([tok.unk_id if tok.unk_id is not None else tok.sep_id], dtype=np.int64)
+    return [[p if len(p) else fill for p in words] for words in tok.encode_pretokenized(sentences)]
 
 
 def encode_tagged(tok: TokenizerView, sentences, tag_ids, *, max_len: int) -> Encoded:

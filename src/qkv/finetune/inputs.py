@@ -6,23 +6,21 @@ import json
 import os
 from pathlib import Path
 
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
 from qkv.finetune.examples import FinetuneDataError
 
-__all__ = ["load_task_model", "read_inputs", "TokenizerFile"]
+__all__ = ["load_task_model", "read_inputs"]
+
+#: Why the tokenizer needs its special tokens (the message of a tokenizer without them).
+FINETUNE_SPECIALS = "qkv fine-tunes with BERT-style tokenizers that have [CLS], [SEP] and [PAD]"
 
 
-class TokenizerFile:
-    """A ``tokenizers.Tokenizer`` that saves itself as ``tokenizer.json`` into a folder."""
-
-    def __init__(self, backend):
-        self.backend = backend
-
-    def save(self, folder) -> None:
-        self.backend.save(str(Path(folder) / "tokenizer.json"))
-
-
-def load_task_model(folder: str | os.PathLike):
+def load_task_model(folder):
     """``(model, tokenizer view, settings)`` of a fine-tuning run or any folder with a task head.
+
+    Args:
+        folder: the folder, or a :class:`~qkv.models.io.Pretrained` (``qkv.load(folder)``) whose
+            model has a task head.
 
     ``settings``: ``task``, ``labels``, ``label_kind``, ``max_len``, ``stride``, ``truncate`` — from the
     run's ``run.json`` when there is one, else from the head (windows of 128 tokens, or the model's
@@ -31,32 +29,39 @@ def load_task_model(folder: str | os.PathLike):
     Raises:
         FinetuneDataError: not a loadable folder, no task head, or no tokenizer.
     """
-    from qkv.embeddings.windows import TokenizerView
     from qkv.models.errors import CheckpointError
-    from qkv.models.io import load
+    from qkv.models.io import Pretrained, load
 
-    folder = Path(folder)
-    try:
-        model = load(folder)
-    except CheckpointError as e:
-        raise FinetuneDataError(f"cannot load {folder}: {e}") from None
+    if isinstance(folder, Pretrained):
+        (model, tok), folder = folder, None
+        where = "the model"
+    elif not isinstance(folder, (str, os.PathLike)):
+        raise FinetuneDataError(f"expected a run or model folder, or what qkv.load returns, got "
+                                f"{type(folder).__name__}; pass qkv.load(folder) or the folder")
+    else:
+        folder = Path(folder)
+        where = f"model folder {folder}"
+        try:
+            model, tok = load(folder)
+        except CheckpointError as e:
+            raise FinetuneDataError(f"cannot load {folder}: {e}") from None
     task = getattr(model, "task", None)
     if task is None:
-        raise FinetuneDataError(f"{folder}: the model has no task head (it is a {type(model).__name__}); fine-tune "
-                                f"it first: qkv finetune {folder} --task … --train … --out RUN")
-    tok = getattr(model, "tokenizer", None)
+        raise FinetuneDataError(f"{folder or 'the model'}: the model has no task head (it is a "
+                                f"{type(model).__name__}); fine-tune it first: qkv finetune {folder or 'MODEL'} "
+                                "--task … --train … --out RUN")
     if tok is None:
-        raise FinetuneDataError(f"{folder}: no tokenizer (tokenizer.json or vocab.txt) beside the weights")
-    run = folder / "run.json"
+        raise no_tokenizer(where, error=FinetuneDataError)
+    run = folder / "run.json" if folder is not None else None
     settings = None
-    if run.is_file():
+    if run is not None and run.is_file():
         meta = json.loads(run.read_text(encoding="utf-8"))
         settings = meta.get("finetune")
     if not isinstance(settings, dict):
         window = min(128, model.config.max_len)
         settings = {"task": task.task, "labels": list(task.labels), "label_kind": "str", "max_len": window,
                     "stride": max(1, 3 * (window - 2) // 4), "truncate": False}
-    return model.eval(), TokenizerView(tok), settings
+    return model.eval(), TokenizerView(tok, error=FinetuneDataError, purpose=FINETUNE_SPECIALS), settings
 
 
 def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field: str = "tokens"):
@@ -64,10 +69,11 @@ def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field:
 
     A ``.jsonl``/``.csv``/``.tsv`` file gives its ``text_field`` (or ``tokens_field``) and its ``id``
     field when present (else the line number); a CoNLL file (token models) gives its sentences; any
-    other file is plain text, one input per non-blank line.
+    other file is plain text, one input per non-blank line (all read by :mod:`qkv.data.readers`,
+    except CoNLL).
     """
     from qkv.data.errors import CorpusError
-    from qkv.data.readers import iter_records, record_format
+    from qkv.data.readers import iter_records, read_records, record_format
     from qkv.finetune.examples import read_conll
 
     path = Path(spec)
@@ -98,11 +104,10 @@ def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field:
         ids, inputs = [s.rsplit(":", 1)[-1] for s in ex.sources], ex.inputs
     else:
         try:
-            with open(path, encoding="utf-8") as fh:
-                for line_no, line in enumerate(fh, 1):
-                    if line.strip():
-                        ids.append(line_no)
-                        inputs.append(line.strip())
-        except UnicodeDecodeError as e:
-            raise FinetuneDataError(f"{spec}: not valid UTF-8 ({e.reason}); convert it to UTF-8") from None
+            for line_no, line in read_records(path, fmt="text"):
+                if line.strip():
+                    ids.append(line_no)
+                    inputs.append(line.strip())
+        except CorpusError as e:
+            raise FinetuneDataError(str(e)) from None
     return ids, inputs

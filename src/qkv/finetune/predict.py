@@ -96,10 +96,13 @@ def example_outputs(enc: Encoded, scores: WindowScores, task: str, examples=None
     return {e: np.mean(np.stack(p), axis=0) for e, p in parts.items()}
 
 
-def predict_file(run: str | os.PathLike, input_spec: str, out: str | os.PathLike, *, batch_size: int = 64,
+def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: int = 64,
                  text_field: str = "text", tokens_field: str = "tokens", progress: bool = True,
                  device: str = "auto") -> dict:
     """``qkv predict``: predictions for every input of ``input_spec`` into JSONL ``out``.
+
+    ``run``: a fine-tuning run folder (its settings from ``run.json``), any folder with a task head,
+    or a :class:`~qkv.models.io.Pretrained` with one (``qkv.load(folder)``).
 
     Input: a text file (one text per line), ``.jsonl``/``.csv``/``.tsv`` with ``text_field`` (label
     fields, if present, are ignored), or for token models a CoNLL file / JSONL with ``tokens_field``.

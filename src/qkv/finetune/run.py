@@ -34,7 +34,7 @@ import torch
 from qkv.finetune.config import FinetuneConfig
 from qkv.finetune.encode import TaskBatches, encode_sequences, encode_tagged
 from qkv.finetune.examples import Examples, FinetuneDataError, label_set, read_examples, split_examples, subsample
-from qkv.finetune.inputs import TokenizerFile
+from qkv.data.tokenizer_facade import TokenizerFile
 from qkv.finetune.predict import example_outputs, score
 from qkv.training.engine import run_session, run_training, save_final_model
 from qkv.training.finalise import finished_result, resume_eval
@@ -111,7 +111,7 @@ def _starting_model(cfg: FinetuneConfig):
                                 "BERT folder")
     overrides = {k: getattr(cfg, k) for k in ("dropout", "attention_dropout") if getattr(cfg, k) is not None}
     try:
-        return load(cfg.model, **overrides)
+        return load(cfg.model, **overrides)  # (model, tokenizer)
     except CheckpointError as e:
         raise FinetuneDataError(f"cannot load the model to fine-tune: {e}") from None
 
@@ -229,12 +229,13 @@ def _finished(out: Path, cfg: FinetuneConfig) -> FinetuneResult | None:
 
 
 def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clock, on_backward) -> FinetuneResult:
-    from qkv.embeddings.windows import TokenizerView
+    from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+    from qkv.finetune.inputs import FINETUNE_SPECIALS
     from qkv.models.builders import attach_task_head
     from qkv.models.heads import TaskConfig
 
     train, held, notes = _data(cfg)
-    model = _starting_model(cfg)
+    model, tokenizer = _starting_model(cfg)
     head = getattr(model, "task", None)
     if cfg.task == "regression":
         labels, kind = (), "float"
@@ -244,11 +245,10 @@ def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clo
     cfg = _window(cfg, model)
     task = TaskConfig(task=cfg.task, labels=tuple(labels), pooling=cfg.pooling,
                       classifier_dropout=cfg.classifier_dropout)
-    tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
-        raise FinetuneDataError(f"{cfg.model}: no tokenizer (tokenizer.json or vocab.txt) beside the weights")
+        raise no_tokenizer(f"model folder {cfg.model}", error=FinetuneDataError)
     model = attach_task_head(model, task, seed=cfg.seed, reset_head=cfg.reset_head)
-    tok = TokenizerView(tokenizer)
+    tok = TokenizerView(tokenizer, error=FinetuneDataError, purpose=FINETUNE_SPECIALS)
     stride = cfg.stride or max(1, 3 * (cfg.max_len - 2) // 4)
     tag_labels = labels if cfg.task == "token-classification" else None
     train_t, held_t = _targets(train, cfg, tag_labels or labels), _targets(held, cfg, tag_labels or labels)

@@ -7,7 +7,7 @@ from qkv.models.builders import (attach_task_head, build_encoder, build_masked_l
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import (POOLINGS, TASKS, SequenceClassifier, TaskConfig, TaskModel, TaskOutput,
                               TokenClassifier)
-from qkv.models.io import convert, export_hf, load, load_tokenizer, save
+from qkv.models.io import Pretrained, convert, export_hf, load, save
 from qkv.models.mlm import MaskedLM, MaskedLMHead, MaskedLMOutput
 
 __all__ = [
@@ -21,7 +21,7 @@ __all__ = [
     "convert",
     "export_hf",
     "load",
-    "load_tokenizer",
+    "Pretrained",
     "save",
     "MaskedLM",
     "MaskedLMHead",

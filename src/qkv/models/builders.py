@@ -120,8 +120,8 @@ def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
         final_norm=nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm == "pre" else None,
         qk_positions=slots.input if slots.qk_only else None,
         pooler=Pooler(config.d_model) if config.pooler else None,
+        config=config,
     )
-    encoder.config = config
     if init:
         init_weights(encoder, config.initializer_range)
     return encoder
@@ -143,8 +143,7 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
         activation=config.activation,
         layer_norm_eps=config.layer_norm_eps,
     )
-    model = MaskedLM(encoder, head, sparse_prediction=sparse_prediction)
-    model.config = config
+    model = MaskedLM(encoder, head, sparse_prediction=sparse_prediction, config=config)
     if init:
         init_weights(model, config.initializer_range)
     if encoder.pooler is not None:
@@ -191,7 +190,7 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
     """A task model for fine-tuning ``model`` on ``task``.
 
     Args:
-        model: a loaded qkv model: an :class:`~qkv.nn.encoder.Encoder`, a
+        model: a qkv model (``qkv.load(path).model``): an :class:`~qkv.nn.encoder.Encoder`, a
             :class:`~qkv.models.mlm.MaskedLM` (its encoder is used, the masked-LM head dropped), or
             a task model (:class:`SequenceClassifier` / :class:`TokenClassifier`).
         task: the head wanted.
@@ -204,8 +203,7 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
 
     Returns:
         A new model from :func:`build_task_model` (the input is not changed) with a copy of the
-        encoder's weights, on the input's device and dtype, in its train/eval mode, with its
-        ``tokenizer`` attribute.
+        encoder's weights, on the input's device and dtype, in its train/eval mode.
         An existing head whose task, labels (and pooling, for sequence tasks) equal ``task``'s is
         kept with its weights.
 
@@ -217,8 +215,9 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
 
     config = getattr(model, "config", None)
     if not isinstance(model, (Encoder, MaskedLM, TaskModel)) or not isinstance(config, ModelConfig):
+        hint = "; pass its .model (qkv.load(path).model)" if type(model).__name__ == "Pretrained" else ""
         raise ValueError("attach_task_head needs a qkv Encoder, MaskedLM or task model with a .config "
-                         f"(from qkv.load or qkv.models.builders), got {type(model).__name__}")
+                         f"(from qkv.load or qkv.models.builders), got {type(model).__name__}{hint}")
     if not isinstance(task, TaskConfig):
         raise ValueError(f"task must be a TaskConfig, got {type(task).__name__}")
     encoder = model if isinstance(model, Encoder) else model.encoder
@@ -247,8 +246,6 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
     ref = next(encoder.parameters())
     new.to(device=ref.device, dtype=ref.dtype)
     new.train(model.training)
-    if hasattr(model, "tokenizer"):
-        new.tokenizer = model.tokenizer
     return new
 
 

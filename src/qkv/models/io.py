@@ -12,10 +12,10 @@ Two folder formats:
   the classifier of ``BertForSequenceClassification`` / ``BertForTokenClassification`` with its
   class names; a head qkv does not support is refused, never dropped (:mod:`qkv.models.hf`).
 
-Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` attaches the tokenizer as
-``model.tokenizer`` (a ``tokenizers.Tokenizer``) and :func:`save` / :func:`export_hf` write it
-back. Writes are atomic: files go to a temporary folder beside the target, which is then renamed
-into place. A target that is a model folder (only model and tokenizer files) is replaced as a
+Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` returns the model and that
+tokenizer (a ``tokenizers.Tokenizer``, read by :mod:`qkv.data.tokenizer_facade`) as a
+:class:`Pretrained`, and :func:`save` / :func:`export_hf` write it back. Writes are atomic: files
+go to a temporary folder beside the target, which is then renamed into place. A target that is a model folder (only model and tokenizer files) is replaced as a
 whole (:func:`qkv._fs.replace_dir`): no file of the old model — an old tokenizer, the other
 format's config — survives, and ``convert X X`` leaves X loadable at every moment. A target that
 holds more (a run folder) gets the new files renamed over the old ones, config last, and the old
@@ -28,7 +28,7 @@ import json
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -37,13 +37,15 @@ from torch import Tensor, nn
 
 from qkv._fs import write_folder
 from qkv.config import ModelConfig
+from qkv.data.errors import TokenizerError
+from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
 from qkv.models import hf
 from qkv.models.builders import build_model, build_task_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 from qkv.validation import check_choice
 
-__all__ = ["load", "save", "export_hf", "convert", "load_tokenizer", "read_weights", "CheckpointError"]
+__all__ = ["Pretrained", "load", "save", "export_hf", "convert", "unpack", "read_weights", "CheckpointError"]
 
 QKV_CONFIG = "qkv.json"
 HF_CONFIG = "config.json"
@@ -55,6 +57,26 @@ KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classificatio
 #: The files a model folder consists of (what :func:`save` / :func:`export_hf` may write or replace).
 MODEL_FILES = frozenset({QKV_CONFIG, HF_CONFIG, WEIGHTS, HF_PICKLE, "tokenizer.json", "vocab.txt",
                          "tokenizer_config.json", "special_tokens_map.json", "embedding.json"})
+
+
+class Pretrained(NamedTuple):
+    """What :func:`load` returns: ``model, tokenizer = qkv.load(folder)``, or ``qkv.load(folder).model``.
+
+    Attributes:
+        model: the model (see :func:`load`), in eval mode, with its ``.config``.
+        tokenizer: the folder's ``tokenizers.Tokenizer``, or ``None`` when the folder has none.
+    """
+
+    model: nn.Module
+    tokenizer: Any = None
+
+
+def unpack(model, tokenizer=None) -> Pretrained:
+    """A :class:`Pretrained` from a :class:`Pretrained` or a bare model; a given ``tokenizer``
+    replaces the bundle's (a bare model has none unless it is given)."""
+    if isinstance(model, Pretrained):
+        return Pretrained(model.model, tokenizer if tokenizer is not None else model.tokenizer)
+    return Pretrained(model, tokenizer)
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, Tensor]:
@@ -118,8 +140,8 @@ def _kind(masked_lm: bool, task: TaskConfig | None) -> str:
     return "masked_lm" if masked_lm else "encoder"
 
 
-def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """Load a qkv model folder or a Hugging Face BERT folder.
+def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
+    """Load a qkv model folder or a Hugging Face BERT folder: ``model, tokenizer = qkv.load(path)``.
 
     Args:
         path: the folder.
@@ -128,11 +150,12 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
             while training); not ``pooler``, which the checkpoint decides.
 
     Returns:
-        A :class:`qkv.models.heads.SequenceClassifier` (sequence classification, regression) or
+        A :class:`Pretrained` ``(model, tokenizer)``. ``model``: a
+        :class:`qkv.models.heads.SequenceClassifier` (sequence classification, regression) or
         :class:`qkv.models.heads.TokenClassifier` when the checkpoint has a task head (its
         ``.task`` a :class:`~qkv.models.heads.TaskConfig`), a :class:`qkv.models.mlm.MaskedLM`
         when it has a masked-LM head, else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
-        ``.config`` and ``.tokenizer`` (``None`` when the folder has none).
+        ``.config``. ``tokenizer``: the folder's ``tokenizers.Tokenizer``, ``None`` when it has none.
 
     Raises:
         CheckpointError: not a checkpoint folder; missing, mis-shaped, unexpected or unknown
@@ -190,53 +213,15 @@ def load(path: str | os.PathLike, **overrides: Any) -> nn.Module:
         raise CheckpointError(f"{folder}: not a qkv or BERT checkpoint folder; expected {QKV_CONFIG} or "
                               f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
     model.load_state_dict(state, strict=True)
-    model.tokenizer = load_tokenizer(folder)
-    if model.tokenizer is not None and model.tokenizer.get_vocab_size() > config.vocab_size:
-        raise CheckpointError(f"{folder}: the tokenizer has {model.tokenizer.get_vocab_size()} tokens but the "
+    try:
+        tokenizer = read_tokenizer(folder)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from None
+    if tokenizer is not None and tokenizer.get_vocab_size() > config.vocab_size:
+        raise CheckpointError(f"{folder}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the "
                               f"model's vocabulary only {config.vocab_size}; ids beyond it cannot be embedded. "
                               "Put the tokenizer the model was trained with into the folder")
-    return model.eval()
-
-
-def load_tokenizer(folder: str | os.PathLike):
-    """The folder's tokenizer (``tokenizer.json``, else a WordPiece ``vocab.txt``), or ``None``."""
-    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordPiece
-
-    folder = Path(folder)
-    if (folder / "tokenizer.json").is_file():
-        try:
-            return Tokenizer.from_file(str(folder / "tokenizer.json"))
-        except Exception as e:  # tokenizers raises a bare Exception on a damaged file
-            raise CheckpointError(f"{folder / 'tokenizer.json'}: not a readable tokenizer "
-                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
-    if not (folder / "vocab.txt").is_file():
-        return None
-    settings = {}
-    if (folder / "tokenizer_config.json").is_file():
-        settings = _read_json(folder / "tokenizer_config.json")
-    tok = Tokenizer(WordPiece.from_file(str(folder / "vocab.txt"), unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=bool(settings.get("do_lower_case", True)))
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    if cls is not None and sep is not None:
-        tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
-    tok.decoder = decoders.WordPiece()
-    return tok
-
-
-def _write_tokenizer(tokenizer, folder: Path, *, hf_config: bool, max_len: int) -> None:
-    if tokenizer is None:
-        return
-    tokenizer.save(str(folder / "tokenizer.json"))
-    state = json.loads(tokenizer.to_str())
-    if state.get("model", {}).get("type") == "WordPiece":
-        vocab = sorted(tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])
-        (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
-    if hf_config:
-        lower = bool((state.get("normalizer") or {}).get("lowercase", True))
-        settings = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower, "model_max_length": max_len}
-        (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    return Pretrained(model.eval(), tokenizer)
 
 
 def is_model_folder(folder: Path) -> bool:
@@ -270,11 +255,21 @@ def _model_parts(model: nn.Module) -> tuple[ModelConfig, bool, TaskConfig | None
     return config, isinstance(model, MaskedLM), model.task if isinstance(model, TaskModel) else None
 
 
-def save(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
-    """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer (the given one,
-    else ``model.tokenizer`` if set). Atomic. Returns the folder."""
+def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None) -> Path:
+    """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer. Atomic.
+
+    Args:
+        model: a qkv model, or a :class:`Pretrained` (its tokenizer is written too).
+        path: the folder.
+        tokenizer: the tokenizer to write (a ``tokenizers.Tokenizer`` or a qkv
+            :class:`~qkv.data.tokenizer.WordPieceTokenizer`; default: the bundle's; none for a
+            bare model).
+
+    Returns:
+        The folder.
+    """
+    model, tokenizer = unpack(model, tokenizer)
     config, masked_lm, task = _model_parts(model)
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     meta = {"format": "qkv", "version": FORMAT_VERSION, "kind": _kind(masked_lm, task),
             "config": config.to_dict()}
     if task is not None:
@@ -283,31 +278,32 @@ def save(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
     def fill(tmp: Path) -> None:
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        _write_tokenizer(tokenizer, tmp, hf_config=False, max_len=config.max_len)
+        write_tokenizer(tokenizer, tmp, hf_config=False, max_len=config.max_len)
         (tmp / QKV_CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
     _write_folder(Path(path), QKV_CONFIG, fill)
     return Path(path)
 
 
-def export_hf(model: nn.Module, path: str | os.PathLike, *, tokenizer=None) -> Path:
+def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None) -> Path:
     """Write a folder that ``transformers`` ``from_pretrained`` loads: as ``BertForMaskedLM``
     (masked-LM model), ``BertForSequenceClassification`` (sequence classification, regression;
     ``AutoModelForSequenceClassification``), ``BertForTokenClassification`` or ``BertModel``
     (encoder); the pooler's weights too when the model has one. Atomic. Returns the folder.
+    ``model`` and ``tokenizer`` as in :func:`save`.
 
     Raises:
         CheckpointError: the model uses options BERT cannot express (named in the message), e.g.
             a sequence head that pools with ``"cls"`` or ``"mean"``: keep it in the qkv format.
     """
+    model, tokenizer = unpack(model, tokenizer)
     config, masked_lm, task = _model_parts(model)
     hf_config = hf.config_to_hf(config, masked_lm=masked_lm, task=task)
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
 
     def fill(tmp: Path) -> None:
         tensors = hf.state_dict_to_hf(model.state_dict(), config, masked_lm=masked_lm, task=task)
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        _write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
+        write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2), encoding="utf-8")
 
     _write_folder(Path(path), HF_CONFIG, fill)
@@ -332,5 +328,5 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = 
         extra = sorted(p.name for p in dst_path.iterdir() if p.name not in MODEL_FILES and not p.name.startswith("."))
         raise CheckpointError(f"{dst}: holds files that are not part of a model ({', '.join(extra[:5])}); "
                               "convert replaces the destination as a whole: choose an empty or model-only folder")
-    model = load(src)
-    return export_hf(model, dst) if to == "hf" else save(model, dst)
+    pretrained = load(src)
+    return export_hf(pretrained, dst) if to == "hf" else save(pretrained, dst)

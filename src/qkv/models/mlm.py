@@ -82,10 +82,13 @@ class MaskedLM(nn.Module):
         head: a :class:`MaskedLMHead`.
         sparse_prediction: with labels, run the head only at labelled positions (default).
             ``False`` computes ``(B,T,V)`` logits and the same loss (for comparison).
+        config: the :class:`~qkv.config.ModelConfig` the model was built from (kept as
+            ``.config``; saving and exporting read it), or ``None``.
     """
 
-    def __init__(self, encoder: Encoder, head: MaskedLMHead, *, sparse_prediction: bool = True):
+    def __init__(self, encoder: Encoder, head: MaskedLMHead, *, sparse_prediction: bool = True, config=None):
         super().__init__()
+        self.config = config
         self.encoder = encoder
         self.head = head
         self.sparse_prediction = sparse_prediction

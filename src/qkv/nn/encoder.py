@@ -127,6 +127,8 @@ class Encoder(nn.Module):
             added to the query and key inputs only), or ``None``.
         pooler: module ``(B,T,C) -> (B,C)`` applied to the last hidden state, its result returned
             as ``pooler_output`` (BERT's: :class:`qkv.nn.pooler.Pooler`), or ``None``.
+        config: the :class:`~qkv.config.ModelConfig` the encoder was built from (kept as
+            ``.config``; saving and exporting read it), or ``None``.
     """
 
     def __init__(
@@ -138,8 +140,10 @@ class Encoder(nn.Module):
         final_norm: nn.Module | None = None,
         qk_positions: nn.Module | None = None,
         pooler: nn.Module | None = None,
+        config=None,
     ):
         super().__init__()
+        self.config = config
         self.embeddings = embeddings
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm

@@ -88,11 +88,10 @@ class Objective(Protocol):
 def save_final_model(model: torch.nn.Module, out: Path) -> None:
     """Write the trained ``model`` into run folder ``out`` with the run's tokenizer, so that
     ``qkv.load(out)`` loads it (what an objective's ``save`` usually is)."""
-    from tokenizers import Tokenizer
-
+    from qkv.data.tokenizer_facade import read_tokenizer
     from qkv.models.io import save
 
-    save(model, out, tokenizer=Tokenizer.from_file(str(Path(out) / "tokenizer.json")))
+    save(model, out, tokenizer=read_tokenizer(Path(out) / "tokenizer.json"))
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ def load_for_pretraining(path: str, **overrides):
     from qkv.models.mlm import MaskedLM
 
     try:
-        loaded = load(path, **overrides)
+        loaded = load(path, **overrides).model
     except (CheckpointError, ValueError, TypeError) as e:
         raise ValueError(f"--init-from {path}: {e}") from e
     if isinstance(loaded, MaskedLM):

@@ -1,0 +1,82 @@
+"""The one record reader of qkv embed / index / predict: read_records and input_format (qkv.data.readers)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import sys
+
+import pytest
+
+from qkv.data import CorpusDecodeError, CorpusError, CorpusFormatError, CorpusNotFoundError
+from qkv.data.readers import DEFAULT_MAX_DOC_BYTES, input_format, iter_records, read_records
+
+
+def test_text_lines_are_documents_with_line_numbers(tmp_path):
+    f = tmp_path / "docs.txt"
+    f.write_bytes(b"\xef\xbb\xbffirst line\r\n\n  third  \nlast")
+    assert list(read_records(f)) == [(1, "first line"), (2, ""), (3, "  third  "), (4, "last")]
+    g = tmp_path / "docs.txt.gz"
+    g.write_bytes(gzip.compress(f.read_bytes()))
+    assert list(read_records(str(g))) == list(read_records(f))
+
+
+def test_jsonl_ids_fields_and_blank_lines(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"id": "a", "text": "one"}\n\n{"body": "two"}\n', encoding="utf-8")
+    with pytest.raises(CorpusFormatError, match=r"line 3: expected a JSON object with a 'text' field.*'body'"):
+        list(read_records(f))
+    assert next(read_records(f, fmt="jsonl", text_field="id")) == ("a", "a")
+    f.write_text('{"id": "a", "text": "one"}\n\n{"text": "two"}\n', encoding="utf-8")
+    assert list(read_records(f)) == [("a", "one"), (3, "two")]
+    assert list(read_records(f, fmt="text"))[1] == (2, "")  # read as text: every line is a document
+    f.write_text('{"id": 7, "text": "one"}\n', encoding="utf-8")
+    assert list(read_records(f)) == [(7, "one")]
+    with pytest.raises(CorpusFormatError, match=r"line 1: field 'id' must be a string, got int"):
+        list(read_records(f, text_field="id"))
+
+
+def test_stdin(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a\nb\n")))
+    assert list(read_records("-")) == [(1, "a"), (2, "b")]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"text": "x"}\n')))
+    assert list(read_records("-", fmt="jsonl")) == [(1, "x")]
+
+
+def test_errors_name_file_line_and_fix(tmp_path):
+    with pytest.raises(CorpusNotFoundError, match="input file not found"):
+        list(read_records(tmp_path / "missing.txt"))
+    with pytest.raises(CorpusNotFoundError, match=r"\(it is a folder\)"):
+        list(read_records(tmp_path))
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(CorpusDecodeError, match=r"not valid UTF-8 at line 2, byte offset 6 .*--encoding-errors replace"):
+        list(read_records(bad))
+    assert list(read_records(bad, encoding_errors="replace"))[1] == (2, "caf\ufffd")
+    broken = tmp_path / "x.jsonl"
+    broken.write_text('{"text": "a",}\n')
+    with pytest.raises(CorpusFormatError, match=r"x\.jsonl, line 1: not valid JSON"):
+        list(read_records(broken))
+    gz = tmp_path / "y.txt.gz"
+    gz.write_bytes(b"not gzip")
+    with pytest.raises(CorpusError, match="not a readable gzip file"):
+        list(read_records(gz))
+    with pytest.raises(CorpusFormatError, match="input format 'csv' is not allowed; allowed: text, jsonl"):
+        input_format("a.csv", "csv")
+    assert input_format("a.JSONL.gz") == "jsonl" and input_format("a.csv") == "text"
+
+
+def test_lines_of_any_length_stream(tmp_path):
+    """Documents to embed have no length limit (the embedder windows them); corpora and records do."""
+    f = tmp_path / "long.txt"
+    f.write_text("word " * (DEFAULT_MAX_DOC_BYTES // 5 + 10) + "\nshort\n", encoding="utf-8")
+    (one, text), two = list(read_records(f))
+    assert len(text.encode()) > DEFAULT_MAX_DOC_BYTES and two == (2, "short")
+
+
+def test_records_share_the_json_line_reader(tmp_path):
+    f = tmp_path / "r.jsonl"
+    f.write_text('{"text": "a", "label": 1}\n\n[1]\n', encoding="utf-8")
+    with pytest.raises(CorpusFormatError, match=r"r\.jsonl, line 3: expected a JSON object, got list"):
+        list(iter_records(f))
+    assert next(iter_records(f)) == (f"{f}:1", {"text": "a", "label": 1})
