@@ -9,9 +9,9 @@ options), :mod:`~qkv.embeddings.pooling`, :mod:`~qkv.embeddings.streams` (vector
 """
 
 from qkv.embeddings.embedder import EMPTY_MODES, Embedder, EmbedStats, embed
-from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError, InputFormatError, OutputFormatError
+from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError, OutputFormatError
 from qkv.embeddings.options import EmbedOptions
 from qkv.embeddings.pooling import POOLINGS, pool
 
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "POOLINGS", "pool",
-           "EmbeddingError", "EmptyDocumentError", "InputFormatError", "OutputFormatError"]
+           "EmbeddingError", "EmptyDocumentError", "OutputFormatError"]

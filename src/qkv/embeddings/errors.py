@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from qkv.errors import QkvError
 
-__all__ = ["EmbeddingError", "EmptyDocumentError", "InputFormatError", "OutputFormatError"]
+__all__ = ["EmbeddingError", "EmptyDocumentError", "OutputFormatError"]
 
 
 class EmbeddingError(QkvError):
@@ -14,11 +14,6 @@ class EmbeddingError(QkvError):
 
 class EmptyDocumentError(EmbeddingError):
     """A document that is empty or only whitespace while ``empty="error"``."""
-
-
-class InputFormatError(EmbeddingError):
-    """An input the embedder cannot use. Input files themselves are read by
-    :func:`qkv.data.readers.read_records`, whose errors are :class:`qkv.data.errors.CorpusError`\ s."""
 
 
 class OutputFormatError(EmbeddingError):
