@@ -4,7 +4,7 @@ Legend: B batch, N sequence length (T = S = N), H heads, D head dim, C model wid
 
 Three implementations with the same weights (copied, not shared):
 
-* ``qkv``   — ``qkv.nn.build_attention(C, H)`` (scaled_dot, path "auto" → fused SDPA);
+* ``qkv``   — ``qkv.models.builders.build_attention(C, H)``, a ``MultiHeadAttention`` (scaled_dot, backend "auto" → fused SDPA);
 * ``torch`` — ``torch.nn.MultiheadAttention(C, H, batch_first=True)`` called with ``need_weights=False``;
 * ``sdpa``  — the same maps written inline: one fused Q/K/V linear (C → 3C), head split,
   ``F.scaled_dot_product_attention``, head merge, output linear (C → C).

@@ -57,7 +57,7 @@ def check_choice(name: str, value: Any, allowed: Iterable[str], *, optional: boo
     if optional and value is None:
         return
     if value not in allowed:
-        raise error(f"{name}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+        raise error(f"{name}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
 
 
 def check_bool(name: str, value: Any, *, error: type[Exception] = ValueError) -> None:

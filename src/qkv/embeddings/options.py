@@ -31,6 +31,7 @@ from typing import Any
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, normalize_layers
 from qkv.errors import check_device
+from qkv.validation import check_choice, check_int
 
 __all__ = ["EmbedOptions", "as_options", "EMPTY_MODES", "EMBEDDING_JSON", "VECTOR_FIELDS", "CHUNK_DOCS",
            "folder_defaults"]
@@ -99,21 +100,16 @@ class EmbedOptions:
             object.__setattr__(self, "layers", _check_layers(self.layers))
         for name in ("normalize", "truncate", "progress"):
             value = getattr(self, name)
-            if value not in (True, False):
-                raise EmbeddingError(f"{name}={value!r} is not allowed; allowed: True, False")
+            check_choice(name, value, (True, False), error=EmbeddingError)  # 0 and 1 pass, stored as bools
             object.__setattr__(self, name, bool(value))
-        for name, low in (("batch_size", 1), ("chunk_size", 1), ("max_len", 3), ("stride", 1)):
-            value = getattr(self, name)
-            if value is None and name in ("max_len", "stride"):
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                extra = {"max_len": " (a window needs [CLS], [SEP] and one token), or None for the default",
-                         "stride": ", or None for the default"}.get(name, "")
-                raise EmbeddingError(f"{name}={value!r} must be an int ≥ {low}{extra}")
+        check_int("batch_size", self.batch_size, 1, error=EmbeddingError)
+        check_int("chunk_size", self.chunk_size, 1, error=EmbeddingError)
+        check_int("max_len", self.max_len, 3, optional=True, error=EmbeddingError,
+                  tail=" (a window needs [CLS], [SEP] and one token), or None for the default")
+        check_int("stride", self.stride, 1, optional=True, error=EmbeddingError, tail=", or None for the default")
         if self.max_len is not None and self.stride is not None and self.stride > self.max_len - 2:
             raise _stride_error(self.stride, self.max_len - 2)
-        if self.empty not in EMPTY_MODES:
-            raise EmbeddingError(f"empty={self.empty!r} is not allowed; allowed: {', '.join(EMPTY_MODES)}")
+        check_choice("empty", self.empty, EMPTY_MODES, error=EmbeddingError)
         check_device(self.device)
 
     # -- changes ---------------------------------------------------------------------------------------

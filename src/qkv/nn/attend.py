@@ -116,6 +116,7 @@ def attend(
     backend: str = "auto",
     chunk_size: int | None = None,
     budget: int = DEFAULT_BUDGET,
+    weights_out: Tensor | None = None,
 ) -> AttendOutput:
     """Attention of queries over keys/values, staged as similarity → bias → mask → softmax → mix.
 
@@ -133,6 +134,8 @@ def attend(
         backend: ``"auto"`` or a registered backend (:data:`qkv.nn.backends.BACKENDS`).
         chunk_size: queries per block on the chunked backend (default: sized from ``budget``).
         budget: elements of score work memory per block, used to size chunks and pick a backend.
+        weights_out: with ``need_weights``, a ``(B,H,T,S)`` tensor of q's dtype to write the weights
+            into (returned as ``weights``): the in-place backend then makes no score-sized tensor at all.
 
     Returns:
         :class:`AttendOutput` with ``output (B,H,T,E)`` and ``weights (B,H,T,S) | None``.
@@ -152,7 +155,11 @@ def attend(
         if not bias.is_floating_point():
             raise ValueError(f"bias must be a floating-point tensor, got {bias.dtype}")
         bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))  # left-pad to 4-D
-    call = AttendCall(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget)
+    if weights_out is not None and (not need_weights or tuple(weights_out.shape) != (B, H, T, S)):
+        raise ValueError(f"weights_out must be a (B,H,T,S) = {(B, H, T, S)} tensor given with need_weights=True, "
+                         f"got {tuple(weights_out.shape)}")
+    call = AttendCall(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget,
+                      weights_out)
     plugins = [b for b in BACKENDS.values() if not b.builtin]
     chosen = BACKENDS[choose_backend(backend, features_of(call), plugins)]
     reason = chosen.refuse(call)

@@ -102,14 +102,14 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-                need_weights: bool):
+                need_weights: bool, weights_out: Tensor | None = None):
         """Position transform and score bias, then :func:`attend`: ``(B,H,T,D)`` → ``AttendOutput``."""
         if self.qk_transform is not None:
             q, k = self.qk_transform(q, k)
         bias = self.score_bias(q.shape[2], k.shape[2]) if self.score_bias is not None else None
         return attend(q, k, v, similarity=self.similarity, bias=bias, mask=mask, causal=causal,
                       dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
-                      backend=self.backend, chunk_size=self.chunk_size)
+                      backend=self.backend, chunk_size=self.chunk_size, weights_out=weights_out)
 
     def _out(self, o: Tensor) -> Tensor:
         """Merge heads and apply the output map: ``(B,H,T,D)`` → ``(B,T,C)``."""
@@ -135,9 +135,26 @@ class MultiHeadAttention(nn.Module):
         self._check_x(x, qk_pos)
         B, T, _ = x.shape
         mask = None if padding_mask is None else key_padding_mask(padding_mask, batch=B, length=T)
+        if need_weights and B * T > 0:
+            return self._forward_with_weights(x, mask, causal, qk_pos)
         q, k, v = self.project(x, qk_pos)  # 3 × (B,H,T,D)
         res = self._attend(q, k, v, mask, causal, need_weights)
         return AttentionOutput(self._out(res.output), res.weights)
+
+    def _forward_with_weights(self, x: Tensor, mask: Tensor | None, causal: bool,
+                              qk_pos: Tensor | None) -> AttentionOutput:
+        """One batch row at a time, each row's weights written into the one returned ``(B,H,T,T)``
+        tensor: beside the weights only a row's projections and outputs exist (``(1,T,3C)``)."""
+        B, T, C = x.shape
+        weights, outs = None, []
+        for i in range(B):
+            pos = qk_pos if qk_pos is None or qk_pos.dim() == 2 else qk_pos[i : i + 1]  # (T,C) | (1,T,C)
+            q, k, v = self.project(x[i : i + 1], pos)  # 3 × (1,H,T,D)
+            if weights is None:
+                weights = q.new_empty(B, self.n_heads, T, T)  # (B,H,T,T), in q's dtype
+            m = None if mask is None else mask[i : i + 1]  # (1,1,1,T)
+            outs.append(self._out(self._attend(q, k, v, m, causal, True, weights[i : i + 1]).output))  # (1,T,C)
+        return AttentionOutput(torch.cat(outs), weights)  # B × (1,T,C) -> (B,T,C)
 
     def forward_packed(self, x: Tensor, lengths: list[int], qk_pos: Tensor | None = None) -> AttentionOutput:
         """Self-attention of packed sequences: no padded position is computed.

@@ -51,6 +51,7 @@ class AttendCall:
         need_weights: the ``(B,H,T,S)`` weights are wanted.
         chunk_size: queries per block for blockwise backends, or ``None`` (sized from ``budget``).
         budget: elements of score work memory one block may use.
+        weights_out: a ``(B,H,T,S)`` tensor to write the weights into (and return), or ``None``.
     """
 
     q: Tensor
@@ -64,6 +65,13 @@ class AttendCall:
     need_weights: bool
     chunk_size: int | None
     budget: int
+    weights_out: Tensor | None = None
+
+    def put_weights(self, weights: Tensor | None) -> Tensor | None:
+        """``weights`` written into :attr:`weights_out` when one was given (autograd follows the copy)."""
+        if self.weights_out is None or weights is None or weights is self.weights_out:
+            return weights
+        return self.weights_out.copy_(weights)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

@@ -43,7 +43,9 @@ class ChunkedBackend(Backend):
         chunk, grad, need = chunk_length(call), needs_grad(call), call.need_weights
         outs: list[Tensor] = []
         out_all = None if grad else v.new_empty(B, H, T, v.shape[3])  # (B,H,T,E)
-        weights = q.new_empty(B, H, T, S) if need and not grad else None  # filled block by block
+        weights = None  # without autograd: filled block by block (the caller's buffer when given)
+        if need and not grad:
+            weights = call.weights_out if call.weights_out is not None else q.new_empty(B, H, T, S)
         weight_blocks: list[Tensor] = []
         for start in range(0, T, chunk):
             stop = min(T, start + chunk)
@@ -66,4 +68,4 @@ class ChunkedBackend(Backend):
         if weight_blocks:
             weights = torch.cat(weight_blocks, dim=2)  # blocks of (B,H,t,S) -> (B,H,T,S)
         out = out_all if out_all is not None else torch.cat(outs, dim=2)  # blocks of (B,H,t,E) -> (B,H,T,E)
-        return AttendOutput(out, weights)
+        return AttendOutput(out, call.put_weights(weights))

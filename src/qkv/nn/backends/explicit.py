@@ -20,4 +20,4 @@ class ExplicitBackend(Backend):
         m = block_mask(call.mask, call.causal, 0, T, T, S, call.q.device)  # (B?,H?,T?,S)
         out, w = staged_attention(call.q, call.k, call.v, call.similarity, bias_rows(call.bias, 0, T), m,
                                   call.dropout_p)
-        return AttendOutput(out, w)
+        return AttendOutput(out, call.put_weights(w))

@@ -91,7 +91,7 @@ class InplaceBackend(Backend):
 
     def run(self, call: AttendCall) -> AttendOutput:
         B, H, T, S = call.shape
-        weights = call.q.new_empty(B, H, T, S)  # (B,H,T,S), the only score-sized tensor
+        weights = call.weights_out if call.weights_out is not None else call.q.new_empty(B, H, T, S)  # the only score-sized tensor
         for i in range(B):  # one batch row at a time: the similarity's temporaries stay (1,H,·,D)
             dot_scores_(weights[i : i + 1], call.q[i : i + 1], call.k[i : i + 1], call.similarity)
         softmax_scores_(weights, bias=call.bias, mask=call.mask, causal=call.causal)
