@@ -144,17 +144,23 @@ class MultiHeadAttention(nn.Module):
     def _forward_with_weights(self, x: Tensor, mask: Tensor | None, causal: bool,
                               qk_pos: Tensor | None) -> AttentionOutput:
         """One batch row at a time, each row's weights written into the one returned ``(B,H,T,T)``
-        tensor: beside the weights only a row's projections and outputs exist (``(1,T,3C)``)."""
-        B, T, C = x.shape
-        weights, outs = None, []
+        tensor and its output into the ``(B,T,C)`` result: beside those, only one row's
+        projections (``(1,T,3C)``, freed before its output map) and outputs exist."""
+        B, T, _ = x.shape
+        weights = out = None
         for i in range(B):
             pos = qk_pos if qk_pos is None or qk_pos.dim() == 2 else qk_pos[i : i + 1]  # (T,C) | (1,T,C)
             q, k, v = self.project(x[i : i + 1], pos)  # 3 × (1,H,T,D)
             if weights is None:
                 weights = q.new_empty(B, self.n_heads, T, T)  # (B,H,T,T), in q's dtype
             m = None if mask is None else mask[i : i + 1]  # (1,1,1,T)
-            outs.append(self._out(self._attend(q, k, v, m, causal, True, weights[i : i + 1]).output))  # (1,T,C)
-        return AttentionOutput(torch.cat(outs), weights)  # B × (1,T,C) -> (B,T,C)
+            o = self._attend(q, k, v, m, causal, True, weights[i : i + 1]).output  # (1,H,T,D)
+            del q, k, v  # the row's projections go before its output map runs
+            row = self._out(o)  # (1,T,C)
+            if out is None:
+                out = row.new_empty(B, *row.shape[1:])  # (B,T,C), in the output map's dtype
+            out[i : i + 1] = row
+        return AttentionOutput(out, weights)
 
     def forward_packed(self, x: Tensor, lengths: list[int], qk_pos: Tensor | None = None) -> AttentionOutput:
         """Self-attention of packed sequences: no padded position is computed.
