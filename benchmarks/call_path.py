@@ -72,21 +72,24 @@ def _hook_sdpa(trace):
 def _hook_pool(trace):
     import qkv.embeddings.pooling as pooling
 
-    real = pooling.pool
-
-    def wrapped(*a, **k):
-        trace.mark()
-        return real(*a, **k)
-
-    pooling.pool = wrapped
-    patched = [m for m in list(sys.modules.values()) if getattr(m, "pool", None) is real and m is not pooling]
-    for m in patched:
-        m.pool = wrapped
+    names = [n for n in ("pool", "pool_packed") if hasattr(pooling, n)]  # checkouts before and after packing
+    real = {n: getattr(pooling, n) for n in names}
+    patched = []
+    for n in names:
+        def wrapped(*a, _real=real[n], **k):
+            trace.mark()
+            return _real(*a, **k)
+        setattr(pooling, n, wrapped)
+        for m in list(sys.modules.values()):
+            if m is not pooling and getattr(m, n, None) is real[n]:
+                setattr(m, n, wrapped)
+                patched.append((m, n))
 
     def undo():
-        pooling.pool = real
-        for m in patched:
-            m.pool = real
+        for n in names:
+            setattr(pooling, n, real[n])
+        for m, n in patched:
+            setattr(m, n, real[n])
     return undo
 
 

@@ -57,3 +57,20 @@ def test_memory_subprocess_reports_peak_and_weights():
     assert r["weights_shape"] == [2, 2, 16, 16]
     assert r["weights_bytes"] == 2 * 2 * 16 * 16 * 4
     assert r["peak_bytes"] >= 0
+
+
+def test_call_path_counts_the_files_of_both_paths(tmp_path):
+    """benchmarks/call_path.py: a tiny pretraining run and qkv.embed, each with its file counts."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "call_path.py"
+    out = tmp_path / "paths.json"
+    done = subprocess.run([sys.executable, str(script), "--json", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    kernel, pooling = rows["pretrain → kernel"], rows["qkv.embed → pooling"]
+    assert kernel["stack"][0] == "cli.py" and kernel["stack"][-1].startswith("nn/backends/")
+    assert pooling["stack"] == ["embeddings/embedder.py", "embeddings/pooling.py"]
+    assert kernel["files_run"] == len(kernel["files"]) > 20 and "nn/attend.py" in pooling["files"]
