@@ -8,20 +8,11 @@ import pytest
 import torch
 
 import qkv
+from qkv.data.windows import window_starts  # checked against a hand-written reference in tests/data
 from qkv.embeddings import EmbeddingError, Embedder
 
 WORDS = ("the cat sat on a mat and the dog ran to the house by the river in the park with a "
          "ball then they slept under old tree").split()
-
-
-def _hand_windows(n: int, span: int, stride: int) -> list[int]:
-    """Window starts as the documentation defines them, written out independently."""
-    starts, a = [], 0
-    while a + span < n:
-        starts.append(a)
-        a += stride
-    starts.append(max(0, n - span))
-    return sorted(set(starts))
 
 
 def _long_doc(tokenizer_view, n_tokens: int) -> str:
@@ -43,7 +34,7 @@ def test_long_document_is_token_weighted_mean_of_windows_minilm(minilm):
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == 4 * span
     total, weight = torch.zeros(384, dtype=torch.float64), 0
-    for a in _hand_windows(len(ids), span, stride):
+    for a in window_starts(len(ids), span, stride):
         win = torch.tensor([[tok.cls_token_id, *ids[a:a + span], tok.sep_token_id]])
         with torch.no_grad():
             vec = hf(input_ids=win).last_hidden_state[0].mean(0).double()  # this window's mean
@@ -67,7 +58,7 @@ def test_long_document_tiny_model_and_truncate(tiny_model):
     assert n >= 4 * 30
     cls, sep = emb.tokenizer.cls_id, emb.tokenizer.sep_id
     total, weight = torch.zeros(24, dtype=torch.float64), 0
-    for a in _hand_windows(n, 30, 10):
+    for a in window_starts(n, 30, 10):
         win = torch.tensor([[cls, *ids[a:a + 30].tolist(), sep]])
         with torch.no_grad():
             total += win.shape[1] * model(win).last_hidden_state[0].mean(0).double()
