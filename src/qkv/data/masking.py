@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from qkv.data.tokenizer import SpecialTokens
+from qkv.validation import check_range
 
 __all__ = ["MaskingConfig", "mask_tokens", "position_generators", "IGNORE_INDEX"]
 
@@ -47,9 +48,7 @@ class MaskingConfig:
 
     def __post_init__(self) -> None:
         for name in ("select_rate", "mask_rate", "random_rate"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+            check_range(name, getattr(self, name), 0.0, 1.0, bounds="[]", number=True)
         if self.mask_rate + self.random_rate > 1.0 + 1e-12:
             raise ValueError(
                 f"mask_rate + random_rate must be ≤ 1, got {self.mask_rate} + {self.random_rate}")

@@ -31,6 +31,7 @@ from qkv.data.errors import (
     CorpusNotFoundError,
     DocumentTooLongError,
 )
+from qkv.validation import check_choice, check_int
 
 __all__ = ["CorpusOptions", "Document", "iter_file_documents", "file_format", "DEFAULT_MAX_DOC_BYTES",
            "iter_records", "record_format", "RECORD_FORMATS", "read_records", "input_format"]
@@ -70,10 +71,8 @@ class CorpusOptions:
             ("encoding_errors", self.encoding_errors, ("strict", "replace")),
             ("long_docs", self.long_docs, ("error", "split")),
         ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-        if not isinstance(self.max_doc_bytes, int) or self.max_doc_bytes < 16:
-            raise ValueError(f"max_doc_bytes must be an int >= 16, got {self.max_doc_bytes!r}")
+            check_choice(name, value, allowed)
+        check_int("max_doc_bytes", self.max_doc_bytes, 16)
         if not self.text_field:
             raise ValueError("text_field must be a non-empty string")
 
