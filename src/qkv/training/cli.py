@@ -106,8 +106,9 @@ def add_table_options(p: argparse.ArgumentParser, options, defaults: dict | None
     """Add the (flag, field, type, help) rows of ``options`` to ``p``, each defaulting to ``None``
     ("not given"); with ``defaults`` (field → default) the help ends with ``(default: …)``."""
     for flag, name, typ, text in options:
-        p.add_argument(flag, dest=name, type=typ, default=_D,
-                       help=text if defaults is None else f"{text} (default: {defaults[name]})")
+        default = dataclasses.MISSING if defaults is None else defaults[name]
+        shown = default is not dataclasses.MISSING and "(default" not in text  # a required field, or a text that says it
+        p.add_argument(flag, dest=name, type=typ, default=_D, help=f"{text} (default: {default})" if shown else text)
 
 
 def add_run_arguments(p: argparse.ArgumentParser, config_name: str) -> None:
