@@ -58,7 +58,7 @@ class EmbedStats:
     truncated: int = 0
     empty: int = 0
     window_tokens: int = 0  # tokens of all windows, [CLS]/[SEP] included (no padding)
-    padded_tokens: int = 0  # tokens computed, padding included
+    padded_tokens: int = 0  # tokens computed (the packed path computes no padding: = window_tokens)
 
 
 def resolve_model(model_or_path, tokenizer=None):

@@ -88,6 +88,13 @@ class AttendCall:
     def has_dot(self) -> bool:
         return bool(getattr(self.similarity, "has_dot_form", False))
 
+    def no_dot_form(self) -> str | None:
+        """The refusal of a backend that needs a dot-product similarity, or ``None`` when it has one."""
+        if self.has_dot:
+            return None
+        return (f"similarity {getattr(self.similarity, 'name', self.similarity)!r} has no dot-product form; "
+                "use backend 'explicit' or 'chunked'")
+
 
 def needs_grad(call: AttendCall) -> bool:
     """Whether autograd will run back through this call."""

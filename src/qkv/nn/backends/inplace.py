@@ -83,8 +83,7 @@ class InplaceBackend(Backend):
 
     def refuse(self, call: AttendCall) -> str | None:
         if not call.has_dot:
-            return (f"similarity {getattr(call.similarity, 'name', call.similarity)!r} has no dot-product "
-                    "form; use backend 'explicit' or 'chunked'")
+            return call.no_dot_form()
         if call.dropout_p > 0 or needs_grad(call):
             return "the inplace backend runs without autograd or dropout; use backend 'explicit' or 'chunked'"
         return None

@@ -25,8 +25,7 @@ class SdpaBackend(Backend):
 
     def refuse(self, call: AttendCall) -> str | None:
         if not call.has_dot:
-            return (f"similarity {getattr(call.similarity, 'name', call.similarity)!r} has no dot-product "
-                    "form; use backend 'explicit' or 'chunked'")
+            return call.no_dot_form()
         if call.need_weights:
             return "the sdpa backend cannot return weights; use backend 'explicit' or 'chunked'"
         return None
