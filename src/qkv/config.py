@@ -16,10 +16,12 @@ from typing import Any
 
 from qkv.validation import check_bool, check_choice, check_int, check_positive, check_range
 
-__all__ = ["ModelConfig", "PRESETS", "NORMS"]
+__all__ = ["ModelConfig", "PRESETS", "NORMS", "QK_NORMS"]
 
 #: Where the LayerNorm sits: after each residual sum (BERT, the textbook) or before each sublayer.
 NORMS = ("post", "pre")
+#: Normalisation of each head's queries and keys before the similarity (qk-norm).
+QK_NORMS = ("none", "layernorm", "rmsnorm")
 _BERT_VOCAB = 30522
 
 #: Named sizes. ``tiny`` uses small *distinct* sizes so that a swapped axis fails a test.
@@ -69,6 +71,31 @@ class ModelConfig:
         layer_norm_eps: LayerNorm epsilon (BERT: 1e-12).
         pad_token_id: id of the padding token (its embedding row starts at zero, gets no grad).
         initializer_range: standard deviation of the normal weight initialisation.
+        n_kv_heads: key/value heads for grouped-query attention (GQA; 1 = multi-query, MQA);
+            ``None`` = ``n_heads`` (plain multi-head). Must divide ``n_heads``.
+        qk_norm: normalise each head's queries and keys before the similarity: ``"none"``,
+            ``"layernorm"`` or ``"rmsnorm"`` (over the head width D).
+        qk_norm_scale: the qk-norm has a learned per-dimension scale.
+        local_window: sliding-window (local) attention: a query attends to the keys within
+            ``local_window // 2`` positions either side (ModernBERT's ``local_attention``);
+            ``None`` = every layer global.
+        global_every: with ``local_window``, layer i is global when ``i % global_every == 0``
+            (ModernBERT: 3), the others local.
+        local_rope_base: rotary base on local layers (ModernBERT: 10000 local, 160000 global);
+            ``None`` = ``rope_base``.
+        norm_type: the normalisation layer, one of :data:`qkv.nn.norms.NORM_TYPES`
+            (``"layernorm"``, ``"rmsnorm"``).
+        norm_bias: biases (β) in the LayerNorms.
+        mlp_bias: biases in the feed-forward maps.
+        feed_forward: ``"mlp"`` (``W₂ act(W₁x)``) or ``"glu"`` (gated: ``W₂ (act(W x) ⊙ V x)``;
+            GeGLU with ``activation="gelu"``, SwiGLU with ``"silu"``).
+        embed_scale: multiply the token embeddings by √C before positions are added.
+        embedding_size: token embedding width E when it differs from C (ELECTRA): the embeddings
+            are projected E → C before the layers; ``None`` = C.
+        position_offset: first row of the learned position table used (RoBERTa: pad id + 1 = 2);
+            the table has ``max_len + position_offset`` rows.
+        first_attention_norm: pre-LN only: ``False`` = the first layer's attention takes the
+            (already normalised) embeddings without its own norm (ModernBERT).
         pooler: give the encoder BERT's pooler (``tanh(dense(h[:, 0]))``, its ``pooler_output``).
             Set on import when a Hugging Face checkpoint has one (so that it is kept and exported
             again), and by the task-model builders for sequence tasks that pool with it.
@@ -101,6 +128,20 @@ class ModelConfig:
     pad_token_id: int = 0
     initializer_range: float = 0.02
     pooler: bool = False
+    n_kv_heads: int | None = None
+    qk_norm: str = "none"
+    qk_norm_scale: bool = True
+    local_window: int | None = None
+    global_every: int = 1
+    local_rope_base: float | None = None
+    norm_type: str = "layernorm"
+    norm_bias: bool = True
+    mlp_bias: bool = True
+    feed_forward: str = "mlp"
+    embed_scale: bool = False
+    embedding_size: int | None = None
+    position_offset: int = 0
+    first_attention_norm: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
@@ -109,6 +150,10 @@ class ModelConfig:
         check_int("type_vocab_size", self.type_vocab_size, low=0)
         check_int("pad_token_id", self.pad_token_id, low=0)
         check_int("chunk_size", self.chunk_size, low=1, optional=True)
+        for name in ("n_kv_heads", "local_window", "embedding_size"):
+            check_int(name, getattr(self, name), low=1, optional=True)
+        check_int("global_every", self.global_every, low=1)
+        check_int("position_offset", self.position_offset, low=0)
         if self.pad_token_id >= self.vocab_size:
             raise ValueError(f"pad_token_id={self.pad_token_id} must be < vocab_size={self.vocab_size}")
         if self.d_model % self.n_heads:
@@ -116,20 +161,29 @@ class ModelConfig:
             raise ValueError(
                 f"n_heads={self.n_heads} does not divide d_model={self.d_model}; allowed: {divisors}"
             )
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}; "
+                             f"allowed: {divisors} (1 = multi-query attention)")
         from qkv.nn.backends import backend_names
-        from qkv.nn.layer import ACTIVATIONS
+        from qkv.nn.layer import ACTIVATIONS, FEED_FORWARDS
+        from qkv.nn.norms import NORM_TYPES
         from qkv.nn.positional import POSITIONS
         from qkv.nn.similarity import SIMILARITIES
 
         for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS),
                               ("attention_path", backend_names()), ("position", POSITIONS),
-                              ("similarity", tuple(sorted(SIMILARITIES)))):
+                              ("similarity", tuple(sorted(SIMILARITIES))), ("qk_norm", QK_NORMS),
+                              ("norm_type", tuple(sorted(NORM_TYPES))), ("feed_forward", FEED_FORWARDS)):
             check_choice(name, getattr(self, name), allowed)
         for name in ("dropout", "attention_dropout"):
             check_range(name, getattr(self, name), 0, 1, number=True)
         for name in ("rope_base", "layer_norm_eps", "initializer_range"):
             check_positive(name, getattr(self, name))
-        for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only", "pooler"):
+        if self.local_rope_base is not None:
+            check_positive("local_rope_base", self.local_rope_base)
+        for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only", "pooler", "qk_norm_scale",
+                     "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm"):
             check_bool(name, getattr(self, name))
         if not isinstance(self.similarity_kwargs, dict):
             raise ValueError(f"similarity_kwargs must be a dict, got {self.similarity_kwargs!r}")

@@ -26,14 +26,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "FeedForward", "TransformerLayer", "LayerOutput"]
+__all__ = ["ACTIVATIONS", "FEED_FORWARDS", "FeedForward", "TransformerLayer", "LayerOutput"]
 
 #: Feed-forward non-linearities by name (``gelu`` is the exact erf form used by BERT).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
     "relu": F.relu,
+    "silu": F.silu,
 }
+
+#: Feed-forward forms: ``mlp`` = ``W₂ act(W₁ x)``; ``glu`` = gated, ``W₂ (act(W x) ⊙ V x)``.
+FEED_FORWARDS = ("mlp", "glu")
 
 
 #: The same non-linearities written into their input (used without autograd, to save a copy).
@@ -41,6 +45,7 @@ _INPLACE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": torch.ops.aten.gelu_,
     "gelu_tanh": partial(torch.ops.aten.gelu_, approximate="tanh"),
     "relu": torch.relu_,
+    "silu": partial(F.silu, inplace=True),
 }
 
 
