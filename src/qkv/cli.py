@@ -68,11 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_convert(sub) -> None:
     convert = sub.add_parser(
         "convert",
-        help="convert a checkpoint folder: Hugging Face BERT <-> qkv",
-        description="Convert a model folder. A Hugging Face BERT folder (config.json + "
-        "model.safetensors or pytorch_model.bin) becomes a qkv folder; a qkv folder (qkv.json + "
-        "model.safetensors) becomes a folder that transformers' from_pretrained loads. The "
-        "tokenizer travels along.",
+        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA) <-> qkv",
+        description="Convert a model folder. A Hugging Face folder (config.json with model_type "
+        "bert, roberta, distilbert or electra + model.safetensors or pytorch_model.bin) becomes a "
+        "qkv folder; a qkv folder (qkv.json + model.safetensors) becomes a folder that "
+        "transformers' from_pretrained loads, of the family the model came from (BERT for a "
+        "model trained in qkv). Options a family cannot express, and heads qkv cannot represent, "
+        "are refused by name. The tokenizer travels along.",
     )
     convert.add_argument("src", help="the folder to read")
     convert.add_argument("dst", help="the folder to write (replaced file by file if it exists)")

@@ -99,6 +99,10 @@ class ModelConfig:
         pooler: give the encoder BERT's pooler (``tanh(dense(h[:, 0]))``, its ``pooler_output``).
             Set on import when a Hugging Face checkpoint has one (so that it is kept and exported
             again), and by the task-model builders for sequence tasks that pool with it.
+        family: the Hugging Face model family the model was imported from and is exported to
+            again (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"electra"``: the keys of
+            :data:`qkv.models.families.FAMILIES`); ``None`` = a qkv model, exported as BERT.
+            Set on import; it builds nothing.
     """
 
     vocab_size: int = _BERT_VOCAB
@@ -142,6 +146,7 @@ class ModelConfig:
     embedding_size: int | None = None
     position_offset: int = 0
     first_attention_norm: bool = True
+    family: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
@@ -176,6 +181,10 @@ class ModelConfig:
                               ("similarity", tuple(sorted(SIMILARITIES))), ("qk_norm", QK_NORMS),
                               ("norm_type", tuple(sorted(NORM_TYPES))), ("feed_forward", FEED_FORWARDS)):
             check_choice(name, getattr(self, name), allowed)
+        if self.family is not None:
+            from qkv.models.families import FAMILIES
+
+            check_choice("family", self.family, tuple(FAMILIES))
         for name in ("dropout", "attention_dropout"):
             check_range(name, getattr(self, name), 0, 1, number=True)
         for name in ("rope_base", "layer_norm_eps", "initializer_range"):

@@ -1,6 +1,7 @@
 """Builders: the only code that reads a :class:`~qkv.config.ModelConfig` and makes modules.
 
-``build_encoder(config)``, ``build_masked_lm(config)`` and ``build_task_model(config, task)``
+``build_encoder(config)``, ``build_masked_lm(config)``, ``build_discriminator(config)`` and
+``build_task_model(config, task)``
 assemble plain-argument modules from :mod:`qkv.nn` and :mod:`qkv.models` and initialise them as
 BERT does (normal(0, ``initializer_range``) for linear and embedding weights, zero biases, unit
 LayerNorms, a zero padding row). ``attach_task_head(model, task)`` puts a task head on a loaded
@@ -23,6 +24,7 @@ from qkv.nn.positional import build_positions
 from qkv.nn.similarity import SIMILARITIES, build_similarity
 
 __all__ = ["build_attention", "build_layer", "build_encoder", "build_masked_lm", "build_model", "build_task_model", "attach_task_head",
+           "build_discriminator",
            "init_weights"]
 
 
@@ -93,20 +95,30 @@ def build_layer(config: ModelConfig, slots) -> TransformerLayer:
 
 
 def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
-    """The encoder described by ``config`` (BERT-initialised unless ``init=False``)."""
+    """The encoder described by ``config`` (BERT-initialised unless ``init=False``).
+
+    With ``config.embedding_size`` E ≠ C the embeddings (their positions and LayerNorm too) are E
+    wide and a ``Linear(E, C)`` follows them (ELECTRA); ``config.position_offset`` shifts the
+    learned position rows used (RoBERTa).
+    """
+    width = config.embedding_size or config.d_model
+    if width != config.d_model and config.position_qk_only:
+        raise ValueError(f"embedding_size={width} (≠ d_model={config.d_model}) cannot be combined with "
+                         "position_qk_only=True: the positions would be E wide but q and k are C wide")
     slots = build_positions(
         config.position,
-        d_model=config.d_model,
+        d_model=width,
         n_heads=config.n_heads,
         max_len=config.max_len,
         qk_only=config.position_qk_only,
         max_distance=config.max_distance,
         num_buckets=config.num_buckets,
         rope_base=config.rope_base,
+        offset=config.position_offset,
     )
     embeddings = Embeddings(
         config.vocab_size,
-        config.d_model,
+        width,
         type_vocab_size=config.type_vocab_size,
         positions=None if slots.qk_only else slots.input,
         pad_token_id=config.pad_token_id,
@@ -120,11 +132,26 @@ def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
         final_norm=nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm == "pre" else None,
         qk_positions=slots.input if slots.qk_only else None,
         pooler=Pooler(config.d_model) if config.pooler else None,
+        embed_proj=nn.Linear(width, config.d_model) if width != config.d_model else None,
         config=config,
     )
     if init:
         init_weights(encoder, config.initializer_range)
     return encoder
+
+
+def build_discriminator(config: ModelConfig, *, init: bool = True):
+    """The replaced-token discriminator (encoder + ELECTRA's per-token head) described by
+    ``config``; see :class:`qkv.models.discriminator.Discriminator`."""
+    from qkv.models.discriminator import Discriminator, DiscriminatorHead
+
+    encoder = build_encoder(config, init=False)
+    model = Discriminator(encoder, DiscriminatorHead(config.d_model, activation=config.activation), config=config)
+    if init:
+        init_weights(model, config.initializer_range)
+    if encoder.pooler is not None:
+        encoder.pooler.requires_grad_(False)
+    return model
 
 
 def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction: bool = True):
@@ -136,6 +163,9 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
     """
     from qkv.models.mlm import MaskedLM, MaskedLMHead
 
+    if config.embedding_size not in (None, config.d_model):
+        raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the masked-LM "
+                         "head ties its decoder to C-wide token embeddings; build an encoder or a discriminator")
     encoder = build_encoder(config, init=False)
     head = MaskedLMHead(
         config.d_model,

@@ -3,14 +3,16 @@
 Two folder formats:
 
 * **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder" |
-  "sequence_classification" | "token_classification", "config": {…ModelConfig…}}``, plus
+  "sequence_classification" | "token_classification" | "discriminator", "config": {…ModelConfig…}}``, plus
   ``"task": {…TaskConfig…}`` for the two task kinds; regression is a ``sequence_classification``
   whose task says so) and ``model.safetensors`` with qkv tensor names.
-* **Hugging Face BERT**: ``config.json`` with ``model_type: bert`` and ``model.safetensors`` or
-  ``pytorch_model.bin``; the latter is read only with ``torch.load(weights_only=True)``, which
-  refuses any pickle that would run code. Kept: the encoder, its pooler, the masked-LM head, and
-  the classifier of ``BertForSequenceClassification`` / ``BertForTokenClassification`` with its
-  class names; a head qkv does not support is refused, never dropped (:mod:`qkv.models.hf`).
+* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA): ``config.json`` with its ``model_type``
+  and ``model.safetensors`` or ``pytorch_model.bin``; the latter is read only with
+  ``torch.load(weights_only=True)``, which refuses any pickle that would run code. The family's
+  converter in :mod:`qkv.models.families` maps the names and says what is kept (the encoder, a
+  pooler, a masked-LM, discriminator or classifier head); a head qkv does not support is
+  refused, never dropped. The family is kept in ``ModelConfig.family``, and :func:`export_hf`
+  writes the model back as that family.
 
 Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` returns the model and that
 tokenizer (a ``tokenizers.Tokenizer``, read by :mod:`qkv.data.tokenizer_facade`) as a
@@ -39,8 +41,9 @@ from qkv._fs import write_folder
 from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
-from qkv.models import hf
-from qkv.models.builders import build_model, build_task_model
+from qkv.models import families
+from qkv.models.families._common import KINDS as FAMILY_KINDS, kind_of
+from qkv.models.builders import build_discriminator, build_model, build_task_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 from qkv.validation import check_choice
@@ -53,7 +56,7 @@ WEIGHTS = "model.safetensors"
 HF_PICKLE = "pytorch_model.bin"
 FORMAT_VERSION = 1
 #: ``qkv.json`` kinds: the model classes :func:`load` builds.
-KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification")
+KINDS = FAMILY_KINDS
 #: The files a model folder consists of (what :func:`save` / :func:`export_hf` may write or replace).
 MODEL_FILES = frozenset({QKV_CONFIG, HF_CONFIG, WEIGHTS, HF_PICKLE, "tokenizer.json", "vocab.txt",
                          "tokenizer_config.json", "special_tokens_map.json", "embedding.json"})
@@ -128,20 +131,20 @@ def _check_state(state: dict[str, Tensor], model: nn.Module, source: Path) -> No
                               "the config disagrees with the weights")
 
 
-def _build(config: ModelConfig, masked_lm: bool, task: TaskConfig | None) -> nn.Module:
+def _build(config: ModelConfig, kind: str, task: TaskConfig | None) -> nn.Module:
     if task is not None:
         return build_task_model(config, task, init=False)
-    return build_model(config, masked_lm=masked_lm, init=False)
+    if kind == "discriminator":
+        return build_discriminator(config, init=False)
+    return build_model(config, masked_lm=kind == "masked_lm", init=False)
 
 
-def _kind(masked_lm: bool, task: TaskConfig | None) -> str:
-    if task is not None:
-        return "sequence_classification" if task.is_sequence else "token_classification"
-    return "masked_lm" if masked_lm else "encoder"
+_kind = kind_of
 
 
 def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
-    """Load a qkv model folder or a Hugging Face BERT folder: ``model, tokenizer = qkv.load(path)``.
+    """Load a qkv model folder or a Hugging Face BERT, RoBERTa, DistilBERT or ELECTRA folder:
+    ``model, tokenizer = qkv.load(path)``.
 
     Args:
         path: the folder.
@@ -154,7 +157,8 @@ def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
         :class:`qkv.models.heads.SequenceClassifier` (sequence classification, regression) or
         :class:`qkv.models.heads.TokenClassifier` when the checkpoint has a task head (its
         ``.task`` a :class:`~qkv.models.heads.TaskConfig`), a :class:`qkv.models.mlm.MaskedLM`
-        when it has a masked-LM head, else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
+        when it has a masked-LM head, a :class:`qkv.models.discriminator.Discriminator` for
+        ELECTRA's discriminator, else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
         ``.config``. ``tokenizer``: the folder's ``tokenizers.Tokenizer``, ``None`` when it has none.
 
     Raises:
@@ -177,7 +181,7 @@ def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
             config = ModelConfig.from_dict({**meta.get("config", {}), **overrides})
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{folder / QKV_CONFIG}: {e}") from e
-        masked_lm, task = meta["kind"] == "masked_lm", None
+        kind, task = meta["kind"], None
         if meta["kind"] in ("sequence_classification", "token_classification"):
             try:
                 task = TaskConfig.from_dict(meta.get("task"))
@@ -190,25 +194,20 @@ def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
         if not source.is_file():
             raise CheckpointError(f"{folder}: missing {WEIGHTS}")
         state = read_weights(source)
-        model = _build(config, masked_lm, task)
+        model = _build(config, kind, task)
         _check_state(state, model, source)
     elif (folder / HF_CONFIG).is_file():
         hf_config = _read_json(folder / HF_CONFIG)
-        if hf_config.get("model_type") != "bert":
-            raise CheckpointError(f"{folder / HF_CONFIG}: not a BERT checkpoint (model_type is "
-                                  f"{hf_config.get('model_type')!r}, expected 'bert')")
+        family = families.for_checkpoint(hf_config, str(folder / HF_CONFIG))
         source = next((folder / n for n in (WEIGHTS, HF_PICKLE) if (folder / n).is_file()), None)
         if source is None:
             raise CheckpointError(f"{folder}: no weights; expected {WEIGHTS} or {HF_PICKLE}, found "
                                   f"{sorted(p.name for p in folder.iterdir())}")
-        tensors = read_weights(source)
-        masked_lm, task = hf.head_from_hf(hf_config, tensors, source=str(folder / HF_CONFIG))
-        pooler = hf.has_pooler(tensors) or (task is not None and task.is_sequence)  # else: a missing tensor
-        config = hf.config_from_hf(hf_config, source=str(folder / HF_CONFIG), pooler=pooler)
-        state = hf.state_dict_from_hf(tensors, config, masked_lm=masked_lm, task=task, source=str(source))
+        config, kind, task, state = family.read(hf_config, read_weights(source),
+                                                config_source=str(folder / HF_CONFIG), weights_source=str(source))
         if overrides:
             config = config.replace(**overrides)
-        model = _build(config, masked_lm, task)
+        model = _build(config, kind, task)
     else:
         raise CheckpointError(f"{folder}: not a qkv or BERT checkpoint folder; expected {QKV_CONFIG} or "
                               f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
@@ -242,17 +241,21 @@ def _write_folder(dest: Path, config_name: str, fill) -> None:
         fill(tmp)
 
 
-def _model_parts(model: nn.Module) -> tuple[ModelConfig, bool, TaskConfig | None]:
-    """``(config, masked_lm, task)`` of a qkv model."""
+def _model_parts(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]:
+    """``(config, kind, task)`` of a qkv model."""
+    from qkv.models.discriminator import Discriminator
     from qkv.models.heads import TaskModel
     from qkv.models.mlm import MaskedLM
     from qkv.nn.encoder import Encoder
 
     config = getattr(model, "config", None)
-    if not isinstance(config, ModelConfig) or not isinstance(model, (MaskedLM, Encoder, TaskModel)):
-        raise ValueError("expected a qkv MaskedLM, Encoder, SequenceClassifier or TokenClassifier with a "
-                         f".config (build it with qkv.models.builders or qkv.load), got {type(model).__name__}")
-    return config, isinstance(model, MaskedLM), model.task if isinstance(model, TaskModel) else None
+    if not isinstance(config, ModelConfig) or not isinstance(model, (MaskedLM, Encoder, TaskModel, Discriminator)):
+        raise ValueError("expected a qkv MaskedLM, Encoder, SequenceClassifier, TokenClassifier or Discriminator "
+                         f"with a .config (build it with qkv.models.builders or qkv.load), got {type(model).__name__}")
+    if isinstance(model, Discriminator):
+        return config, "discriminator", None
+    task = model.task if isinstance(model, TaskModel) else None
+    return config, _kind(isinstance(model, MaskedLM), task), task
 
 
 def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None) -> Path:
@@ -269,8 +272,8 @@ def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=No
         The folder.
     """
     model, tokenizer = unpack(model, tokenizer)
-    config, masked_lm, task = _model_parts(model)
-    meta = {"format": "qkv", "version": FORMAT_VERSION, "kind": _kind(masked_lm, task),
+    config, kind, task = _model_parts(model)
+    meta = {"format": "qkv", "version": FORMAT_VERSION, "kind": kind,
             "config": config.to_dict()}
     if task is not None:
         meta["task"] = task.to_dict()
@@ -285,23 +288,29 @@ def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=No
     return Path(path)
 
 
-def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None) -> Path:
-    """Write a folder that ``transformers`` ``from_pretrained`` loads: as ``BertForMaskedLM``
-    (masked-LM model), ``BertForSequenceClassification`` (sequence classification, regression;
-    ``AutoModelForSequenceClassification``), ``BertForTokenClassification`` or ``BertModel``
-    (encoder); the pooler's weights too when the model has one. Atomic. Returns the folder.
-    ``model`` and ``tokenizer`` as in :func:`save`.
+def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None,
+              family: str | None = None) -> Path:
+    """Write a folder that ``transformers`` ``from_pretrained`` loads, as the model's family
+    (``model.config.family``: the one it was imported from; BERT for a qkv model; ``family``
+    overrides). BERT: ``BertForMaskedLM`` (masked-LM model), ``BertForSequenceClassification``
+    (sequence classification, regression; ``AutoModelForSequenceClassification``),
+    ``BertForTokenClassification`` or ``BertModel`` (encoder), the pooler's weights too when the
+    model has one; the other families as :mod:`qkv.models.families` says (e.g.
+    ``ElectraForPreTraining`` for a discriminator). Atomic. Returns the folder. ``model`` and
+    ``tokenizer`` as in :func:`save`.
 
     Raises:
-        CheckpointError: the model uses options BERT cannot express (named in the message), e.g.
-            a sequence head that pools with ``"cls"`` or ``"mean"``: keep it in the qkv format.
+        CheckpointError: the model uses options the family cannot express (every one named in the
+            message), e.g. a sequence head that pools with ``"cls"`` or ``"mean"``, RMSNorm or a
+            gated feed-forward: keep it in the qkv format.
     """
     model, tokenizer = unpack(model, tokenizer)
-    config, masked_lm, task = _model_parts(model)
-    hf_config = hf.config_to_hf(config, masked_lm=masked_lm, task=task)
+    config, kind, task = _model_parts(model)
+    converter = families.for_export(config, family)
+    converter.config_to_hf(config, kind, task)  # raises before anything is written
 
     def fill(tmp: Path) -> None:
-        tensors = hf.state_dict_to_hf(model.state_dict(), config, masked_lm=masked_lm, task=task)
+        hf_config, tensors = converter.write(model.state_dict(), config, kind, task)
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2), encoding="utf-8")
@@ -311,10 +320,12 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None) -> Path:
-    """Convert a checkpoint folder: Hugging Face BERT → qkv, or qkv → Hugging Face BERT.
+    """Convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA) → qkv, or
+    qkv → Hugging Face, as the family the model came from (BERT for a qkv model; see
+    :func:`export_hf`).
 
     Args:
-        src: a qkv or Hugging Face BERT folder.
+        src: a qkv or Hugging Face folder.
         dst: the folder to write.
         to: ``"qkv"`` or ``"hf"``; default: the other format than ``src``'s.
     """

@@ -1,6 +1,6 @@
 """The encoder: token + position + segment embeddings, then a stack of transformer layers.
 
-Legend: B batch, T length, C model width, H heads, V vocabulary.
+Legend: B batch, T length, C model width, E embedding width (C unless projected), H heads, V vocabulary.
 
 Modules here take plain arguments; :func:`qkv.models.builders.build_encoder` assembles them from
 a :class:`qkv.config.ModelConfig`. The default path is fast: no attention weights are formed
@@ -127,6 +127,8 @@ class Encoder(nn.Module):
             added to the query and key inputs only), or ``None``.
         pooler: module ``(B,T,C) -> (B,C)`` applied to the last hidden state, its result returned
             as ``pooler_output`` (BERT's: :class:`qkv.nn.pooler.Pooler`), or ``None``.
+        embed_proj: ``nn.Linear(E, C)`` applied to the embeddings when they are E wide (ELECTRA's
+            ``embeddings_project``), or ``None``; the first hidden state is its output.
         config: the :class:`~qkv.config.ModelConfig` the encoder was built from (kept as
             ``.config``; saving and exporting read it), or ``None``.
     """
@@ -140,11 +142,13 @@ class Encoder(nn.Module):
         final_norm: nn.Module | None = None,
         qk_positions: nn.Module | None = None,
         pooler: nn.Module | None = None,
+        embed_proj: nn.Module | None = None,
         config=None,
     ):
         super().__init__()
         self.config = config
         self.embeddings = embeddings
+        self.embed_proj = embed_proj
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
         self.qk_positions = qk_positions
@@ -221,7 +225,9 @@ class Encoder(nn.Module):
                 padding_mask = None  # nothing to mask: keep the unmasked fused kernel
         T = input_ids.shape[1]
         qk_pos = self.qk_positions(T) if self.qk_positions is not None else None  # (T,C)
-        x = self.embeddings(input_ids, token_type_ids)  # (B,T,C)
+        x = self.embeddings(input_ids, token_type_ids)  # (B,T,E)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)  # (B,T,E) -> (B,T,C)
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for layer in self.layers:
@@ -260,7 +266,9 @@ class Encoder(nn.Module):
         self._check_values(batch.input_ids, batch.token_type_ids)
         T, lengths = batch.max_len, list(batch.lengths)
         qk_pos = self.qk_positions(T) if self.qk_positions is not None else None  # (T,C)
-        x = self.embeddings.forward_packed(batch.input_ids, batch.positions(), batch.token_type_ids)  # (N,C)
+        x = self.embeddings.forward_packed(batch.input_ids, batch.positions(), batch.token_type_ids)  # (N,E)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)  # (N,E) -> (N,C)
         hidden = [x] if output_hidden_states else None
         for layer in self.layers:
             x = layer.forward_packed(x, lengths, qk_pos=qk_pos)  # (N,C)

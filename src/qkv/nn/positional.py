@@ -97,25 +97,31 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Module):
-    """A trainable table of ``max_len`` rows, ``weight (max_len, C)`` (BERT's position embeddings).
+    """A trainable table, ``weight (max_len + offset, C)`` (BERT's position embeddings); a
+    sequence of length T uses rows ``offset … offset+T-1`` (RoBERTa: ``offset = pad id + 1``, its
+    first rows unused by real tokens).
 
     Raises ``ValueError`` for a sequence longer than ``max_len``.
     """
 
-    def __init__(self, max_len: int, d_model: int):
+    def __init__(self, max_len: int, d_model: int, *, offset: int = 0):
         super().__init__()
         _check_positive(max_len=max_len, d_model=d_model)
-        self.weight = nn.Parameter(torch.empty(max_len, d_model).normal_(std=0.02))
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+        self.offset = offset
+        self.weight = nn.Parameter(torch.empty(max_len + offset, d_model).normal_(std=0.02))
 
     def forward(self, length: int) -> Tensor:
-        """``(T, C)`` rows ``0 … T-1``."""
-        if length > self.weight.shape[0]:
+        """``(T, C)`` rows ``offset … offset+T-1``."""
+        max_len = self.weight.shape[0] - self.offset
+        if length > max_len:
             raise ValueError(
                 f"sequence length {length} exceeds the learned position table's max_len="
-                f"{self.weight.shape[0]}; raise max_len or use a relative encoding "
+                f"{max_len}; raise max_len or use a relative encoding "
                 "(relative, t5, alibi, rope), which accept any length"
             )
-        return self.weight[:length]
+        return self.weight[self.offset:self.offset + length]
 
 
 # ---------------------------------------------------------------- additive score biases
@@ -322,6 +328,7 @@ def build_positions(
     max_distance: int = 128,
     num_buckets: int = 32,
     rope_base: float = 10000.0,
+    offset: int = 0,
 ) -> PositionSlots:
     """The slots of position encoding ``name`` (one of :data:`POSITIONS`).
 
@@ -332,6 +339,7 @@ def build_positions(
         qk_only: absolute encodings only — add them where q and k are computed, not to the values.
         max_distance: clip distance of ``relative``; end of the log buckets of ``t5``.
         num_buckets: buckets of ``t5``. rope_base: the angle base of ``rope``.
+        offset: ``learned`` only: first table row used (the table has ``max_len + offset`` rows).
 
     Raises:
         ValueError: an unknown name, ``qk_only`` with a non-absolute encoding, bad sizes.
@@ -349,8 +357,10 @@ def build_positions(
     d_head = d_model // n_heads
     if name == "sinusoidal":
         return PositionSlots(SinusoidalPositions(max_len, d_model), qk_only)
+    if offset and name != "learned":
+        raise ValueError(f"a position offset ({offset}) needs the learned table; position={name!r} has none")
     if name == "learned":
-        return PositionSlots(LearnedPositions(max_len, d_model), qk_only)
+        return PositionSlots(LearnedPositions(max_len, d_model, offset=offset), qk_only)
     if name == "rope":
         RotaryEmbedding(d_head, rope_base)  # validate now, not at the first layer
         return PositionSlots(None, False, qk_transform_factory=lambda: RotaryEmbedding(d_head, rope_base))

@@ -1,0 +1,61 @@
+"""Hugging Face model families ⇄ qkv: one converter module per family, chosen by ``model_type``.
+
+These modules are the only code that knows Hugging Face tensor and config names. Each family
+module (``bert``, ``roberta``, ``distilbert``, ``electra``) offers the same three things:
+
+* ``read(hf_config, tensors, *, config_source, weights_source) -> Imported`` — qkv's config
+  (with ``family`` set to the module's ``MODEL_TYPE``), kind, task and state dict, every tensor
+  checked for presence and shape and any other tensor refused;
+* ``config_to_hf(config, kind, task)`` — the ``config.json`` dict, or a
+  :class:`~qkv.models.errors.CheckpointError` naming every field the family cannot express;
+* ``write(state, config, kind, task) -> (config.json dict, tensors)``.
+
+:data:`FAMILIES` maps ``model_type`` to the module; adding a family is one module and one entry.
+A model remembers the family it came from in ``ModelConfig.family`` (saved in ``qkv.json``), and
+:func:`for_export` writes it back as that family; a qkv model (``family=None``) exports as BERT.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from qkv.models.errors import CheckpointError
+
+__all__ = ["FAMILIES", "for_checkpoint", "for_export", "get"]
+
+#: ``config.json`` ``model_type`` → the converter module (imported on first use).
+FAMILIES: dict[str, str] = {
+    "bert": "qkv.models.families.bert",
+    "roberta": "qkv.models.families.roberta",
+    "distilbert": "qkv.models.families.distilbert",
+    "electra": "qkv.models.families.electra",
+}
+DEFAULT = "bert"
+
+
+def get(name: str) -> ModuleType:
+    """The converter module of family ``name`` (a key of :data:`FAMILIES`)."""
+    if name not in FAMILIES:
+        raise CheckpointError(f"unknown model family {name!r}; qkv converts: {', '.join(FAMILIES)}")
+    return importlib.import_module(FAMILIES[name])
+
+
+def for_checkpoint(hf_config: dict[str, Any], source: str) -> ModuleType:
+    """The converter of a Hugging Face ``config.json`` dict, by its ``model_type``.
+
+    Raises:
+        CheckpointError: a ``model_type`` qkv does not convert, named with the supported ones.
+    """
+    model_type = hf_config.get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{source}: not a BERT checkpoint (model_type is {model_type!r}, expected 'bert') "
+                              f"nor of another family qkv converts; supported model_type values: "
+                              f"{', '.join(FAMILIES)}")
+    return get(model_type)
+
+
+def for_export(config, family: str | None = None) -> ModuleType:
+    """The converter a qkv model exports with: ``family`` if given, else ``config.family``, else BERT."""
+    return get(family or config.family or DEFAULT)

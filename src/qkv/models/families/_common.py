@@ -1,0 +1,191 @@
+"""What the family converters share: the tensor plan, its checks, class names, export refusals.
+
+A family module describes a checkpoint as a :class:`Plan`: rows ``(Hugging Face name, qkv name,
+symbolic shape)`` copied one to one, and fused rows (qkv's one ``qkv_proj`` from three Hugging Face
+maps, rows ``[q; k; v]``). The same plan reads (:func:`state_from_plan`, after :func:`check_plan`)
+and writes (:func:`tensors_from_plan`). Symbolic shapes are strings of dimension letters resolved
+by ``Plan.dims`` (``"VC"`` → ``(V, C)``); ``Plan.fields`` names the ``config.json`` field of each
+letter for the messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from qkv.config import ModelConfig
+from qkv.models.errors import CheckpointError
+from qkv.models.heads import TaskConfig
+
+ACT_FROM_HF = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+ACT_TO_HF = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_pytorch_tanh"}
+#: The qkv model kinds (``qkv.json`` ``kind``), as the converters name them too.
+KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification", "discriminator")
+
+
+class Imported(NamedTuple):
+    """A converted Hugging Face checkpoint: what :mod:`qkv.models.io` builds and fills."""
+
+    config: ModelConfig
+    kind: str
+    task: TaskConfig | None
+    state: dict[str, Tensor]
+
+
+@dataclass
+class Plan:
+    """The tensors of one checkpoint (see the module docstring)."""
+
+    dims: dict[str, int]
+    fields: dict[str, str]
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+    fused: list[tuple[str, tuple[str, str, str], str]] = field(default_factory=list)
+
+    def shape(self, sym: str) -> tuple[int, ...]:
+        return tuple(self.dims[d] for d in sym)
+
+    def expected(self) -> dict[str, str]:
+        """Hugging Face name → symbolic shape of every tensor the plan needs."""
+        out = {hf: sym for hf, _, sym in self.rows}
+        for _, parts, sym in self.fused:
+            out.update({hf: sym for hf in parts})
+        return out
+
+
+def kind_of(masked_lm: bool, task: TaskConfig | None) -> str:
+    if task is not None:
+        return "sequence_classification" if task.is_sequence else "token_classification"
+    return "masked_lm" if masked_lm else "encoder"
+
+
+def check_plan(tensors: dict[str, Tensor], plan: Plan, source: str, *, ignored: tuple[str, ...],
+               owned: tuple[str, ...], layers_field: str, n_layers: int, unknown: str,
+               pooler: str | None = None) -> None:
+    """Every planned tensor present with its shape; any other tensor refused (named).
+
+    Args:
+        ignored: prefixes of tensors tolerated and dropped (id buffers, heads the family defines
+            as ignorable). owned: prefixes of tensors of the model itself: one not planned means
+            the config disagrees with the weights. unknown: what qkv reads, for the refusal of
+            any other tensor. pooler: prefix of the pooler's tensors, for its own message.
+    """
+    expected = plan.expected()
+    for name, sym in expected.items():
+        want = plan.shape(sym)
+        if name not in tensors:
+            raise CheckpointError(f"{source}: missing tensor {name!r} (expected shape {want}, from config.json)")
+        got = tuple(tensors[name].shape)
+        if got != want:
+            fields = ", ".join(f"{plan.fields[d]}={plan.dims[d]}" for d in dict.fromkeys(sym))
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {got}, expected {want} "
+                                  f"from config.json ({fields})")
+    for name in sorted(tensors):
+        if name in expected or name.startswith(ignored):
+            continue
+        if pooler is not None and name.startswith(pooler):
+            raise CheckpointError(f"{source}: unexpected tensor {name!r}: the config has no pooler "
+                                  "(ModelConfig.pooler=False); qkv.load sets it when the weights hold one")
+        if name.startswith(owned):
+            raise CheckpointError(f"{source}: unexpected tensor {name!r} for config.json ({layers_field}="
+                                  f"{n_layers}); the config disagrees with the weights")
+        raise CheckpointError(f"{source}: unknown tensor {name!r}: not part of {unknown}; refused rather "
+                              "than dropped silently")
+
+
+def state_from_plan(tensors: dict[str, Tensor], plan: Plan) -> dict[str, Tensor]:
+    """qkv state dict from checked Hugging Face tensors."""
+    out = {ours: tensors[hf] for hf, ours, _ in plan.rows}
+    for ours, parts, _ in plan.fused:
+        out[ours] = torch.cat([tensors[hf] for hf in parts], dim=0)  # 3 × (C,…) -> (3C,…)
+    return out
+
+
+def tensors_from_plan(state: dict[str, Tensor], plan: Plan) -> dict[str, Tensor]:
+    """Hugging Face tensors from a qkv state dict; each contiguous and owning its memory."""
+    out = {hf: state[ours] for hf, ours, _ in plan.rows}
+    for ours, parts, _ in plan.fused:
+        for hf, t in zip(parts, state[ours].chunk(3, dim=0)):  # (3C,…) -> 3 × (C,…)
+            out[hf] = t
+    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def architectures(hf: dict[str, Any]) -> list[str]:
+    archs = hf.get("architectures") or []
+    return list(archs) if isinstance(archs, (list, tuple)) else [archs]
+
+
+def activation_from_hf(act: Any, source: str, key: str = "hidden_act") -> str:
+    if act not in ACT_FROM_HF:
+        raise CheckpointError(f"{source}: {key}={act!r} is not supported; allowed: {', '.join(ACT_FROM_HF)}")
+    return ACT_FROM_HF[act]
+
+
+def labels_from_hf(hf: dict[str, Any], source: str) -> tuple[str, ...]:
+    """Class names in id order from ``id2label`` (checked against ``label2id`` and ``num_labels``)."""
+    id2label = hf.get("id2label")
+    if id2label is None:
+        return tuple(f"LABEL_{i}" for i in range(int(hf.get("num_labels", 2))))
+    try:
+        by_id = {int(k): v for k, v in dict(id2label).items()}
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{source}: id2label={id2label!r} must map ids 0…L-1 to class names") from e
+    if sorted(by_id) != list(range(len(by_id))) or not all(isinstance(v, str) for v in by_id.values()):
+        raise CheckpointError(f"{source}: id2label={id2label!r} must map ids 0…L-1 to class names")
+    labels = tuple(by_id[i] for i in range(len(by_id)))
+    if "num_labels" in hf and hf["num_labels"] != len(labels):
+        raise CheckpointError(f"{source}: num_labels={hf['num_labels']!r} disagrees with id2label "
+                              f"({len(labels)} labels); fix one of them")
+    label2id = hf.get("label2id")
+    if label2id is not None and dict(label2id) != {name: i for i, name in enumerate(labels)}:
+        raise CheckpointError(f"{source}: label2id={label2id!r} disagrees with id2label={id2label!r}; fix one "
+                              "so that label2id[id2label[i]] == i")
+    return labels
+
+
+def token_task(hf: dict[str, Any], source: str, dropout: float) -> TaskConfig:
+    """The :class:`TaskConfig` of a ``…ForTokenClassification`` checkpoint."""
+    try:
+        return TaskConfig("token-classification", labels_from_hf(hf, source), classifier_dropout=float(dropout))
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def label_fields(task: TaskConfig) -> dict[str, Any]:
+    """``id2label`` / ``label2id`` of a task head, for ``config.json``."""
+    names = task.labels or ("LABEL_0",)  # regression: transformers' default name of its one output
+    return {"id2label": {str(i): name for i, name in enumerate(names)},
+            "label2id": {name: i for i, name in enumerate(names)}}
+
+
+#: Fields of the modern-encoder variants that none of the families here express: name → the
+#: value they need (a callable for a condition on the config).
+_PLAIN = {"n_kv_heads": lambda c: c.n_kv_heads in (None, c.n_heads), "qk_norm": "none",
+          "local_window": None, "norm_type": "layernorm", "norm_bias": True, "mlp_bias": True,
+          "feed_forward": "mlp", "embed_scale": False, "first_attention_norm": True,
+          "position": "learned", "position_qk_only": False, "similarity": "scaled_dot",
+          "similarity_kwargs": {}, "qkv_proj": True, "out_proj": True, "attention_bias": True,
+          "norm": "post"}
+
+
+def refuse_unexpressible(config: ModelConfig, name: str, needs: dict[str, Any], extra: list[str] | None = None) -> None:
+    """Raise :class:`CheckpointError` naming every field of ``config`` the family ``name`` cannot
+    express: those of :data:`_PLAIN` and the family's own ``needs`` (field → value, or a
+    ``(predicate, what it needs)`` pair); ``extra``: more reasons already worded."""
+    bad = []
+    for key, want in {**_PLAIN, **needs}.items():
+        value = getattr(config, key)
+        if isinstance(want, tuple):
+            ok, text = want[0](config), want[1]
+        elif callable(want):
+            ok, text = want(config), f"{config.n_heads} (no grouped-query attention)"
+        else:
+            ok, text = value == want, repr(want)
+        if not ok:
+            bad.append(f"{key}={value!r} ({name} needs {text})")
+    bad += extra or []
+    if bad:
+        raise CheckpointError(f"this model cannot be exported as a Hugging Face {name}: " + "; ".join(bad)
+                              + "; keep it in the qkv format (qkv.save)")

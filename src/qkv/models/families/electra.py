@@ -1,0 +1,120 @@
+"""Hugging Face ELECTRA (discriminator) ⇄ qkv (``model_type: electra``).
+
+ELECTRA is BERT's layout under ``electra.`` (see :mod:`qkv.models.families.bert`) whose embeddings
+may be narrower than the layers: with ``embedding_size`` E ≠ ``hidden_size`` C the token,
+position and segment tables and the embedding LayerNorm are E wide, and ``embeddings_project``
+``Linear(E, C)`` follows the embeddings (after their LayerNorm and dropout, as ``ElectraModel``
+does). qkv reads this as ``ModelConfig.embedding_size = E`` (the encoder's ``embed_proj``);
+E = C gives ``embedding_size=None`` and no projection, as in transformers.
+
+Read: ``ElectraModel``, ``ElectraForPreTraining`` (the discriminator head
+``discriminator_predictions.dense`` C → C, activation ``hidden_act``, ``dense_prediction`` C → 1:
+a qkv :class:`~qkv.models.discriminator.Discriminator`, kind ``"discriminator"``) and
+``ElectraForTokenClassification``. Refused, naming the architecture: ``ElectraForMaskedLM`` (the
+generator), ``ElectraForSequenceClassification`` (its two-layer head), question answering,
+multiple choice, causal LM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from qkv.config import ModelConfig
+from qkv.models.errors import CheckpointError
+from qkv.models.families import bert
+from qkv.models.families._common import (Imported, architectures, check_plan, label_fields, refuse_unexpressible,
+                                         state_from_plan, tensors_from_plan, token_task)
+from qkv.models.heads import TaskConfig
+
+MODEL_TYPE = "electra"
+NAME = "ELECTRA"
+ARCHITECTURES = {"encoder": "ElectraModel", "discriminator": "ElectraForPreTraining",
+                 "token_classification": "ElectraForTokenClassification"}
+_REFUSED = {"ElectraForMaskedLM": "the generator (a masked-LM head on E-wide embeddings)",
+            "ElectraForSequenceClassification": "its two-layer classification head (classifier.dense, "
+                                                "classifier.out_proj)",
+            "ElectraForQuestionAnswering": "a question-answering head (qa_outputs.*)",
+            "ElectraForMultipleChoice": "a multiple-choice head",
+            "ElectraForCausalLM": "a causal language model (decoder)"}
+SUPPORTED = "ElectraModel, ElectraForPreTraining (the discriminator) and ElectraForTokenClassification"
+_HEAD = "discriminator_predictions."
+_DISCRIMINATOR = [(_HEAD + "dense.weight", "head.dense.weight", "CC"), (_HEAD + "dense.bias", "head.dense.bias", "C"),
+                  (_HEAD + "dense_prediction.weight", "head.prediction.weight", "OC"),
+                  (_HEAD + "dense_prediction.bias", "head.prediction.bias", "O")]
+
+
+def _kind(hf: dict[str, Any], names: set[str], source: str) -> str:
+    archs = architectures(hf)
+    for arch in archs:
+        if arch in _REFUSED:
+            raise CheckpointError(f"{source}: {arch}: {_REFUSED[arch]} is not supported; qkv loads {SUPPORTED}, "
+                                  "and never drops a head silently")
+    known = {a: k for k, a in ARCHITECTURES.items()}
+    if len(archs) > 1 or (archs and archs[0] not in known):
+        raise CheckpointError(f"{source}: architectures={archs!r} is not supported; qkv loads {SUPPORTED}")
+    if archs:
+        return known[archs[0]]
+    if any(n.startswith("classifier.") for n in names):
+        raise CheckpointError(f"{source}: the weights hold a classifier head but architectures is empty; qkv "
+                              "does not guess a head or drop it")
+    return "discriminator" if any(n.startswith(_HEAD) for n in names) else "encoder"
+
+
+def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str):
+    enc = "" if kind == "encoder" else "encoder."
+    plan = bert.encoder_plan(config, prefix, enc, n_labels=task.num_labels if task is not None else 0)
+    plan.dims["O"] = 1
+    plan.fields = {**plan.fields, "O": "one logit"}
+    if config.embedding_size not in (None, config.d_model):
+        plan.rows += [(prefix + "embeddings_project.weight", enc + "embed_proj.weight", "CE"),
+                      (prefix + "embeddings_project.bias", enc + "embed_proj.bias", "C")]
+    if kind == "discriminator":
+        plan.rows += _DISCRIMINATOR
+    if task is not None:
+        plan.rows += bert.CLASSIFIER
+    return plan
+
+
+def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, weights_source: str) -> Imported:
+    """A Hugging Face ELECTRA checkpoint as qkv's config, kind, task and state dict."""
+    kind = _kind(hf, set(tensors), config_source)
+    task = None
+    if kind == "token_classification":
+        dropout = hf.get("classifier_dropout")
+        task = token_task(hf, config_source, hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout)
+    width = hf.get("embedding_size", 128)
+    config = bert.bert_like_config(hf, config_source, family=MODEL_TYPE, pooler=False,
+                                   embedding_size=None if width == hf.get("hidden_size") else width)
+    prefix = "electra." if any(n.startswith("electra.") for n in tensors) else ""
+    plan = _plan(config, kind, task, prefix)
+    check_plan(tensors, plan, weights_source, ignored=tuple(prefix + n for n in bert.IGNORED_ENCODER),
+               owned=(prefix + "embeddings.", prefix + "encoder.", prefix + "embeddings_project.", _HEAD,
+                      "classifier."),
+               layers_field="num_hidden_layers", n_layers=config.n_layers,
+               unknown=f"an ELECTRA encoder or a head qkv supports ({SUPPORTED})")
+    return Imported(config, kind, task, state_from_plan(tensors, plan))
+
+
+def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None) -> dict[str, Any]:
+    """The Hugging Face ELECTRA ``config.json`` of a qkv model of ``kind``; raises
+    :class:`CheckpointError` naming every option ELECTRA cannot express."""
+    extra = []
+    if config.type_vocab_size < 1:
+        extra.append("type_vocab_size=0 (ELECTRA needs ≥ 1)")
+    if kind not in ARCHITECTURES:
+        extra.append(f"kind {kind!r} (qkv writes ELECTRA as {', '.join(ARCHITECTURES.values())})")
+    refuse_unexpressible(config, NAME, {"pooler": False, "position_offset": 0}, extra)
+    out = bert.bert_like_hf_config(config, MODEL_TYPE, ARCHITECTURES[kind])
+    out["embedding_size"] = config.embedding_size or config.d_model
+    if task is not None:
+        out.update(label_fields(task), classifier_dropout=task.classifier_dropout)
+    return out
+
+
+def write(state: dict[str, Tensor], config: ModelConfig, kind: str,
+          task: TaskConfig | None = None) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``(config.json dict, tensors)`` of the Hugging Face ELECTRA checkpoint of a qkv model."""
+    hf = config_to_hf(config, kind, task)
+    return hf, tensors_from_plan(state, _plan(config, kind, task, "" if kind == "encoder" else "electra."))

@@ -1,0 +1,141 @@
+"""Hugging Face RoBERTa ⇄ qkv (``model_type: roberta``).
+
+RoBERTa is BERT's layout under ``roberta.`` (see :mod:`qkv.models.families.bert`) with two
+differences:
+
+* **Positions start at pad id + 1**: a real token at index t uses position row
+  ``pad_token_id + 1 + t`` (``create_position_ids_from_input_ids``). qkv reads this as
+  ``position_offset = pad_token_id + 1`` and ``max_len = max_position_embeddings − offset``;
+  the whole table (its first rows too) is kept, so it exports unchanged.
+* **Its masked-LM head** ``lm_head.{dense, layer_norm, bias}`` (decoder tied to the word
+  embeddings) maps to qkv's :class:`~qkv.models.mlm.MaskedLMHead`; it always applies GELU, so a
+  masked-LM checkpoint with another ``hidden_act`` is refused.
+
+Read: ``RobertaModel`` (with or without its pooler), ``RobertaForMaskedLM``,
+``RobertaForTokenClassification``. Refused, naming the architecture:
+``RobertaForSequenceClassification`` (its two-layer head, ``classifier.dense`` +
+``classifier.out_proj``, is not qkv's), question answering, multiple choice, causal LM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from qkv.config import ModelConfig
+from qkv.models.errors import CheckpointError
+from qkv.models.families import bert
+from qkv.models.families._common import (Imported, architectures, check_plan, label_fields, refuse_unexpressible,
+                                         state_from_plan, tensors_from_plan, token_task)
+from qkv.models.heads import TaskConfig
+
+MODEL_TYPE = "roberta"
+NAME = "RoBERTa"
+ARCHITECTURES = {"encoder": "RobertaModel", "masked_lm": "RobertaForMaskedLM",
+                 "token_classification": "RobertaForTokenClassification"}
+_REFUSED = {"RobertaForSequenceClassification": "its two-layer classification head (classifier.dense, "
+                                                "classifier.out_proj)",
+            "RobertaForQuestionAnswering": "a question-answering head (qa_outputs.*)",
+            "RobertaForMultipleChoice": "a multiple-choice head",
+            "RobertaForCausalLM": "a causal language model (decoder)"}
+SUPPORTED = "RobertaModel, RobertaForMaskedLM and RobertaForTokenClassification"
+_HEAD = "lm_head."
+_MLM = [(_HEAD + "dense.weight", "head.dense.weight", "CC"), (_HEAD + "dense.bias", "head.dense.bias", "C"),
+        (_HEAD + "layer_norm.weight", "head.norm.weight", "C"), (_HEAD + "layer_norm.bias", "head.norm.bias", "C"),
+        (_HEAD + "bias", "head.bias", "V")]
+
+
+def _kind(hf: dict[str, Any], names: set[str], source: str) -> str:
+    archs = architectures(hf)
+    for arch in archs:
+        if arch in _REFUSED:
+            raise CheckpointError(f"{source}: {arch}: {_REFUSED[arch]} is not supported; qkv loads {SUPPORTED}, "
+                                  "and never drops a head silently")
+    known = {a: k for k, a in ARCHITECTURES.items()}
+    if len(archs) > 1 or (archs and archs[0] not in known):
+        raise CheckpointError(f"{source}: architectures={archs!r} is not supported; qkv loads {SUPPORTED}")
+    if archs:
+        return known[archs[0]]
+    if any(n.startswith("classifier.") for n in names):
+        raise CheckpointError(f"{source}: the weights hold a classifier head but architectures is empty; qkv "
+                              "does not guess a head or drop it")
+    return "masked_lm" if any(n.startswith(_HEAD) for n in names) else "encoder"
+
+
+def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str):
+    enc = "" if kind == "encoder" else "encoder."
+    plan = bert.encoder_plan(config, prefix, enc,
+                             n_labels=task.num_labels if task is not None else 0)
+    if kind == "masked_lm":
+        plan.rows += _MLM
+    if task is not None:
+        plan.rows += bert.CLASSIFIER
+    return plan
+
+
+def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, weights_source: str) -> Imported:
+    """A Hugging Face RoBERTa checkpoint as qkv's config, kind, task and state dict."""
+    kind = _kind(hf, set(tensors), config_source)
+    task = None
+    if kind == "token_classification":
+        dropout = hf.get("classifier_dropout")
+        task = token_task(hf, config_source, hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout)
+    pad = hf.get("pad_token_id")
+    pad = 1 if pad is None else pad
+    size = hf.get("max_position_embeddings", 514)
+    if size <= pad + 1:
+        raise CheckpointError(f"{config_source}: max_position_embeddings={size} leaves no position after the "
+                              f"offset pad_token_id + 1 = {pad + 1}")
+    if kind == "masked_lm" and hf.get("hidden_act", "gelu") != "gelu":
+        raise CheckpointError(f"{config_source}: hidden_act={hf['hidden_act']!r} with RobertaForMaskedLM is not "
+                              "supported: its head applies gelu, qkv's the encoder's activation")
+    prefix = "roberta." if any(n.startswith("roberta.") for n in tensors) else ""
+    pooler = bert.has_pooler(tensors, "roberta.")
+    config = bert.bert_like_config(hf, config_source, family=MODEL_TYPE, pooler=pooler,
+                                   max_len=size - pad - 1, position_offset=pad + 1)
+    plan = _plan(config, kind, task, prefix)
+    check_plan(tensors, plan, weights_source, ignored=tuple(prefix + n for n in bert.IGNORED_ENCODER)
+               + (_HEAD + "decoder.",), owned=(prefix + "embeddings.", prefix + "encoder.", prefix + "pooler.",
+                                              _HEAD, "classifier."),
+               layers_field="num_hidden_layers", n_layers=config.n_layers, pooler=prefix + "pooler.",
+               unknown=f"a RoBERTa encoder, its pooler, or a head qkv supports ({SUPPORTED})")
+    if kind == "masked_lm":
+        decoder = tensors.get(_HEAD + "decoder.weight")
+        if decoder is not None and not torch.equal(decoder, tensors[prefix + "embeddings.word_embeddings.weight"]):
+            raise CheckpointError(f"{weights_source}: {_HEAD}decoder.weight differs from the word embeddings; "
+                                  "qkv ties them (untied decoders are not supported)")
+        bias = tensors.get(_HEAD + "decoder.bias")
+        if bias is not None and not torch.equal(bias, tensors[_HEAD + "bias"]):
+            raise CheckpointError(f"{weights_source}: {_HEAD}decoder.bias differs from {_HEAD}bias; they are one "
+                                  "parameter in RoBERTa")
+    return Imported(config, kind, task, state_from_plan(tensors, plan))
+
+
+def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None) -> dict[str, Any]:
+    """The Hugging Face RoBERTa ``config.json`` of a qkv model of ``kind``; raises
+    :class:`CheckpointError` naming every option RoBERTa cannot express."""
+    extra = []
+    if config.type_vocab_size < 1:
+        extra.append("type_vocab_size=0 (RoBERTa needs ≥ 1)")
+    if kind not in ARCHITECTURES:
+        extra.append(f"kind {kind!r} (qkv writes RoBERTa as {', '.join(ARCHITECTURES.values())}; "
+                     "RobertaForSequenceClassification's head is two layers, qkv's one)")
+    if kind == "masked_lm" and config.activation != "gelu":
+        extra.append(f"activation={config.activation!r} with a masked-LM head (RoBERTa's head applies gelu)")
+    refuse_unexpressible(config, NAME, {
+        "embedding_size": (lambda c: c.embedding_size in (None, c.d_model), f"{config.d_model} = hidden_size"),
+        "position_offset": (lambda c: c.position_offset == c.pad_token_id + 1,
+                            f"pad_token_id + 1 = {config.pad_token_id + 1}")}, extra)
+    out = bert.bert_like_hf_config(config, MODEL_TYPE, ARCHITECTURES[kind])
+    if task is not None:
+        out.update(label_fields(task), classifier_dropout=task.classifier_dropout)
+    return out
+
+
+def write(state: dict[str, Tensor], config: ModelConfig, kind: str,
+          task: TaskConfig | None = None) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``(config.json dict, tensors)`` of the Hugging Face RoBERTa checkpoint of a qkv model."""
+    hf = config_to_hf(config, kind, task)
+    return hf, tensors_from_plan(state, _plan(config, kind, task, "" if kind == "encoder" else "roberta."))
