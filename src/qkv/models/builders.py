@@ -105,22 +105,17 @@ def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
     if width != config.d_model and config.position_qk_only:
         raise ValueError(f"embedding_size={width} (≠ d_model={config.d_model}) cannot be combined with "
                          "position_qk_only=True: the positions would be E wide but q and k are C wide")
-    slots = build_positions(
-        config.position,
-        d_model=width,
-        n_heads=config.n_heads,
-        max_len=config.max_len,
-        qk_only=config.position_qk_only,
-        max_distance=config.max_distance,
-        num_buckets=config.num_buckets,
-        rope_base=config.rope_base,
-        offset=config.position_offset,
-    )
+    kw = dict(max_len=config.max_len, qk_only=config.position_qk_only, max_distance=config.max_distance,
+              num_buckets=config.num_buckets, rope_base=config.rope_base, offset=config.position_offset)
+    slots = build_positions(config.position, d_model=config.d_model, n_heads=config.n_heads, **kw)
+    inputs = slots.input
+    if width != config.d_model:  # the input encoding is E wide (heads play no part in it)
+        inputs = build_positions(config.position, d_model=width, n_heads=1, **kw).input
     embeddings = Embeddings(
         config.vocab_size,
         width,
         type_vocab_size=config.type_vocab_size,
-        positions=None if slots.qk_only else slots.input,
+        positions=None if slots.qk_only else inputs,
         pad_token_id=config.pad_token_id,
         layer_norm_eps=config.layer_norm_eps,
         dropout=config.dropout,

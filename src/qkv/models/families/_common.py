@@ -20,8 +20,9 @@ from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 
-ACT_FROM_HF = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-ACT_TO_HF = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_pytorch_tanh"}
+ACT_FROM_HF = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "silu": "silu", "swish": "silu"}
+ACT_TO_HF = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu"}
 #: The qkv model kinds (``qkv.json`` ``kind``), as the converters name them too.
 KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification", "discriminator")
 
@@ -167,7 +168,8 @@ _PLAIN = {"n_kv_heads": lambda c: c.n_kv_heads in (None, c.n_heads), "qk_norm": 
           "feed_forward": "mlp", "embed_scale": False, "first_attention_norm": True,
           "position": "learned", "position_qk_only": False, "similarity": "scaled_dot",
           "similarity_kwargs": {}, "qkv_proj": True, "out_proj": True, "attention_bias": True,
-          "norm": "post"}
+          "norm": "post",
+          "activation": (lambda c: c.activation in ACT_TO_HF, f"one of {', '.join(ACT_TO_HF)}")}
 
 
 def refuse_unexpressible(config: ModelConfig, name: str, needs: dict[str, Any], extra: list[str] | None = None) -> None:

@@ -1,0 +1,71 @@
+"""The family dispatcher: model_type chooses the converter, unsupported ones are refused with the
+supported list, the family a model came from is kept, and every variant field no family expresses
+is refused by name on export."""
+
+import json
+
+import pytest
+
+import qkv
+from qkv.config import ModelConfig
+from qkv.models import families
+from qkv.models.builders import build_encoder
+from qkv.models.errors import CheckpointError
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "t5", None])
+def test_unsupported_model_type_is_refused_with_the_supported_ones(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(CheckpointError, match=rf"config.json: not a BERT checkpoint \(model_type is {model_type!r}, "
+                                              r".*supported model_type values: bert, roberta, distilbert, electra$"):
+        qkv.load(tmp_path)
+
+
+def test_dispatch_by_model_type_and_family():
+    assert families.for_checkpoint({"model_type": "electra"}, "x").NAME == "ELECTRA"
+    assert families.for_export(ModelConfig.preset("tiny")).NAME == "BERT"  # a qkv model
+    assert families.for_export(ModelConfig.preset("tiny", family="distilbert")).NAME == "DistilBERT"
+    assert families.for_export(ModelConfig.preset("tiny"), "roberta").NAME == "RoBERTa"
+    with pytest.raises(CheckpointError, match=r"unknown model family 'gpt2'; qkv converts: bert, roberta"):
+        families.get("gpt2")
+
+
+def test_family_field_is_checked():
+    with pytest.raises(ValueError, match=r"family='gpt2' is not allowed; allowed: bert, roberta, distilbert, electra"):
+        ModelConfig.preset("tiny", family="gpt2")
+
+
+VARIANTS = [  # (field overrides, the field named in the refusal)
+    (dict(norm_type="rmsnorm"), "norm_type='rmsnorm'"),
+    (dict(feed_forward="glu"), "feed_forward='glu'"),
+    (dict(n_kv_heads=1), "n_kv_heads=1"),
+    (dict(qk_norm="layernorm"), "qk_norm='layernorm'"),
+    (dict(local_window=4), "local_window=4"),
+    (dict(embed_scale=True), "embed_scale=True"),
+    (dict(norm_bias=False), "norm_bias=False"),
+    (dict(mlp_bias=False), "mlp_bias=False"),
+    (dict(norm="pre", first_attention_norm=False), "first_attention_norm=False"),
+    (dict(position="rope"), "position='rope'"),
+    (dict(attention_bias=False), "attention_bias=False"),
+]
+BASES = {"bert": {}, "roberta": dict(pad_token_id=1, position_offset=2), "electra": {},
+         "distilbert": dict(type_vocab_size=0)}
+
+
+@pytest.mark.parametrize("family", list(BASES))
+@pytest.mark.parametrize("overrides,named", VARIANTS)
+def test_export_refuses_every_variant_field(tmp_path, family, overrides, named):
+    config = ModelConfig.preset("tiny", family=family, **BASES[family])
+    converter = families.get(family)
+    converter.config_to_hf(config, "encoder")  # the base is expressible
+    with pytest.raises(CheckpointError, match=rf"as a Hugging Face {converter.NAME}: .*{named} \({converter.NAME} "
+                                              r"needs .*keep it in the qkv format"):
+        converter.config_to_hf(config.replace(**overrides), "encoder")
+
+
+def test_export_of_a_variant_model_writes_nothing(tmp_path):
+    model = build_encoder(ModelConfig.preset("tiny", family="roberta", pad_token_id=1, position_offset=2,
+                                             norm_bias=False))
+    with pytest.raises(CheckpointError, match=r"norm_bias=False \(RoBERTa needs True\)"):
+        qkv.export_hf(model, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
