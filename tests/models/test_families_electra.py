@@ -135,3 +135,16 @@ def test_export_refuses_what_electra_and_bert_cannot_express(tmp_path):
                                                                                    feed_forward="mlp")),
                       tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_discriminator_takes_a_task_head_for_fine_tuning(tmp_path):
+    from qkv.models.builders import attach_task_head
+    from qkv.models.heads import TaskConfig
+
+    hf, folder = _folder(tmp_path, "discriminator")
+    model = attach_task_head(qkv.load(folder).model, TaskConfig("token-classification", TAGS)).eval()
+    ids, mask, types = batch(97, 0, 3)
+    with torch.no_grad():
+        ours = model(ids, mask, types).last_hidden_state
+        theirs = hf.electra(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    close_at_real(ours, theirs, mask)

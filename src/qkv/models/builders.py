@@ -216,7 +216,8 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
 
     Args:
         model: a qkv model (``qkv.load(path).model``): an :class:`~qkv.nn.encoder.Encoder`, a
-            :class:`~qkv.models.mlm.MaskedLM` (its encoder is used, the masked-LM head dropped), or
+            :class:`~qkv.models.mlm.MaskedLM` or :class:`~qkv.models.discriminator.Discriminator`
+            (its encoder is used, the pretraining head dropped), or
             a task model (:class:`SequenceClassifier` / :class:`TokenClassifier`).
         task: the head wanted.
         seed: seeds the initialisation of what is new (BERT's: normal(0, ``initializer_range``),
@@ -236,10 +237,11 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
         CheckpointError: ``model`` has a different task head and ``reset_head`` is False.
         ValueError: ``model`` is not a qkv model with a ``.config``.
     """
+    from qkv.models.discriminator import Discriminator
     from qkv.models.mlm import MaskedLM
 
     config = getattr(model, "config", None)
-    if not isinstance(model, (Encoder, MaskedLM, TaskModel)) or not isinstance(config, ModelConfig):
+    if not isinstance(model, (Encoder, MaskedLM, TaskModel, Discriminator)) or not isinstance(config, ModelConfig):
         hint = "; pass its .model (qkv.load(path).model)" if type(model).__name__ == "Pretrained" else ""
         raise ValueError("attach_task_head needs a qkv Encoder, MaskedLM or task model with a .config "
                          f"(from qkv.load or qkv.models.builders), got {type(model).__name__}{hint}")
