@@ -69,3 +69,12 @@ def test_export_of_a_variant_model_writes_nothing(tmp_path):
     with pytest.raises(CheckpointError, match=r"norm_bias=False \(RoBERTa needs True\)"):
         qkv.export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_convert_help_names_the_families(capsys):
+    from qkv.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "model_type bert, roberta, distilbert or electra" in text and "of the family the model came from" in text

@@ -148,3 +148,15 @@ def test_a_discriminator_takes_a_task_head_for_fine_tuning(tmp_path):
         ours = model(ids, mask, types).last_hidden_state
         theirs = hf.electra(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
     close_at_real(ours, theirs, mask)
+
+
+def test_packed_path_projects_the_embeddings_too(tmp_path):
+    from qkv.nn.packed import PackedBatch
+
+    _, folder = _folder(tmp_path, "encoder")
+    model = qkv.load(folder).model
+    ids, mask, types = batch(97, 0, 3)
+    with torch.no_grad():
+        padded = model(ids, mask, types).last_hidden_state
+        packed = model.forward_packed(PackedBatch.from_padded(ids, mask, types)).last_hidden_state
+    torch.testing.assert_close(packed, padded[mask.bool()], atol=1e-5, rtol=0)

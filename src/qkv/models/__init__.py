@@ -1,9 +1,10 @@
 """Models built from a :class:`~qkv.config.ModelConfig`: builders, the masked-LM model, task models
-(sequence classification, regression, token classification), checkpoint folders in and out (qkv
-and Hugging Face BERT)."""
+(sequence classification, regression, token classification), ELECTRA's discriminator, checkpoint
+folders in and out (qkv and Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA: :mod:`qkv.models.families`)."""
 
-from qkv.models.builders import (attach_task_head, build_encoder, build_masked_lm, build_model,
-                                 build_task_model, init_weights)
+from qkv.models.builders import (attach_task_head, build_discriminator, build_encoder, build_masked_lm,
+                                 build_model, build_task_model, init_weights)
+from qkv.models.discriminator import Discriminator, DiscriminatorOutput
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import (POOLINGS, TASKS, SequenceClassifier, TaskConfig, TaskModel, TaskOutput,
                               TokenClassifier)
@@ -15,6 +16,9 @@ __all__ = [
     "build_masked_lm",
     "build_model",
     "build_task_model",
+    "build_discriminator",
+    "Discriminator",
+    "DiscriminatorOutput",
     "attach_task_head",
     "init_weights",
     "CheckpointError",
