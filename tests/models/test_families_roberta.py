@@ -132,3 +132,18 @@ def test_export_refuses_what_roberta_cannot_express(tmp_path):
     with pytest.raises(CheckpointError, match=r"RoBERTa: norm_type='rmsnorm' \(RoBERTa needs 'layernorm'\)"):
         qkv.export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_export_refuses_a_sequence_head_roberta_writes_differently(tmp_path):
+    from qkv.models.builders import build_task_model
+    from qkv.models.heads import TaskConfig
+
+    config = ModelConfig.preset("tiny", family="roberta", pad_token_id=1, position_offset=2)
+    model = build_task_model(config, TaskConfig("sequence-classification", ("a", "b")))
+    with pytest.raises(CheckpointError, match=r"RoBERTa: kind 'sequence_classification' \(qkv writes RoBERTa as "
+                                              r"RobertaModel, RobertaForMaskedLM, RobertaForTokenClassification; "
+                                              r"RobertaForSequenceClassification's head is two layers, qkv's one\)"):
+        qkv.export_hf(model, tmp_path / "x")
+    with pytest.raises(CheckpointError, match=r"as a Hugging Face BERT: position_offset=2 \(BERT needs 0\)"):
+        qkv.export_hf(model, tmp_path / "x", family="bert")  # BERT has the head but not the offset
+    assert not (tmp_path / "x").exists()

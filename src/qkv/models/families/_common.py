@@ -161,9 +161,10 @@ def label_fields(task: TaskConfig) -> dict[str, Any]:
             "label2id": {name: i for i, name in enumerate(names)}}
 
 
-#: Fields of the modern-encoder variants that none of the families here express: name → the
-#: value they need (a callable for a condition on the config).
-_PLAIN = {"n_kv_heads": lambda c: c.n_kv_heads in (None, c.n_heads), "qk_norm": "none",
+#: Fields that none of the families here express otherwise: name → the value they need, or a
+#: ``(predicate on the config, what it needs)`` pair.
+_PLAIN = {"n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads), "None: one key/value head per query head"),
+          "qk_norm": "none",
           "local_window": None, "norm_type": "layernorm", "norm_bias": True, "mlp_bias": True,
           "feed_forward": "mlp", "embed_scale": False, "first_attention_norm": True,
           "position": "learned", "position_qk_only": False, "similarity": "scaled_dot",
@@ -181,8 +182,6 @@ def refuse_unexpressible(config: ModelConfig, name: str, needs: dict[str, Any], 
         value = getattr(config, key)
         if isinstance(want, tuple):
             ok, text = want[0](config), want[1]
-        elif callable(want):
-            ok, text = want(config), f"{config.n_heads} (no grouped-query attention)"
         else:
             ok, text = value == want, repr(want)
         if not ok:

@@ -93,7 +93,7 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, 
                               "supported: its head applies gelu, qkv's the encoder's activation")
     prefix = "roberta." if any(n.startswith("roberta.") for n in tensors) else ""
     pooler = bert.has_pooler(tensors, "roberta.")
-    config = bert.bert_like_config(hf, config_source, family=MODEL_TYPE, pooler=pooler,
+    config = bert.bert_like_config({**hf, "pad_token_id": pad}, config_source, family=MODEL_TYPE, pooler=pooler,
                                    max_len=size - pad - 1, position_offset=pad + 1)
     plan = _plan(config, kind, task, prefix)
     check_plan(tensors, plan, weights_source, ignored=tuple(prefix + n for n in bert.IGNORED_ENCODER)
