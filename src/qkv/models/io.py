@@ -42,7 +42,6 @@ from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
 from qkv.models import families
-from qkv.models.families._common import KINDS as FAMILY_KINDS, kind_of
 from qkv.models.builders import build_discriminator, build_model, build_task_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
@@ -56,7 +55,7 @@ WEIGHTS = "model.safetensors"
 HF_PICKLE = "pytorch_model.bin"
 FORMAT_VERSION = 1
 #: ``qkv.json`` kinds: the model classes :func:`load` builds.
-KINDS = FAMILY_KINDS
+KINDS = families.KINDS
 #: The files a model folder consists of (what :func:`save` / :func:`export_hf` may write or replace).
 MODEL_FILES = frozenset({QKV_CONFIG, HF_CONFIG, WEIGHTS, HF_PICKLE, "tokenizer.json", "vocab.txt",
                          "tokenizer_config.json", "special_tokens_map.json", "embedding.json"})
@@ -139,7 +138,7 @@ def _build(config: ModelConfig, kind: str, task: TaskConfig | None) -> nn.Module
     return build_model(config, masked_lm=kind == "masked_lm", init=False)
 
 
-_kind = kind_of
+_kind = families.kind_of
 
 
 def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:

@@ -22,8 +22,9 @@ from types import ModuleType
 from typing import Any
 
 from qkv.models.errors import CheckpointError
+from qkv.models.families._common import KINDS, Imported, kind_of
 
-__all__ = ["FAMILIES", "for_checkpoint", "for_export", "get"]
+__all__ = ["FAMILIES", "KINDS", "Imported", "for_checkpoint", "for_export", "get", "kind_of"]
 
 #: ``config.json`` ``model_type`` → the converter module (imported on first use).
 FAMILIES: dict[str, str] = {
