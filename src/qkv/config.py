@@ -34,6 +34,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mini": dict(vocab_size=_BERT_VOCAB, d_model=256, n_heads=4, d_ff=1024, n_layers=4, max_len=512),
     "small": dict(vocab_size=_BERT_VOCAB, d_model=512, n_heads=8, d_ff=2048, n_layers=6, max_len=512),
     "base": dict(vocab_size=_BERT_VOCAB, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=512),
+    # shaped like answerdotai/ModernBERT-base (transformers' ModernBertConfig defaults)
+    "modernbert": dict(vocab_size=50368, d_model=768, n_heads=12, d_ff=1152, n_layers=22, max_len=8192,
+                       type_vocab_size=0, norm="pre", dropout=0.0, layer_norm_eps=1e-5,
+                       pad_token_id=50283, position="rope", rope_base=160000.0, local_rope_base=10000.0,
+                       local_window=128, global_every=3, feed_forward="glu", activation="gelu",
+                       attention_bias=False, norm_bias=False, mlp_bias=False, head_bias=False,
+                       first_attention_norm=False),
 }
 
 
@@ -96,6 +103,8 @@ class ModelConfig:
             the table has ``max_len + position_offset`` rows.
         first_attention_norm: pre-LN only: ``False`` = the first layer's attention takes the
             (already normalised) embeddings without its own norm (ModernBERT).
+        head_bias: a bias in the masked-LM head's dense transform (BERT: yes; ModernBERT's
+            ``classifier_bias``: no). The decoder's per-token bias is always there.
         pooler: give the encoder BERT's pooler (``tanh(dense(h[:, 0]))``, its ``pooler_output``).
             Set on import when a Hugging Face checkpoint has one (so that it is kept and exported
             again), and by the task-model builders for sequence tasks that pool with it.
@@ -142,6 +151,7 @@ class ModelConfig:
     embedding_size: int | None = None
     position_offset: int = 0
     first_attention_norm: bool = True
+    head_bias: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
@@ -174,7 +184,7 @@ class ModelConfig:
         for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS),
                               ("attention_path", backend_names()), ("position", POSITIONS),
                               ("similarity", tuple(sorted(SIMILARITIES))), ("qk_norm", QK_NORMS),
-                              ("norm_type", tuple(sorted(NORM_TYPES))), ("feed_forward", FEED_FORWARDS)):
+                              ("norm_type", tuple(sorted(NORM_TYPES))), ("feed_forward", tuple(FEED_FORWARDS))):
             check_choice(name, getattr(self, name), allowed)
         for name in ("dropout", "attention_dropout"):
             check_range(name, getattr(self, name), 0, 1, number=True)
@@ -183,8 +193,12 @@ class ModelConfig:
         if self.local_rope_base is not None:
             check_positive("local_rope_base", self.local_rope_base)
         for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only", "pooler", "qk_norm_scale",
-                     "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm"):
+                     "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm", "head_bias"):
             check_bool(name, getattr(self, name))
+        if not self.first_attention_norm and self.norm != "pre":
+            raise ValueError(f"first_attention_norm=False needs norm='pre' (got norm={self.norm!r}): a "
+                             "post-LN layer must normalise its residual sum; set norm='pre' or "
+                             "first_attention_norm=True")
         if not isinstance(self.similarity_kwargs, dict):
             raise ValueError(f"similarity_kwargs must be a dict, got {self.similarity_kwargs!r}")
         if self.position_qk_only and self.position not in ("sinusoidal", "learned"):
@@ -200,8 +214,8 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
-        """The preset ``name`` (``tiny``, ``cpu-small``, ``mini``, ``small``, ``base``) with fields
-        overridden."""
+        """The preset ``name`` (``tiny``, ``cpu-small``, ``mini``, ``small``, ``base``,
+        ``modernbert``) with fields overridden."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})

@@ -13,8 +13,8 @@ B, T, C, H, FF = 5, 7, 24, 3, 40
 
 def _layer(norm, activation="gelu", dropout=0.0):
     att = build_attention(C, H)
-    return TransformerLayer(att, FeedForward(C, FF, activation=activation), d_model=C, norm=norm,
-                            dropout=dropout, layer_norm_eps=1e-5)
+    return TransformerLayer(att, FeedForward(C, FF, activation=activation), norm1=nn.LayerNorm(C, eps=1e-5),
+                            norm2=nn.LayerNorm(C, eps=1e-5), norm=norm, dropout=dropout)
 
 
 def _randomise(module):
@@ -105,4 +105,5 @@ def test_dropout_off_in_eval_and_active_in_train():
 
 def test_unknown_norm():
     with pytest.raises(ValueError, match="unknown norm placement 'mid'; allowed: post, pre"):
-        TransformerLayer(build_attention(C, H), FeedForward(C, FF), d_model=C, norm="mid")
+        TransformerLayer(build_attention(C, H), FeedForward(C, FF), norm1=nn.LayerNorm(C), norm2=nn.LayerNorm(C),
+                         norm="mid")
