@@ -142,3 +142,17 @@ def test_bias_free_head_matches_modernbert_prediction_head(norm_type):
         t = u / torch.sqrt((u * u).mean(-1, keepdim=True) + 1e-5) * m.head.norm.weight
     want = t @ m.encoder.embeddings.tokens.weight.T + m.head.bias
     torch.testing.assert_close(m(ids, mask).logits, want, atol=1e-5, rtol=1e-5)
+
+
+def test_modern_variants_round_trip_through_a_qkv_folder(tmp_path):
+    import qkv
+
+    m = _model(norm="pre", norm_type="rmsnorm", feed_forward="glu", activation="silu", embed_scale=True,
+               first_attention_norm=False, norm_bias=False, mlp_bias=False, attention_bias=False,
+               head_bias=False, position="rope", type_vocab_size=0)
+    assert [n for n, _ in m.named_parameters() if "bias" in n] == ["head.bias"]  # the decoder's only
+    ids, mask, _ = _batch(m.config)
+    qkv.save(m, tmp_path / "m")
+    again = qkv.load(tmp_path / "m").model
+    assert again.config == m.config
+    torch.testing.assert_close(again(ids, mask).logits, m(ids, mask).logits, atol=0, rtol=0)
