@@ -24,7 +24,6 @@ from qkv.nn.positional import POSITION_SCHEMES, register_position
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 SRC = Path(__file__).resolve().parents[1] / "src"
-PARTS = {"similarity": "neg_l2", "attention_path": "dense_softmax", "position": "distance_penalty"}
 
 
 def plugin_source() -> str:
@@ -151,6 +150,20 @@ print("ok")
 """
 
 
+def test_builtins_imported_by_a_plugin_stay_qkvs(tmp_path):
+    code = """
+    import sys
+    from qkv import plugins
+    assert "qkv.nn.similarity" not in sys.modules
+    plugins.import_plugins(["qkvplug_demo"])   # imports qkv.nn: the built-ins register during its import
+    from qkv.config import ModelConfig
+    print(plugins.registered_by("backend", "sdpa"), plugins.registered_by("position", "learned"),
+          plugins.registered_by("similarity", "neg_l2"), plugins.plugins_needed(ModelConfig()))
+    """
+    done = python(code, env_with(tmp_path, write_plugin(tmp_path / "site", entry_point=False)))
+    assert done.returncode == 0 and done.stdout.split() == ["qkv", "qkv", "qkvplug_demo", "[]"], done.stderr[-3000:]
+
+
 def test_plugin_parts_against_formulas(tmp_path):
     done = python(PARTS_AGAINST_FORMULAS, env_with(tmp_path, write_plugin(tmp_path / "site", entry_point=False)))
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
@@ -163,7 +176,7 @@ def test_cli_plugin_flag_pretrain_inspect_embed(tmp_path):
     words = "the cat sat on a mat while dogs ran in parks and birds sang over old green hills".split()
     docs.write_text("\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(60)))
     run = tmp_path / "run"
-    model = json.dumps({**PARTS, "max_len": 40, "dropout": 0.0})
+    model = json.dumps({"similarity": "neg_l2", "max_len": 40, "dropout": 0.0})
     tiny = ["--corpus", str(docs), "--out", str(run), "--preset", "tiny", "--model", model, "--vocab-size", "120",
             "--max-len", "24", "--batch-size", "4", "--warmup-steps", "1", "--steps", "2", "--eval-every", "2",
             "--eval-batches", "1", "--eval-batch-size", "4", "--save-every", "2", "--no-progress"]
@@ -172,7 +185,9 @@ def test_cli_plugin_flag_pretrain_inspect_embed(tmp_path):
     assert "similarity='neg_l2' is not allowed" in refused.stderr and "--plugin MODULE" in refused.stderr
     trained = qkv_cli(env, "pretrain", "--plugin", "qkvplug_demo", *tiny)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    assert json.loads((run / "qkv.json").read_text())["plugins"][0]["module"] == "qkvplug_demo"
+    # only the plugin's part: the built-ins it imported while it loaded are qkv's
+    assert json.loads((run / "qkv.json").read_text())["plugins"] == [
+        {"kind": "similarity", "name": "neg_l2", "module": "qkvplug_demo"}]
     shown = qkv_cli(env, "inspect", str(run), "the cat sat", "--out", str(tmp_path / "views"), "--plugin", "qkvplug_demo")
     assert shown.returncode == 0 and (tmp_path / "views" / "viewer.html").is_file(), shown.stderr[-3000:]
     vectors = tmp_path / "v.npy"

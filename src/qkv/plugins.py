@@ -53,12 +53,14 @@ class PluginError(QkvError):
 
 
 def record_part(kind: str, name: str, obj: object) -> str:
-    """Record that ``name`` of ``kind`` was registered; return the module credited with it: the plugin
-    module being imported (:func:`import_plugins`, an entry point), else the module defining ``obj``.
-    Called by the registries' decorators."""
-    module = _importing[-1] if _importing else getattr(obj, "__module__", None) or "__main__"
-    if module == "qkv" or module.startswith("qkv."):  # a built-in: credited to qkv itself
+    """Record that ``name`` of ``kind`` was registered; return the module credited with it: ``"qkv"``
+    for a part defined in qkv, else the plugin module being imported (:func:`import_plugins`, an entry
+    point), else the module defining ``obj``. Called by the registries' decorators."""
+    module = getattr(obj, "__module__", None) or "__main__"
+    if module == "qkv" or module.startswith("qkv."):  # a built-in (perhaps imported by a plugin): qkv's
         module = "qkv"
+    elif _importing:
+        module = _importing[-1]
     _PARTS[(kind, name)] = module
     return module
 
