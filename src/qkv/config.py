@@ -238,7 +238,6 @@ class ModelConfig:
         return cls.from_dict(json.loads(text))
 
 
-
 def _registries() -> dict[str, tuple[str, Any]]:
     """Field → (kind, names) of the fields that name a registered part (built-in or a plugin's)."""
     from qkv.nn.backends import backend_names
@@ -246,8 +245,8 @@ def _registries() -> dict[str, tuple[str, Any]]:
     from qkv.nn.positional import POSITION_SCHEMES
     from qkv.nn.similarity import SIMILARITIES
 
-    return {"similarity": ("similarity", sorted(SIMILARITIES)), "attention_path": ("backend", backend_names()),
-            "position": ("position", tuple(POSITION_SCHEMES)), "norm_type": ("norm", sorted(NORM_TYPES))}
+    return {"similarity": ("similarity", sorted(SIMILARITIES)),
+            "attention_path": ("backend", backend_names()), "position": ("position", tuple(POSITION_SCHEMES)), "norm_type": ("norm", sorted(NORM_TYPES))}
 
 
 def _check_registered(config: ModelConfig) -> None:
@@ -255,11 +254,12 @@ def _check_registered(config: ModelConfig) -> None:
     (:func:`qkv.plugins.load_plugins`), and the message says how to load a plugin."""
     from qkv import plugins
 
-    for field_name in plugins.KINDS.values():
-        if getattr(config, field_name) not in _registries()[field_name][1]:
-            plugins.load_plugins()
-    for field_name, (kind, allowed) in _registries().items():
+    registries = _registries()
+    if any(getattr(config, name) not in allowed for name, (_, allowed) in registries.items()):
+        plugins.load_plugins()
+        registries = _registries()
+    for field_name, (kind, allowed) in registries.items():
         value = getattr(config, field_name)
         if value not in allowed:
-            raise ValueError(f"{field_name}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}. "
-                             f"A {kind} from a plugin: {plugins.how_to_load()}")
+            raise ValueError(f"{field_name}={value!r} is not allowed; allowed: "
+                             f"{', '.join(map(str, allowed))}. A {kind} from a plugin: {plugins.how_to_load()}")

@@ -108,8 +108,8 @@ def import_plugins(modules: Iterable[str]) -> list[str]:
         try:
             _import(module)
         except Exception as exc:  # any failure of the user's module: one line naming it
-            raise PluginError(f"plugin module {module!r} could not be imported: {_why(exc)}; install it or put "
-                              "it on PYTHONPATH") from exc
+            raise PluginError(f"plugin module {module!r} could not be imported: {_why(exc)}; install it "
+                              "or put it on PYTHONPATH") from exc
     return modules
 
 
@@ -185,13 +185,15 @@ def check_recorded(recorded, source: str) -> None:
     for entry in recorded:
         if not (isinstance(entry, dict) and {"kind", "name", "module"} <= set(entry)):
             raise PluginError(f"{source}: 'plugins' entry {entry!r} needs kind, name and module")
-        if registered_by(entry["kind"], entry["name"]) is None and entry["module"] == "__main__":
-            raise PluginError(f"{source}: the model uses {entry['kind']} {entry['name']!r}, registered by a script "
-                              "(__main__) when it was saved; register it again in this process before loading, "
-                              "or move it into a module and load that (see docs/plugins.md)")
-        if registered_by(entry["kind"], entry["name"]) is None:
-            raise PluginError(f"{source}: the model uses {entry['kind']} {entry['name']!r} from plugin module "
-                              f"{entry['module']!r}, which is not loaded; {how_to_load(entry['module'])}")
+        if registered_by(entry["kind"], entry["name"]) is not None:
+            continue
+        part = f"{source}: the model uses {entry['kind']} {entry['name']!r}"
+        if entry["module"] == "__main__":
+            raise PluginError(f"{part}, registered by a script (__main__) when it was saved; register it again "
+                              "in this process before loading, or move it into a module and load that (see "
+                              "docs/plugins.md)")
+        raise PluginError(f"{part} from plugin module {entry['module']!r}, which is not loaded; "
+                          f"{how_to_load(entry['module'])}")
 
 
 def unknown_part(kind: str, name: str, allowed: Iterable[str]) -> str:

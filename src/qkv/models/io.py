@@ -143,7 +143,8 @@ def _kind(masked_lm: bool, task: TaskConfig | None) -> str:
     return "masked_lm" if masked_lm else "encoder"
 
 
-def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (), **overrides: Any) -> Pretrained:
+def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
+         **overrides: Any) -> Pretrained:
     """Load a qkv model folder or a Hugging Face BERT folder: ``model, tokenizer = qkv.load(path)``.
 
     Args:

@@ -32,7 +32,8 @@ def register_norm(name: str):
 
     def deco(factory):
         if name in NORM_TYPES:
-            raise ValueError(f"norm {name!r} is already registered (by {plugins.registered_by('norm', name)})")
+            raise ValueError(f"norm {name!r} is already registered "
+                             f"(by {plugins.registered_by('norm', name)})")
         NORM_TYPES[name] = factory
         plugins.record_part("norm", name, factory)
         return factory

@@ -366,7 +366,8 @@ def register_position(name: str, *, slot: str | None):
     it is a plugin (docs/plugins.md).
     """
     if slot is not None and slot not in SLOTS:
-        raise ValueError(f"register_position({name!r}): slot={slot!r} is not allowed; allowed: {', '.join(SLOTS)}")
+        raise ValueError(f"register_position({name!r}): slot={slot!r} is not allowed; allowed: "
+                         f"{', '.join(SLOTS)}")
 
     def deco(factory):
         if name in POSITION_SCHEMES:
