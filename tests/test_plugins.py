@@ -296,3 +296,12 @@ def test_broken_installed_plugin_warns_and_is_named_on_a_miss(tmp_path, monkeypa
     assert plugins.failed_plugins() == {"qkvplug_fails": "ImportError: needs acme-kernels"}
     with pytest.raises(ValueError, match="plugins that failed to import: qkvplug_fails"):
         ModelConfig(similarity="acme_l2")
+
+
+def test_named_plugins_are_passed_to_child_processes(monkeypatch):
+    monkeypatch.setenv(plugins.ENV, "acme.parts")
+    plugins.share_with_children(["qkvplug_demo", "acme.parts"])
+    assert os.environ[plugins.ENV] == "acme.parts,qkvplug_demo"
+    monkeypatch.delenv(plugins.ENV)
+    plugins.share_with_children([])  # nothing named: the environment is left alone
+    assert plugins.ENV not in os.environ
