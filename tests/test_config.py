@@ -29,9 +29,40 @@ def test_defaults_keep_the_fast_attention_path():
 
 def test_preset_overrides_and_unknown_preset():
     assert ModelConfig.preset("tiny", n_layers=5).n_layers == 5
-    with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: tiny, cpu-small, mini, small, base"):
+    with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: tiny, cpu-small, mini, small, base, modernbert"):
         ModelConfig.preset("huge")
-    assert set(PRESETS) == {"tiny", "cpu-small", "mini", "small", "base"}
+    assert set(PRESETS) == {"tiny", "cpu-small", "mini", "small", "base", "modernbert"}
+
+
+def test_modernbert_preset_matches_transformers_defaults():
+    """The preset against transformers' ModernBertConfig() (ModernBERT-base's shape)."""
+    from transformers import ModernBertConfig
+
+    hf = ModernBertConfig()
+    cfg = ModelConfig.preset("modernbert")
+    assert (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.max_len) == (
+        hf.vocab_size, hf.hidden_size, hf.num_attention_heads, hf.intermediate_size, hf.num_hidden_layers,
+        hf.max_position_embeddings)
+    assert (cfg.layer_norm_eps, cfg.pad_token_id, cfg.activation) == (hf.norm_eps, hf.pad_token_id,
+                                                                     hf.hidden_activation)
+    assert (cfg.norm_bias, cfg.attention_bias, cfg.mlp_bias, cfg.head_bias) == (
+        hf.norm_bias, hf.attention_bias, hf.mlp_bias, hf.classifier_bias) == (False,) * 4
+    assert hf.classifier_activation == cfg.activation and hf.decoder_bias
+    assert cfg.local_window == hf.local_attention and cfg.global_every == 3
+    types = ["full_attention" if i % cfg.global_every == 0 else "sliding_attention" for i in range(cfg.n_layers)]
+    assert types == list(hf.layer_types)
+    assert cfg.rope_base == hf.rope_parameters["full_attention"]["rope_theta"] == 160000
+    assert cfg.local_rope_base == hf.rope_parameters["sliding_attention"]["rope_theta"] == 10000
+    assert cfg.dropout == hf.embedding_dropout == hf.mlp_dropout == hf.attention_dropout == 0
+    assert (cfg.norm, cfg.position, cfg.type_vocab_size, cfg.feed_forward, cfg.first_attention_norm) == (
+        "pre", "rope", 0, "glu", False)
+    assert (cfg.norm_type, cfg.embed_scale) == ("layernorm", False)
+
+
+def test_first_attention_norm_needs_pre_ln():
+    with pytest.raises(ValueError, match="first_attention_norm=False needs norm='pre' \\(got norm='post'\\)"):
+        ModelConfig.preset("tiny", first_attention_norm=False)
+    assert ModelConfig.preset("tiny", norm="pre", first_attention_norm=False).first_attention_norm is False
 
 
 @pytest.mark.parametrize("cfg", [ModelConfig(), ModelConfig.preset(
@@ -60,6 +91,10 @@ def test_frozen():
     ("layer_norm_eps", 0.0, "layer_norm_eps=0.0 must be a positive number"),
     ("pad_token_id", 97, "pad_token_id=97 must be < vocab_size=97"),
     ("qkv_proj", 1, "qkv_proj=1 must be True or False"),
+    ("norm_type", "batchnorm", "norm_type='batchnorm' is not allowed; allowed: layernorm, rmsnorm"),
+    ("feed_forward", "moe", "feed_forward='moe' is not allowed; allowed: mlp, glu"),
+    ("head_bias", "no", "head_bias='no' must be True or False"),
+    ("embed_scale", 1, "embed_scale=1 must be True or False"),
 ])
 def test_validation_names_value_and_allowed(field, value, message):
     with pytest.raises(ValueError, match=message):

@@ -1,5 +1,8 @@
 """Command line: ``qkv SUBCOMMAND …`` — parse, build a dataclass or arguments, call the library.
 
+Every subcommand takes ``--plugin MODULE`` (:func:`add_common_options`): the module is imported
+before the command runs, after the installed plugins (:mod:`qkv.plugins`).
+
 Errors have one home: :func:`main`. A subcommand raises; ``main`` prints one line
 ``qkv <command>: error: <message>`` (the message names the problem and the fix) and exits 2 —
 a Python traceback only with ``--debug`` (or ``QKV_DEBUG=1``). Ctrl-C prints one line and exits
@@ -12,7 +15,7 @@ import argparse
 import os
 import sys
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "add_common_options"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,9 +63,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_ablate_parser(sub)
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks (also QKV_DEBUG=1)")
     for p in sub.choices.values():
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show Python tracebacks on errors (also QKV_DEBUG=1)")
+        add_common_options(p)
     return parser
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    """The options of every subcommand (added here, for all of them): ``--debug`` and ``--plugin``."""
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show Python tracebacks on errors (also QKV_DEBUG=1)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import this plugin module first (it registers similarities, backends, norms or "
+                   "position schemes; see docs/plugins.md); repeatable. Installed plugins (entry point "
+                   "group qkv.plugins) load without it")
+
+
+def _load_plugins(modules: list[str]) -> None:
+    """The installed plugins, then ``--plugin`` modules; shared with the processes the command starts."""
+    from qkv import plugins
+
+    plugins.load_plugins()
+    plugins.import_plugins(modules)
+    plugins.share_with_children(modules)
 
 
 def _add_convert(sub) -> None:
@@ -136,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = getattr(args, "debug", False) or os.environ.get("QKV_DEBUG", "") not in ("", "0")
     name = f"qkv {args.command}"
     try:
+        _load_plugins(getattr(args, "plugin", []))
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if debug:

@@ -3,7 +3,9 @@
 A config holds only plain values (ints, floats, strings, bools, a dict of similarity keyword
 arguments). Modules never read it: the builders in :mod:`qkv.models.builders` do. Every field is
 checked in ``__post_init__``; a bad value raises ``ValueError`` naming the field, the value and
-what is allowed.
+what is allowed. A name of a registered part (similarity, attention path, position scheme, norm)
+not registered loads the installed plugins first (:mod:`qkv.plugins`), and the message says how to
+load one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mini": dict(vocab_size=_BERT_VOCAB, d_model=256, n_heads=4, d_ff=1024, n_layers=4, max_len=512),
     "small": dict(vocab_size=_BERT_VOCAB, d_model=512, n_heads=8, d_ff=2048, n_layers=6, max_len=512),
     "base": dict(vocab_size=_BERT_VOCAB, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=512),
+    # shaped like answerdotai/ModernBERT-base (transformers' ModernBertConfig defaults)
+    "modernbert": dict(vocab_size=50368, d_model=768, n_heads=12, d_ff=1152, n_layers=22, max_len=8192,
+                       type_vocab_size=0, norm="pre", dropout=0.0, layer_norm_eps=1e-5,
+                       pad_token_id=50283, position="rope", rope_base=160000.0, local_rope_base=10000.0,
+                       local_window=128, global_every=3, feed_forward="glu", activation="gelu",
+                       attention_bias=False, norm_bias=False, mlp_bias=False, head_bias=False,
+                       first_attention_norm=False),
 }
 
 
@@ -54,7 +63,8 @@ class ModelConfig:
         dropout: dropout on embeddings and on each sublayer output before the residual sum.
         attention_dropout: dropout on attention weights. Keep 0 (the default): any other value
             forces the quadratic math path instead of the fused kernel while training.
-        similarity: score function name (see :data:`qkv.nn.similarity.SIMILARITIES`).
+        similarity: score function name (see :data:`qkv.nn.similarity.SIMILARITIES`; a plugin's
+            too, docs/plugins.md).
         similarity_kwargs: extra keyword arguments for the similarity (e.g. ``temperature``).
         qkv_proj: learn the Q/K/V maps (``False``: attend on the inputs themselves).
         out_proj: learn the output map after the heads are merged.
@@ -63,7 +73,8 @@ class ModelConfig:
             (``"sdpa"``, ``"explicit"``, ``"chunked"``, ``"offset_flash"``, ``"inplace"``, yours;
             see :mod:`qkv.nn.backends`).
         chunk_size: queries per block on the chunked backend (``None``: sized automatically).
-        position: position scheme, one of :data:`qkv.nn.positional.POSITIONS`.
+        position: position scheme, one of :data:`qkv.nn.positional.POSITION_SCHEMES` (the built-in
+            :data:`~qkv.nn.positional.POSITIONS` or a plugin's).
         position_qk_only: add input positions to the query and key maps only, not the values.
         max_distance: largest relative distance distinguished (relative, T5 buckets).
         num_buckets: number of T5 relative-position buckets.
@@ -96,6 +107,8 @@ class ModelConfig:
             the table has ``max_len + position_offset`` rows.
         first_attention_norm: pre-LN only: ``False`` = the first layer's attention takes the
             (already normalised) embeddings without its own norm (ModernBERT).
+        head_bias: a bias in the masked-LM head's dense transform (BERT: yes; ModernBERT's
+            ``classifier_bias``: no). The decoder's per-token bias is always there.
         pooler: give the encoder BERT's pooler (``tanh(dense(h[:, 0]))``, its ``pooler_output``).
             Set on import when a Hugging Face checkpoint has one (so that it is kept and exported
             again), and by the task-model builders for sequence tasks that pool with it.
@@ -146,6 +159,7 @@ class ModelConfig:
     embedding_size: int | None = None
     position_offset: int = 0
     first_attention_norm: bool = True
+    head_bias: bool = True
     family: str | None = None
 
     def __post_init__(self) -> None:
@@ -170,17 +184,12 @@ class ModelConfig:
             divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
             raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}; "
                              f"allowed: {divisors} (1 = multi-query attention)")
-        from qkv.nn.backends import backend_names
         from qkv.nn.layer import ACTIVATIONS, FEED_FORWARDS
-        from qkv.nn.norms import NORM_TYPES
-        from qkv.nn.positional import POSITIONS
-        from qkv.nn.similarity import SIMILARITIES
 
-        for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS),
-                              ("attention_path", backend_names()), ("position", POSITIONS),
-                              ("similarity", tuple(sorted(SIMILARITIES))), ("qk_norm", QK_NORMS),
-                              ("norm_type", tuple(sorted(NORM_TYPES))), ("feed_forward", FEED_FORWARDS)):
+        for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS), ("qk_norm", QK_NORMS),
+                              ("feed_forward", tuple(FEED_FORWARDS))):
             check_choice(name, getattr(self, name), allowed)
+        _check_registered(self)
         if self.family is not None:
             from qkv.models.families import FAMILIES
 
@@ -192,14 +201,21 @@ class ModelConfig:
         if self.local_rope_base is not None:
             check_positive("local_rope_base", self.local_rope_base)
         for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only", "pooler", "qk_norm_scale",
-                     "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm"):
+                     "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm", "head_bias"):
             check_bool(name, getattr(self, name))
+        if not self.first_attention_norm and self.norm != "pre":
+            raise ValueError(f"first_attention_norm=False needs norm='pre' (got norm={self.norm!r}): a "
+                             "post-LN layer must normalise its residual sum; set norm='pre' or "
+                             "first_attention_norm=True")
         if not isinstance(self.similarity_kwargs, dict):
             raise ValueError(f"similarity_kwargs must be a dict, got {self.similarity_kwargs!r}")
-        if self.position_qk_only and self.position not in ("sinusoidal", "learned"):
+        from qkv.nn.positional import POSITION_SCHEMES
+
+        if self.position_qk_only and POSITION_SCHEMES[self.position].slot != "input":
+            absolute = [n for n, s in POSITION_SCHEMES.items() if s.slot == "input"]
             raise ValueError(
                 f"position_qk_only=True needs an input encoding; position={self.position!r} is not "
-                "one; allowed with it: sinusoidal, learned"
+                f"one; allowed with it: {', '.join(absolute)}"
             )
 
     @property
@@ -209,8 +225,8 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
-        """The preset ``name`` (``tiny``, ``cpu-small``, ``mini``, ``small``, ``base``) with fields
-        overridden."""
+        """The preset ``name`` (``tiny``, ``cpu-small``, ``mini``, ``small``, ``base``,
+        ``modernbert``) with fields overridden."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
@@ -244,3 +260,29 @@ class ModelConfig:
             text = text.read_text(encoding="utf-8")
         return cls.from_dict(json.loads(text))
 
+
+def _registries() -> dict[str, tuple[str, Any]]:
+    """Field → (kind, names) of the fields that name a registered part (built-in or a plugin's)."""
+    from qkv.nn.backends import backend_names
+    from qkv.nn.norms import NORM_TYPES
+    from qkv.nn.positional import POSITION_SCHEMES
+    from qkv.nn.similarity import SIMILARITIES
+
+    return {"similarity": ("similarity", sorted(SIMILARITIES)),
+            "attention_path": ("backend", backend_names()), "position": ("position", tuple(POSITION_SCHEMES)), "norm_type": ("norm", sorted(NORM_TYPES))}
+
+
+def _check_registered(config: ModelConfig) -> None:
+    """Each part ``config`` names is registered; on a miss, the installed plugins are loaded first
+    (:func:`qkv.plugins.load_plugins`), and the message says how to load a plugin."""
+    from qkv import plugins
+
+    registries = _registries()
+    if any(getattr(config, name) not in allowed for name, (_, allowed) in registries.items()):
+        plugins.load_plugins()
+        registries = _registries()
+    for field_name, (kind, allowed) in registries.items():
+        value = getattr(config, field_name)
+        if value not in allowed:
+            raise ValueError(f"{field_name}={value!r} is not allowed; allowed: "
+                             f"{', '.join(map(str, allowed))}. A {kind} from a plugin: {plugins.how_to_load()}")

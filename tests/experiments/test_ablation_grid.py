@@ -10,7 +10,7 @@ from qkv.experiments.cli import parse_set
 from qkv.experiments.grid import Grid, builtin_grids, load_grid
 from qkv.experiments.plan import resolve_variant, validate_grid
 
-BUILTIN = ("heads", "norm", "positions", "projections", "scaling", "similarity")
+BUILTIN = ("heads", "modern", "norm", "positions", "projections", "scaling", "similarity")
 
 
 def _grid(**changes) -> dict:
@@ -36,6 +36,11 @@ def test_builtin_grids_load_validate_and_ask_the_issue_questions():
     assert [heads[v].model["n_heads"] for v in ("h1", "h2", "h4", "h8")] == [1, 2, 4, 8]
     sims = {c.model["similarity"] for c in validate_grid(load_grid("similarity")).values()}
     assert sims == {"dot", "scaled_dot", "bilinear", "additive", "cosine"}
+    assert validate_grid(load_grid("norm"))["pre-rmsnorm"].model["norm_type"] == "rmsnorm"
+    modern = validate_grid(load_grid("modern"))
+    assert {v: (c.model.get("feed_forward"), c.model.get("activation")) for v, c in modern.items()
+            if v.endswith("glu")} == {"geglu": ("glu", "gelu"), "swiglu": ("glu", "silu")}
+    assert all(c.model["norm"] == "pre" for c in modern.values())
 
 
 @pytest.mark.parametrize("change, words", [
@@ -68,7 +73,7 @@ def test_grid_files_bad_json_unknown_names_and_bad_values(tmp_path):
     bad.write_text('{"name": "x",\n "question": }')
     with pytest.raises(ValueError, match=r"bad.json: not valid JSON: .* line 2"):
         load_grid(str(bad))
-    with pytest.raises(ValueError, match="unknown grid 'nope'; built-in: heads, norm, positions"):
+    with pytest.raises(ValueError, match="unknown grid 'nope'; built-in: heads, modern, norm, positions"):
         load_grid("nope")
     with pytest.raises(ValueError, match="grid file not found"):
         load_grid(str(tmp_path / "missing.json"))

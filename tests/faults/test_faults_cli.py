@@ -1,5 +1,6 @@
 """Every subcommand with bad arguments: one clear ``qkv <command>: error:`` line, a non-zero exit,
-no Python traceback (unless ``--debug``). To add a case, add a row to :func:`_cases`."""
+no Python traceback (unless ``--debug``) — and so is a ``--plugin`` module that cannot be imported. To
+add a case, add a row to :func:`_cases`."""
 
 from __future__ import annotations
 
@@ -179,3 +180,28 @@ def test_demo_never_deletes_a_folder_it_did_not_make(tmp_path, capsys):
     (run / "notes.txt").write_text("keep me")
     code, err = _run(["demo", "--out", str(run)], capsys)
     assert code == 2 and "notes.txt" in err and (run / "notes.txt").read_text() == "keep me"
+
+
+def test_every_subcommand_takes_plugin_and_names_a_module_it_cannot_import(tmp_path, model_folder, capsys):
+    """``--plugin MODULE`` on each subcommand: a module that is not there is one line naming it, exit 2,
+    before the command does anything."""
+    parser = build_parser()
+    commands = set(next(a for a in parser._actions if a.dest == "command").choices)
+    runnable: dict[str, list[str]] = {}
+    for argv in _cases(tmp_path, model_folder).values():  # the first case of each command that parses
+        try:
+            if argv[0] not in runnable and not parser.parse_known_args(argv)[1]:
+                runnable[argv[0]] = argv
+        except SystemExit:
+            pass
+    capsys.readouterr()
+    assert set(runnable) == commands, sorted(commands - set(runnable))
+    failures = []
+    for command, argv in sorted(runnable.items()):
+        code, err = _run([*argv, "--plugin", "qkvplug_not_installed"], capsys)
+        want = (f"qkv {command}: error: plugin module 'qkvplug_not_installed' could not be imported: "
+                "ModuleNotFoundError: No module named 'qkvplug_not_installed'; install it or put it on PYTHONPATH")
+        if code != 2 or err.strip().splitlines() != [want]:
+            failures.append(f"{command}: exit {code}, stderr {err[-400:]!r}")
+    assert not failures, "\n".join(failures)
+    assert (tmp_path / "user" / "thesis.tex").read_text() == "mine"

@@ -78,3 +78,13 @@ def test_convert_help_names_the_families(capsys):
         main(["convert", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "model_type bert, roberta, distilbert or electra" in text and "of the family the model came from" in text
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_export_refuses_a_masked_lm_head_without_its_dense_bias(family):
+    config = ModelConfig.preset("tiny", family=family, head_bias=False, **BASES[family])
+    converter = families.get(family)
+    converter.config_to_hf(config, "encoder")  # no head: nothing lost
+    with pytest.raises(CheckpointError, match=rf"head_bias=False \({converter.NAME}'s masked-LM head has a dense "
+                                              r"bias: needs True\)"):
+        converter.config_to_hf(config, "masked_lm")

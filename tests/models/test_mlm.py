@@ -100,3 +100,59 @@ def test_base_parameter_counts_equal_transformers_bert():
     assert _count(encoder) == _count(bert)
     assert _count(mlm) == _count(bert_mlm)
     assert _count(bert_mlm) > 109_000_000  # really BERT-base
+
+
+def test_modernbert_parameter_counts_equal_transformers_modernbert():
+    transformers = pytest.importorskip("transformers")
+    cfg = ModelConfig.preset("modernbert")
+    hf_cfg = transformers.ModernBertConfig()
+    with torch.device("meta"):
+        encoder = build_encoder(cfg)
+        mlm = build_masked_lm(cfg)
+        hf = transformers.ModernBertModel(hf_cfg)
+        hf_mlm = transformers.ModernBertForMaskedLM(hf_cfg)
+    assert _count(encoder) == _count(hf)
+    assert _count(mlm) == _count(hf_mlm)
+    assert 149_000_000 < _count(hf_mlm) < 150_000_000  # really ModernBERT-base (149M)
+
+
+@pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
+def test_bias_free_head_matches_modernbert_prediction_head(norm_type):
+    """ModernBERT's head: ``norm(act(dense(h)))`` without biases, then the tied decoder plus a bias."""
+    from transformers import ModernBertConfig
+    from transformers.models.modernbert.modeling_modernbert import ModernBertPredictionHead
+
+    m = _model(norm="pre", norm_type=norm_type, norm_bias=False, head_bias=False, layer_norm_eps=1e-5)
+    assert m.head.dense.bias is None and getattr(m.head.norm, "bias", None) is None
+    torch.manual_seed(3)
+    with torch.no_grad():
+        m.head.norm.weight.copy_(torch.randn(m.config.d_model))
+        m.head.bias.copy_(torch.randn(m.config.vocab_size))
+    ids, mask, _ = _batch(m.config)
+    h = m.encoder(ids, mask).last_hidden_state
+    if norm_type == "layernorm":
+        ref = ModernBertPredictionHead(ModernBertConfig(hidden_size=m.config.d_model, num_attention_heads=3,
+                                                        classifier_bias=False, norm_bias=False, norm_eps=1e-5))
+        with torch.no_grad():
+            ref.dense.weight.copy_(m.head.dense.weight)
+            ref.norm.weight.copy_(m.head.norm.weight)
+            t = ref(h)
+    else:  # by hand: RMSNorm(gelu(W h))
+        u = F.gelu(h @ m.head.dense.weight.T)
+        t = u / torch.sqrt((u * u).mean(-1, keepdim=True) + 1e-5) * m.head.norm.weight
+    want = t @ m.encoder.embeddings.tokens.weight.T + m.head.bias
+    torch.testing.assert_close(m(ids, mask).logits, want, atol=1e-5, rtol=1e-5)
+
+
+def test_modern_variants_round_trip_through_a_qkv_folder(tmp_path):
+    import qkv
+
+    m = _model(norm="pre", norm_type="rmsnorm", feed_forward="glu", activation="silu", embed_scale=True,
+               first_attention_norm=False, norm_bias=False, mlp_bias=False, attention_bias=False,
+               head_bias=False, position="rope", type_vocab_size=0)
+    assert [n for n, _ in m.named_parameters() if "bias" in n] == ["head.bias"]  # the decoder's only
+    ids, mask, _ = _batch(m.config)
+    qkv.save(m, tmp_path / "m")
+    again = qkv.load(tmp_path / "m").model
+    assert again.config == m.config
+    torch.testing.assert_close(again(ids, mask).logits, m(ids, mask).logits, atol=0, rtol=0)

@@ -1,11 +1,16 @@
-"""Encoder: output dataclass, exact attention maps, padding invariance, input checks, positions."""
+"""Encoder: output dataclass, exact attention maps, padding invariance, input checks, positions, and the
+norm / feed-forward / embedding variants built from the config."""
 
 import pytest
 import torch
+from torch import nn
 
 from qkv.config import ModelConfig
-from qkv.models.builders import build_encoder
+from qkv.models.builders import build_encoder, build_masked_lm, init_weights
 from qkv.nn.encoder import EncoderOutput
+from qkv.nn.layer import FeedForward, GatedFeedForward
+from qkv.nn.norms import RMSNorm
+from qkv.nn.packed import PackedBatch
 from qkv.nn.positional import POSITIONS
 
 B, T = 5, 7
@@ -140,3 +145,90 @@ def test_attention_options_from_config(overrides):
     enc, cfg = _encoder(**overrides)
     out = enc(_ids(cfg), output_attentions=True)
     assert out.attentions[0].shape == (B, cfg.n_heads, T, T)
+
+
+# --- norm, feed-forward and embedding variants (ModelConfig → builders) ---------------------------
+
+_MODERN = dict(norm="pre", norm_type="rmsnorm", feed_forward="glu", activation="silu", embed_scale=True,
+               first_attention_norm=False, position="rope", type_vocab_size=0, dropout=0.0)
+
+
+def _norms(module):
+    return [m for m in module.modules() if isinstance(m, (nn.LayerNorm, RMSNorm))]
+
+
+def test_rmsnorm_is_every_norm_of_the_model():
+    cfg = ModelConfig.preset("tiny", norm="pre", norm_type="rmsnorm", layer_norm_eps=1e-6)
+    model = build_masked_lm(cfg)
+    norms = _norms(model)
+    assert len(norms) == 1 + 2 * cfg.n_layers + 1 + 1  # embeddings, layers, final norm, MLM head
+    assert all(isinstance(m, RMSNorm) and m.eps == 1e-6 for m in norms)
+    assert isinstance(model.encoder.final_norm, RMSNorm) and isinstance(model.head.norm, RMSNorm)
+    assert all(torch.equal(m.weight, torch.ones(cfg.d_model)) for m in norms)  # init_weights: γ = 1
+
+
+def test_final_norm_follows_norm_type_and_norm_bias():
+    enc, _ = _encoder(norm="pre", norm_bias=False)
+    assert isinstance(enc.final_norm, nn.LayerNorm) and enc.final_norm.bias is None
+
+
+def test_bias_free_encoder_has_no_bias_parameter():
+    enc, cfg = _encoder(norm_bias=False, mlp_bias=False, attention_bias=False)
+    names = [n for n, _ in enc.named_parameters()]
+    assert names and not [n for n in names if "bias" in n]
+    assert all(m.bias is None for m in _norms(enc))
+    with_bias = [n for n, _ in _encoder()[0].named_parameters() if "bias" in n]
+    assert len(with_bias) == 1 + cfg.n_layers * 6  # emb norm; qkv, out, ff1, ff2, norm1, norm2
+    # init_weights on LayerNorms without β: γ = 1 after any change
+    with torch.no_grad():
+        for m in _norms(enc):
+            m.weight.mul_(3.0)
+    init_weights(enc, 0.02)
+    assert all(torch.equal(m.weight, torch.ones(cfg.d_model)) for m in _norms(enc))
+
+
+def test_gated_feed_forward_is_built_from_the_config():
+    enc, cfg = _encoder(feed_forward="glu", activation="silu", mlp_bias=False)
+    for layer in enc.layers:
+        ff = layer.feed_forward
+        assert isinstance(ff, GatedFeedForward) and ff.activation_name == "silu"
+        assert ff.linear1.weight.shape == (2 * cfg.d_ff, cfg.d_model) and ff.linear1.bias is None
+        assert ff.linear2.weight.shape == (cfg.d_model, cfg.d_ff) and ff.linear2.bias is None
+    assert all(isinstance(layer.feed_forward, FeedForward) for layer in _encoder()[0].layers)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_embed_scale_multiplies_token_embeddings_by_sqrt_c(scale):
+    enc, cfg = _encoder(dropout=0.0, embed_scale=scale)
+    ids = _ids(cfg)
+    seg = torch.randint(0, cfg.type_vocab_size, (B, T))
+    e = enc.embeddings
+    s = 24 ** 0.5 if scale else 1.0  # C = 24
+    with torch.no_grad():
+        x = e.tokens.weight[ids] * s + e.positions.weight[:T] + e.segments.weight[seg]  # by hand
+        mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+        want = (x - mean) / torch.sqrt(var + cfg.layer_norm_eps) * e.norm.weight + e.norm.bias
+        got = enc(ids, token_type_ids=seg, output_hidden_states=True).hidden_states[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_first_attention_norm_false_skips_only_the_first_layers_attention_norm():
+    enc, cfg = _encoder(norm="pre", first_attention_norm=False, n_layers=3)
+    assert isinstance(enc.layers[0].norm1, nn.Identity)
+    assert all(isinstance(layer.norm1, nn.LayerNorm) for layer in enc.layers[1:])
+    assert all(isinstance(layer.norm2, nn.LayerNorm) for layer in enc.layers)
+    assert not any(isinstance(layer.norm1, nn.Identity) for layer in _encoder(norm="pre")[0].layers)
+
+
+def test_modern_variants_train_and_packed_equals_padded():
+    enc, cfg = _encoder(**_MODERN)
+    ids = _ids(cfg)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 4:] = False
+    ids = ids.masked_fill(~mask, cfg.pad_token_id)
+    want = enc(ids, mask).last_hidden_state
+    packed = enc.forward_packed(PackedBatch.from_padded(ids, mask)).last_hidden_state  # (N,C)
+    torch.testing.assert_close(packed, want[mask], atol=1e-5, rtol=1e-5)
+    enc.train()
+    enc(ids, mask).last_hidden_state.sum().backward()
+    assert all(p.grad is not None for p in enc.parameters())

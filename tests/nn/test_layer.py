@@ -6,15 +6,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.models.builders import build_attention
-from qkv.nn.layer import FeedForward, TransformerLayer
+from qkv.nn.layer import FEED_FORWARDS, FeedForward, GatedFeedForward, TransformerLayer
+from qkv.nn.norms import RMSNorm
 
 B, T, C, H, FF = 5, 7, 24, 3, 40
 
 
 def _layer(norm, activation="gelu", dropout=0.0):
     att = build_attention(C, H)
-    return TransformerLayer(att, FeedForward(C, FF, activation=activation), d_model=C, norm=norm,
-                            dropout=dropout, layer_norm_eps=1e-5)
+    return TransformerLayer(att, FeedForward(C, FF, activation=activation), norm1=nn.LayerNorm(C, eps=1e-5),
+                            norm2=nn.LayerNorm(C, eps=1e-5), norm=norm, dropout=dropout)
 
 
 def _randomise(module):
@@ -46,6 +47,93 @@ def test_feed_forward_matches_formula(activation):
     act = F.gelu if activation == "gelu" else F.relu
     want = act(x @ ff.linear1.weight.T + ff.linear1.bias) @ ff.linear2.weight.T + ff.linear2.bias
     torch.testing.assert_close(ff(x), want, atol=1e-6, rtol=1e-6)
+
+
+def _randomised_glu(activation, bias=True):
+    torch.manual_seed(2)
+    ff = GatedFeedForward(C, FF, activation=activation, bias=bias)
+    _randomise(ff)
+    return ff
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_geglu_matches_modernbert_mlp(bias):
+    from transformers import ModernBertConfig
+    from transformers.models.modernbert.modeling_modernbert import ModernBertMLP
+
+    ff = _randomised_glu("gelu", bias)
+    ref = ModernBertMLP(ModernBertConfig(hidden_size=C, intermediate_size=FF, hidden_activation="gelu",
+                                         mlp_bias=bias, num_attention_heads=H)).eval()
+    with torch.no_grad():
+        ref.Wi.weight.copy_(ff.linear1.weight)  # (2F,C): [input; gate] rows, ModernBERT's order
+        ref.Wo.weight.copy_(ff.linear2.weight)
+        if bias:
+            ref.Wi.bias.copy_(ff.linear1.bias)
+            ref.Wo.bias.copy_(ff.linear2.bias)
+    x = torch.randn(B, T, C)
+    with torch.no_grad():
+        want = ref(x)
+    torch.testing.assert_close(ff(x), want, atol=1e-5, rtol=1e-5)  # autograd path
+    with torch.no_grad():
+        torch.testing.assert_close(ff(x), want, atol=1e-5, rtol=1e-5)  # in-place path
+    assert (ff.linear1.bias is None) == (not bias) and (ff.linear2.bias is None) == (not bias)
+
+
+def test_swiglu_matches_llama_mlp():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    ff = _randomised_glu("silu")
+    ref = LlamaMLP(LlamaConfig(hidden_size=C, intermediate_size=FF, hidden_act="silu", mlp_bias=True,
+                                   num_attention_heads=H, num_key_value_heads=H)).eval()
+    with torch.no_grad():
+        w, b = ff.linear1.weight, ff.linear1.bias  # (2F,C), (2F,)
+        ref.gate_proj.weight.copy_(w[:FF])  # first half: through the activation
+        ref.gate_proj.bias.copy_(b[:FF])
+        ref.up_proj.weight.copy_(w[FF:])  # second half: the gate
+        ref.up_proj.bias.copy_(b[FF:])
+        ref.down_proj.weight.copy_(ff.linear2.weight)
+        ref.down_proj.bias.copy_(ff.linear2.bias)
+        x = torch.randn(B, T, C)
+        want = ref(x)
+        torch.testing.assert_close(ff(x), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ff(x), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "silu"])
+def test_glu_in_place_path_equals_autograd_path(activation):
+    ff = _randomised_glu(activation)
+    x = torch.randn(B, T, C)
+    grad = ff(x)
+    assert grad.requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(ff(x), grad.detach(), atol=0, rtol=0)
+    grad.sum().backward()
+    assert ff.linear1.weight.grad.shape == (2 * FF, C)
+
+
+def test_feed_forward_forms_and_bias_free_mlp():
+    assert FEED_FORWARDS == {"mlp": FeedForward, "glu": GatedFeedForward}
+    ff = FeedForward(C, FF, bias=False)
+    assert [n for n, _ in ff.named_parameters()] == ["linear1.weight", "linear2.weight"]
+    x = torch.randn(B, T, C)
+    torch.testing.assert_close(ff(x), F.gelu(x @ ff.linear1.weight.T) @ ff.linear2.weight.T)
+
+
+def test_identity_first_norm_and_rmsnorm_in_a_pre_ln_layer():
+    """``h = x + Att(x)`` (no first norm), ``y = h + FFN(RMSNorm(h))``, by hand."""
+    att = build_attention(C, H)
+    norm2 = RMSNorm(C, eps=1e-6)
+    layer = TransformerLayer(att, FeedForward(C, FF), norm1=nn.Identity(), norm2=norm2, norm="pre",
+                             dropout=0.0).eval()
+    _randomise(layer)
+    x = torch.randn(B, T, C)
+    with torch.no_grad():
+        h = x + att(x).output
+        want = h + layer.feed_forward(h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-6) * norm2.weight)
+        torch.testing.assert_close(layer(x).output, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="norm1=nn.Identity\\(\\) needs norm='pre'"):
+        TransformerLayer(att, FeedForward(C, FF), norm1=nn.Identity(), norm2=norm2, norm="post")
 
 
 def test_unknown_activation():
@@ -105,4 +193,5 @@ def test_dropout_off_in_eval_and_active_in_train():
 
 def test_unknown_norm():
     with pytest.raises(ValueError, match="unknown norm placement 'mid'; allowed: post, pre"):
-        TransformerLayer(build_attention(C, H), FeedForward(C, FF), d_model=C, norm="mid")
+        TransformerLayer(build_attention(C, H), FeedForward(C, FF), norm1=nn.LayerNorm(C), norm2=nn.LayerNorm(C),
+                         norm="mid")

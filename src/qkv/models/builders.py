@@ -4,11 +4,13 @@
 ``build_task_model(config, task)``
 assemble plain-argument modules from :mod:`qkv.nn` and :mod:`qkv.models` and initialise them as
 BERT does (normal(0, ``initializer_range``) for linear and embedding weights, zero biases, unit
-LayerNorms, a zero padding row). ``attach_task_head(model, task)`` puts a task head on a loaded
+norm scales γ and zero β, a zero padding row). ``attach_task_head(model, task)`` puts a task head on a loaded
 encoder or masked-LM model (for fine-tuning).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -18,14 +20,14 @@ from qkv.models.errors import CheckpointError
 from qkv.models.heads import SequenceClassifier, TaskConfig, TaskModel, TokenClassifier
 from qkv.nn.attention import MultiHeadAttention, check_heads
 from qkv.nn.encoder import Embeddings, Encoder
-from qkv.nn.layer import FeedForward, TransformerLayer
+from qkv.nn.layer import FEED_FORWARDS, TransformerLayer
+from qkv.nn.norms import RMSNorm, build_norm
 from qkv.nn.pooler import Pooler
 from qkv.nn.positional import build_positions
 from qkv.nn.similarity import SIMILARITIES, build_similarity
 
-__all__ = ["build_attention", "build_layer", "build_encoder", "build_masked_lm", "build_model", "build_task_model", "attach_task_head",
-           "build_discriminator",
-           "init_weights"]
+__all__ = ["build_attention", "build_layer", "build_norm_for", "build_encoder", "build_masked_lm", "build_model",
+           "build_task_model", "attach_task_head", "build_discriminator", "init_weights"]
 
 
 def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot",
@@ -67,8 +69,20 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
     )
 
 
-def build_layer(config: ModelConfig, slots) -> TransformerLayer:
-    """One transformer layer; position slots give each layer its own q/k transform and bias."""
+def build_norm_for(config: ModelConfig, width: int | None = None) -> nn.Module:
+    """A fresh ``config.norm_type`` norm over C, or ``width`` (``layer_norm_eps``, β when
+    ``norm_bias``): every norm of the model (embeddings — E wide with ``embedding_size`` —, layers,
+    final norm, masked-LM head) is one of these."""
+    return build_norm(config.norm_type, width or config.d_model, eps=config.layer_norm_eps, bias=config.norm_bias)
+
+
+def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLayer:
+    """Layer ``index`` of the stack; position slots give each layer its own q/k transform and bias.
+
+    The feed-forward is ``config.feed_forward`` (``mlp`` or gated ``glu``) with ``mlp_bias``. With
+    ``first_attention_norm=False`` (pre-LN) layer 0's attention takes its input unnormalised
+    (``norm1`` is ``nn.Identity()``): the embeddings are normalised already.
+    """
     attention = build_attention(
         config.d_model,
         config.n_heads,
@@ -83,14 +97,16 @@ def build_layer(config: ModelConfig, slots) -> TransformerLayer:
         backend=config.attention_path,
         chunk_size=config.chunk_size,
     )
-    feed_forward = FeedForward(config.d_model, config.d_ff, activation=config.activation)
+    feed_forward = FEED_FORWARDS[config.feed_forward](config.d_model, config.d_ff, activation=config.activation,
+                                                      bias=config.mlp_bias)
+    skip_norm1 = index == 0 and not config.first_attention_norm
     return TransformerLayer(
         attention,
         feed_forward,
-        d_model=config.d_model,
+        norm1=nn.Identity() if skip_norm1 else build_norm_for(config),
+        norm2=build_norm_for(config),
         norm=config.norm,
         dropout=config.dropout,
-        layer_norm_eps=config.layer_norm_eps,
     )
 
 
@@ -117,14 +133,15 @@ def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
         type_vocab_size=config.type_vocab_size,
         positions=None if slots.qk_only else inputs,
         pad_token_id=config.pad_token_id,
-        layer_norm_eps=config.layer_norm_eps,
+        norm=build_norm_for(config, width),
         dropout=config.dropout,
+        token_scale=math.sqrt(config.d_model) if config.embed_scale else 1.0,
     )
     encoder = Encoder(
         embeddings,
-        [build_layer(config, slots) for _ in range(config.n_layers)],
+        [build_layer(config, slots, index=i) for i in range(config.n_layers)],
         max_len=config.max_len,
-        final_norm=nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm == "pre" else None,
+        final_norm=build_norm_for(config) if config.norm == "pre" else None,
         qk_positions=slots.input if slots.qk_only else None,
         pooler=Pooler(config.d_model) if config.pooler else None,
         embed_proj=nn.Linear(width, config.d_model) if width != config.d_model else None,
@@ -165,8 +182,9 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
     head = MaskedLMHead(
         config.d_model,
         config.vocab_size,
+        norm=build_norm_for(config),
         activation=config.activation,
-        layer_norm_eps=config.layer_norm_eps,
+        dense_bias=config.head_bias,
     )
     model = MaskedLM(encoder, head, sparse_prediction=sparse_prediction, config=config)
     if init:
@@ -277,7 +295,9 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
 
 
 def init_weights(model: nn.Module, std: float) -> None:
-    """BERT initialisation of every linear, embedding and LayerNorm in ``model`` (in place).
+    """BERT initialisation of every linear, embedding and norm in ``model`` (in place): normal(0,
+    ``std``) weights, zero biases (where there are any), a zero padding row, norm scales γ = 1 and
+    LayerNorm shifts β = 0 (a LayerNorm without β, an RMSNorm without γ: what there is).
 
     A learned input (or query/key) position table ``weight`` is drawn like BERT's position
     embeddings. Other parameters (similarity temperatures, bilinear maps, position modules'
@@ -293,9 +313,11 @@ def init_weights(model: nn.Module, std: float) -> None:
             if module.padding_idx is not None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        elif isinstance(module, (nn.LayerNorm, RMSNorm)):
+            if module.weight is not None:
+                nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
         elif isinstance(module, (Embeddings, Encoder)):
             table = getattr(module.positions if isinstance(module, Embeddings) else module.qk_positions,
                             "weight", None)

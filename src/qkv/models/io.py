@@ -5,7 +5,9 @@ Two folder formats:
 * **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder" |
   "sequence_classification" | "token_classification" | "discriminator", "config": {…ModelConfig…}}``, plus
   ``"task": {…TaskConfig…}`` for the two task kinds; regression is a ``sequence_classification``
-  whose task says so) and ``model.safetensors`` with qkv tensor names.
+  whose task says so; plus ``"plugins": [{"kind", "name", "module"}]`` when the config uses parts
+  registered outside qkv, :func:`qkv.plugins.plugins_needed`) and ``model.safetensors`` with qkv
+  tensor names.
 * **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA): ``config.json`` with its ``model_type``
   and ``model.safetensors`` or ``pytorch_model.bin``; the latter is read only with
   ``torch.load(weights_only=True)``, which refuses any pickle that would run code. The family's
@@ -37,6 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from qkv import plugins as plugin_registry
 from qkv._fs import write_folder
 from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
@@ -141,12 +144,15 @@ def _build(config: ModelConfig, kind: str, task: TaskConfig | None) -> nn.Module
 _kind = families.kind_of
 
 
-def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
+def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
+         **overrides: Any) -> Pretrained:
     """Load a qkv model folder or a Hugging Face BERT, RoBERTa, DistilBERT or ELECTRA folder:
     ``model, tokenizer = qkv.load(path)``.
 
     Args:
         path: the folder.
+        plugins: plugin modules to import first (:func:`qkv.plugins.import_plugins`), for a model that
+            uses parts registered outside qkv; the installed entry-point plugins load anyway.
         **overrides: :class:`ModelConfig` fields to change (e.g. ``attention_dropout=0.0`` for
             fast fine-tuning; BERT checkpoints carry 0.1, which forces the slow attention path
             while training); not ``pooler``, which the checkpoint decides.
@@ -163,11 +169,14 @@ def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
     Raises:
         CheckpointError: not a checkpoint folder; missing, mis-shaped, unexpected or unknown
             tensors; a head qkv does not support; a config that disagrees with the weights; a
-            pickle that would run code.
+            pickle that would run code; a part of a plugin that is not loaded (naming its module).
+        PluginError: a module of ``plugins`` that could not be imported.
     """
     if "pooler" in overrides:
         raise ValueError("pooler cannot be overridden: it says whether the checkpoint holds a pooler; "
                          "attach_task_head adds one where a task needs it")
+    plugin_registry.load_plugins()
+    plugin_registry.import_plugins(plugins)
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a folder")
@@ -176,6 +185,10 @@ def load(path: str | os.PathLike, **overrides: Any) -> Pretrained:
         if meta.get("format") != "qkv" or meta.get("kind") not in KINDS:
             raise CheckpointError(f"{folder / QKV_CONFIG}: expected format 'qkv' and kind one of "
                                   f"{', '.join(KINDS)}; found {meta.get('format')!r} / {meta.get('kind')!r}")
+        try:  # before the config: its message names the plugin module to load
+            plugin_registry.check_recorded(meta.get("plugins", []), str(folder / QKV_CONFIG))
+        except plugin_registry.PluginError as e:
+            raise CheckpointError(str(e)) from None
         try:
             config = ModelConfig.from_dict({**meta.get("config", {}), **overrides})
         except (ValueError, TypeError) as e:
@@ -258,7 +271,8 @@ def _model_parts(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]
 
 
 def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None) -> Path:
-    """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer. Atomic.
+    """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer. Atomic. ``qkv.json``
+    names the plugin modules that registered parts the config uses (docs/plugins.md).
 
     Args:
         model: a qkv model, or a :class:`Pretrained` (its tokenizer is written too).
@@ -276,6 +290,9 @@ def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=No
             "config": config.to_dict()}
     if task is not None:
         meta["task"] = task.to_dict()
+    needed = plugin_registry.plugins_needed(config)
+    if needed:  # the modules to load before this folder can be: named when they are not
+        meta["plugins"] = needed
 
     def fill(tmp: Path) -> None:
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}

@@ -2,8 +2,9 @@
 
 Legend: B batch, T length, C model width, V vocabulary, N labelled positions in the batch.
 
-Head (BERT's): ``logits = LayerNorm(act(dense(h))) · Eᵀ + b`` with E the encoder's token
-embedding table (tied: one tensor, no copy) and b a per-token bias.
+Head (BERT's, and ModernBERT's): ``logits = Norm(act(dense(h))) · Eᵀ + b`` with E the encoder's
+token embedding table (tied: one tensor, no copy) and b a per-token bias. The norm is the model's
+(LayerNorm with or without β, or RMSNorm); ModernBERT's dense map has no bias.
 
 Sparse prediction: with ``labels``, only the N labelled positions (label ≠ -100; about 15 % of
 tokens in BERT pretraining) go through the head. The vocabulary projection is ``O(N·C·V)``
@@ -51,21 +52,22 @@ class MaskedLMOutput:
 
 
 class MaskedLMHead(nn.Module):
-    """Transform (dense, activation, LayerNorm) and a decoder whose weight is passed in (tied).
+    """Transform (dense, activation, norm) and a decoder whose weight is passed in (tied).
 
     Args:
         d_model: C.
         vocab_size: V (size of the output bias).
+        norm: the transform's norm, ``(…,C) -> (…,C)`` (BERT: a LayerNorm).
         activation: a name in :data:`qkv.nn.layer.ACTIVATIONS` (BERT: ``gelu``).
-        layer_norm_eps: LayerNorm epsilon.
+        dense_bias: a bias in the dense C → C map (BERT: yes; ModernBERT: no).
     """
 
-    def __init__(self, d_model: int, vocab_size: int, *, activation: str = "gelu",
-                 layer_norm_eps: float = 1e-12):
+    def __init__(self, d_model: int, vocab_size: int, *, norm: nn.Module, activation: str = "gelu",
+                 dense_bias: bool = True):
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = nn.Linear(d_model, d_model, bias=dense_bias)
         self.activation = get_activation(activation)
-        self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm = norm
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, h: Tensor, decoder_weight: Tensor) -> Tensor:

@@ -62,16 +62,22 @@ class PackedEncoderOutput:
 
 
 class Embeddings(nn.Module):
-    """Token + position + segment embeddings, then LayerNorm and dropout (BERT's order).
+    """Token + position + segment embeddings, then a norm and dropout (BERT's order)::
+
+        x = Dropout(Norm(s · E[ids] + P[:T] + S[segments]))
+
+    with ``s = token_scale`` (1, BERT; √C with ``embed_scale``, Vaswani et al. 2017 §3.4).
 
     Args:
         vocab_size: V.
         d_model: C.
+        norm: the norm applied to the sum, ``(…,C) -> (…,C)`` (a LayerNorm, RMSNorm, …).
         type_vocab_size: number of segment ids (0: no segment embeddings).
         positions: module ``length -> (T,C)`` added to the token embeddings, or ``None``.
         pad_token_id: row of the token table that starts at zero and gets no gradient.
-        layer_norm_eps: LayerNorm epsilon.
-        dropout: dropout after the LayerNorm.
+        dropout: dropout after the norm.
+        token_scale: the token embeddings are multiplied by it before positions and segments
+            are added.
     """
 
     def __init__(
@@ -79,22 +85,29 @@ class Embeddings(nn.Module):
         vocab_size: int,
         d_model: int,
         *,
+        norm: nn.Module,
         type_vocab_size: int = 2,
         positions: nn.Module | None = None,
         pad_token_id: int | None = 0,
-        layer_norm_eps: float = 1e-12,
         dropout: float = 0.1,
+        token_scale: float = 1.0,
     ):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_token_id)
+        self.token_scale = float(token_scale)
         self.positions = positions
         self.segments = nn.Embedding(type_vocab_size, d_model) if type_vocab_size > 0 else None
-        self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm = norm
         self.dropout = nn.Dropout(dropout)
+
+    def _tokens(self, input_ids: Tensor) -> Tensor:
+        """``s · E[ids]``: ``(…)`` ids -> ``(…,C)``."""
+        x = self.tokens(input_ids)  # (…) -> (…,C)
+        return x * self.token_scale if self.token_scale != 1.0 else x
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """``(B,T)`` ids (and optional ``(B,T)`` segment ids) → ``(B,T,C)``."""
-        x = self.tokens(input_ids)  # (B,T) -> (B,T,C)
+        x = self._tokens(input_ids)  # (B,T) -> (B,T,C)
         if self.positions is not None:
             x = x + self.positions(input_ids.shape[1])  # (B,T,C) + (T,C)
         if self.segments is not None:
@@ -106,7 +119,7 @@ class Embeddings(nn.Module):
 
     def forward_packed(self, input_ids: Tensor, positions: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """Packed ``(N,)`` ids, each token's ``(N,)`` position in its sequence (and segment ids) → ``(N,C)``."""
-        x = self.tokens(input_ids)  # (N,) -> (N,C)
+        x = self._tokens(input_ids)  # (N,) -> (N,C)
         if self.positions is not None and len(positions):
             x = x + self.positions(int(positions.max()) + 1)[positions]  # (T,C)[(N,)] -> (N,C)
         if self.segments is not None:

@@ -4,13 +4,20 @@ Legend: B batch, T length, C model width, F feed-forward width, H heads.
 
 Post-LN (the textbook's and BERT's order)::
 
-    h = LayerNorm(x + Dropout(Attention(x)))
-    y = LayerNorm(h + Dropout(FFN(h)))
+    h = Norm₁(x + Dropout(Attention(x)))
+    y = Norm₂(h + Dropout(FFN(h)))
 
 Pre-LN::
 
-    h = x + Dropout(Attention(LayerNorm(x)))
-    y = h + Dropout(FFN(LayerNorm(h)))
+    h = x + Dropout(Attention(Norm₁(x)))
+    y = h + Dropout(FFN(Norm₂(h)))
+
+The norms are given (a LayerNorm, with or without β, or an RMSNorm; see :mod:`qkv.nn.norms`); a
+pre-LN layer may take ``nn.Identity()`` as ``Norm₁`` when its input is already normalised
+(ModernBERT's first layer).
+
+Feed-forward forms (:data:`FEED_FORWARDS`): ``mlp`` = ``W₂ act(W₁ x)`` (:class:`FeedForward`) and
+``glu`` = ``W₂ (act(W x) ⊙ V x)`` (:class:`GatedFeedForward`, Shazeer 2020: GeGLU, SwiGLU).
 
 Dropout sits where BERT puts it: on each sublayer's output before the residual sum (and, inside
 attention, optionally on the weights). None after the feed-forward activation.
@@ -26,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "FEED_FORWARDS", "FeedForward", "TransformerLayer", "LayerOutput"]
+__all__ = ["ACTIVATIONS", "FEED_FORWARDS", "FeedForward", "GatedFeedForward", "TransformerLayer", "LayerOutput"]
 
 #: Feed-forward non-linearities by name (``gelu`` is the exact erf form used by BERT).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -35,10 +42,6 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "silu": F.silu,
 }
-
-#: Feed-forward forms: ``mlp`` = ``W₂ act(W₁ x)``; ``glu`` = gated, ``W₂ (act(W x) ⊙ V x)``.
-FEED_FORWARDS = ("mlp", "glu")
-
 
 #: The same non-linearities written into their input (used without autograd, to save a copy).
 _INPLACE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -70,23 +73,65 @@ class FeedForward(nn.Module):
         super().__init__()
         self.activation_name = activation
         self.activation = get_activation(activation)
-        self._activation_ = _INPLACE_ACTIVATIONS.get(activation)
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(…,C)`` → ``(…,C)``."""
         h = self.linear1(x)  # (…,C) -> (…,F)
-        return self.linear2(self._activate(h))  # (…,F) -> (…,C)
-
-    def _activate(self, h: Tensor) -> Tensor:
-        """The activation, written into ``h`` when no graph keeps ``h`` (saves a copy)."""
-        if self._activation_ is not None and not h.requires_grad:
-            return self._activation_(h)
-        return self.activation(h)
+        return self.linear2(_activate(self.activation_name, h))  # (…,F) -> (…,C)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name!r}"
+
+
+class GatedFeedForward(nn.Module):
+    """Gated feed-forward network (Shazeer 2020, "GLU Variants Improve Transformer")::
+
+        u, g = split(linear1(x))        # one fused C → 2F map: u = W x, g = V x
+        y = linear2(act(u) ⊙ g)         # F → C
+
+    GeGLU with ``activation="gelu"`` (ModernBERT), SwiGLU with ``"silu"`` (LLaMA, NeoBERT). The
+    first half of ``linear1``'s output goes through the activation, the second half is the gate
+    (ModernBERT's ``Wi`` order; LLaMA's ``gate_proj`` rows are the first half, ``up_proj`` the
+    second). At equal parameter count F is usually ⅔ of the plain MLP's.
+
+    Args:
+        d_model: model width C.
+        d_ff: gated hidden width F (``linear1`` is C → 2F).
+        activation: a name in :data:`ACTIVATIONS`.
+        bias: biases in both linear maps.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", bias: bool = True):
+        super().__init__()
+        self.activation_name = activation
+        self.activation = get_activation(activation)
+        self.linear1 = nn.Linear(d_model, 2 * d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(…,C)`` → ``(…,C)``."""
+        u, g = self.linear1(x).chunk(2, dim=-1)  # (…,C) -> (…,2F) -> 2 × (…,F)
+        a = _activate(self.activation_name, u)  # (…,F)
+        h = a * g if a.requires_grad else a.mul_(g)  # (…,F) ⊙ (…,F); no graph: into u's half
+        return self.linear2(h)  # (…,F) -> (…,C)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation_name!r}, gated"
+
+
+def _activate(name: str, h: Tensor) -> Tensor:
+    """The activation ``name`` of ``h``, written into ``h`` when no graph keeps it (saves a copy;
+    ``h`` must be a fresh tensor, or a part of one, that nothing else reads)."""
+    inplace = _INPLACE_ACTIVATIONS.get(name)
+    if inplace is not None and not h.requires_grad:
+        return inplace(h)
+    return ACTIVATIONS[name](h)
+
+
+#: Feed-forward forms by name: ``mlp`` = ``W₂ act(W₁ x)``; ``glu`` = gated, ``W₂ (act(W x) ⊙ V x)``.
+FEED_FORWARDS: dict[str, type[FeedForward]] = {"mlp": FeedForward, "glu": GatedFeedForward}
 
 
 @dataclass
@@ -110,10 +155,11 @@ class TransformerLayer(nn.Module):
             :class:`qkv.nn.attention.MultiHeadAttention` (``forward(x, padding_mask, need_weights=,
             qk_pos=) -> AttentionOutput`` and ``forward_packed(x, lengths, qk_pos)``).
         feed_forward: a module ``(…,C) -> (…,C)``, e.g. :class:`FeedForward`.
-        d_model: model width C (for the LayerNorms).
+        norm1: the attention sublayer's norm, ``(…,C) -> (…,C)`` (``nn.Identity()`` allowed
+            pre-LN only: the input is then used as it comes).
+        norm2: the feed-forward sublayer's norm.
         norm: ``"post"`` (BERT) or ``"pre"``, chosen here once.
         dropout: dropout on each sublayer output before the residual sum.
-        layer_norm_eps: LayerNorm epsilon.
     """
 
     def __init__(
@@ -121,18 +167,21 @@ class TransformerLayer(nn.Module):
         attention: nn.Module,
         feed_forward: nn.Module,
         *,
-        d_model: int,
+        norm1: nn.Module,
+        norm2: nn.Module,
         norm: str = "post",
         dropout: float = 0.1,
-        layer_norm_eps: float = 1e-12,
     ):
         super().__init__()
         if norm not in ("post", "pre"):
             raise ValueError(f"unknown norm placement {norm!r}; allowed: post, pre")
+        if norm == "post" and isinstance(norm1, nn.Identity):
+            raise ValueError("norm1=nn.Identity() needs norm='pre': a post-LN layer must normalise its "
+                             "residual sum")
         self.attention = attention
         self.feed_forward = feed_forward
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)  # attention sublayer
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)  # feed-forward sublayer
+        self.norm1 = norm1  # attention sublayer
+        self.norm2 = norm2  # feed-forward sublayer
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = norm == "pre"
         self._sublayers = self._pre_ln if self.pre_norm else self._post_ln
@@ -180,12 +229,12 @@ class TransformerLayer(nn.Module):
         return self._sublayers(x, lambda h: self.attention.forward_packed(h, lengths, qk_pos).output)
 
     def _post_ln(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
-        """``h = LN(x + Drop(Att(x)))``, ``y = LN(h + Drop(FFN(h)))``."""
+        """``h = Norm₁(x + Drop(Att(x)))``, ``y = Norm₂(h + Drop(FFN(h)))``."""
         h = self.norm1(_residual(self.dropout(attend_fn(x)), x))
         return self.norm2(_residual(self.dropout(self.feed_forward(h)), h))
 
     def _pre_ln(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
-        """``h = x + Drop(Att(LN(x)))``, ``y = h + Drop(FFN(LN(h)))``."""
+        """``h = x + Drop(Att(Norm₁(x)))``, ``y = h + Drop(FFN(Norm₂(h)))``."""
         h = _residual(self.dropout(attend_fn(self.norm1(x))), x)
         return _residual(self.dropout(self.feed_forward(self.norm2(h))), h)
 

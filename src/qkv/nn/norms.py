@@ -7,7 +7,8 @@ Legend: C the normalised width (the last dimension).
   no bias.
 
 ``bias=False`` gives a LayerNorm without β (ModernBERT's ``norm_bias=False``). Adding a norm is one
-decorated factory: ``@register_norm("name")`` taking ``(width, *, eps, bias)``.
+decorated factory: ``@register_norm("name")`` taking ``(width, *, eps, bias)``; in a module outside
+qkv, that module is a plugin (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from qkv import plugins
+
 __all__ = ["NORM_TYPES", "RMSNorm", "build_norm", "register_norm"]
 
 #: Norm factories by name: ``factory(width, *, eps, bias) -> nn.Module``.
@@ -24,12 +27,15 @@ NORM_TYPES: dict[str, Callable[..., nn.Module]] = {}
 
 
 def register_norm(name: str):
-    """Register a norm factory ``(width, *, eps, bias) -> nn.Module`` under ``name``."""
+    """Register a norm factory ``(width, *, eps, bias) -> nn.Module`` under ``name`` (the defining
+    module is recorded: :func:`qkv.plugins.registered_by`)."""
 
     def deco(factory):
         if name in NORM_TYPES:
-            raise ValueError(f"norm {name!r} is already registered")
+            raise ValueError(f"norm {name!r} is already registered "
+                             f"(by {plugins.registered_by('norm', name)})")
         NORM_TYPES[name] = factory
+        plugins.record_part("norm", name, factory)
         return factory
 
     return deco
@@ -38,7 +44,9 @@ def register_norm(name: str):
 def build_norm(name: str, width: int, *, eps: float, bias: bool = True) -> nn.Module:
     """The norm registered as ``name`` over the last dimension of width ``width``."""
     if name not in NORM_TYPES:
-        raise ValueError(f"unknown norm {name!r}; allowed: {', '.join(sorted(NORM_TYPES))}")
+        plugins.load_plugins()  # a miss: the installed plugins may register it
+    if name not in NORM_TYPES:
+        raise ValueError(plugins.unknown_part("norm", name, sorted(NORM_TYPES)))
     return NORM_TYPES[name](width, eps=eps, bias=bias)
 
 

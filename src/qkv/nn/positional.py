@@ -17,11 +17,13 @@ Self-attention is permutation-equivariant; these modules tell it word order thro
 
 :func:`build_positions` turns a name into :class:`PositionSlots`; an encoder adds ``input`` to its
 embeddings (or passes it to each layer as ``qk_pos``) and asks the slots for a new q/k transform
-and score bias per layer. See docs/positions.md for the formulas and when to use each.
+and score bias per layer. Each scheme, built-in or a plugin's, is one factory registered into one
+slot with :func:`register_position`. See docs/positions.md for the formulas and when to use each.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,11 +31,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from qkv import plugins
 from qkv.nn.offset_bias import OffsetBias
 
 __all__ = [
     "POSITIONS",
+    "POSITION_SCHEMES",
+    "SLOTS",
+    "PositionScheme",
+    "PositionSizes",
     "PositionSlots",
+    "register_position",
     "build_positions",
     "SinusoidalPositions",
     "LearnedPositions",
@@ -47,8 +55,6 @@ __all__ = [
     "offsets",
 ]
 
-POSITIONS = ("none", "sinusoidal", "learned", "relative", "relative-alibi", "t5", "alibi", "rope")
-_ABSOLUTE = ("sinusoidal", "learned")
 
 
 def offsets(q_len: int, k_len: int, device=None) -> Tensor:
@@ -318,6 +324,70 @@ class PositionSlots:
         return self.score_bias_factory() if self.score_bias_factory is not None else None
 
 
+@dataclass(frozen=True)
+class PositionSizes:
+    """What a position scheme's factory is built from (the arguments of :func:`build_positions`).
+
+    Attributes:
+        d_model: C. n_heads: H. d_head: D = C / H. max_len: rows of absolute tables.
+        max_distance: relative clip distance / end of T5's log buckets. num_buckets: T5's buckets.
+        rope_base: the rotary angle base. offset: first row of the learned table used
+        (RoBERTa's pad id + 1; only ``learned`` takes one).
+    """
+
+    d_model: int
+    n_heads: int
+    d_head: int
+    max_len: int
+    max_distance: int = 128
+    num_buckets: int = 32
+    rope_base: float = 10000.0
+    offset: int = 0
+
+
+#: The slots a position scheme fills (see :class:`PositionSlots`).
+SLOTS = ("input", "qk_transform", "score_bias")
+
+
+@dataclass(frozen=True)
+class PositionScheme:
+    """A registered position scheme: its ``slot`` (one of :data:`SLOTS`, ``None`` for ``none``) and
+    ``factory(sizes: PositionSizes) -> nn.Module`` (``input``: called once; the others: once per layer)."""
+
+    name: str
+    slot: str | None
+    factory: Callable[[PositionSizes], nn.Module | None]
+
+
+#: Registered position schemes by name, the built-in ones (:data:`POSITIONS`) first.
+POSITION_SCHEMES: dict[str, PositionScheme] = {}
+
+
+def register_position(name: str, *, slot: str | None):
+    """Decorator: register ``factory(sizes: PositionSizes) -> nn.Module`` as position scheme ``name``.
+
+    ``slot`` says what the module is: ``"input"`` — ``forward(T) -> (T, C)`` added to the embeddings
+    (or, with ``position_qk_only``, to the query/key inputs); ``"qk_transform"`` —
+    ``forward(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors, one per layer; ``"score_bias"`` —
+    ``forward(T, S) ->`` an :class:`OffsetBias` or a float tensor broadcastable to ``(B,H,T,S)``,
+    one per layer. The defining module is recorded (:func:`qkv.plugins.registered_by`); outside qkv
+    it is a plugin (docs/plugins.md).
+    """
+    if slot is not None and slot not in SLOTS:
+        raise ValueError(f"register_position({name!r}): slot={slot!r} is not allowed; allowed: "
+                         f"{', '.join(SLOTS)}")
+
+    def deco(factory):
+        if name in POSITION_SCHEMES:
+            raise ValueError(f"position scheme {name!r} is already registered "
+                             f"(by {plugins.registered_by('position', name)})")
+        POSITION_SCHEMES[name] = PositionScheme(name, slot, factory)
+        plugins.record_part("position", name, factory)
+        return factory
+
+    return deco
+
+
 def build_positions(
     name: str,
     *,
@@ -330,11 +400,11 @@ def build_positions(
     rope_base: float = 10000.0,
     offset: int = 0,
 ) -> PositionSlots:
-    """The slots of position encoding ``name`` (one of :data:`POSITIONS`).
+    """The slots of position scheme ``name`` (one of :data:`POSITION_SCHEMES`).
 
     Args:
         name: ``none``, ``sinusoidal``, ``learned``, ``relative``, ``relative-alibi``, ``t5``,
-            ``alibi`` or ``rope``.
+            ``alibi``, ``rope`` or a registered one (:func:`register_position`).
         d_model: C. n_heads: H (must divide C). max_len: rows of the absolute tables.
         qk_only: absolute encodings only — add them where q and k are computed, not to the values.
         max_distance: clip distance of ``relative``; end of the log buckets of ``t5``.
@@ -344,36 +414,47 @@ def build_positions(
     Raises:
         ValueError: an unknown name, ``qk_only`` with a non-absolute encoding, bad sizes.
     """
-    if name not in POSITIONS:
-        raise ValueError(f"unknown position encoding {name!r}; allowed: {', '.join(POSITIONS)}")
-    if qk_only and name not in _ABSOLUTE:
+    if name not in POSITION_SCHEMES:
+        plugins.load_plugins()  # a miss: the installed plugins may register it
+    if name not in POSITION_SCHEMES:
+        raise ValueError(plugins.unknown_part("position encoding", name, POSITION_SCHEMES))
+    scheme = POSITION_SCHEMES[name]
+    if qk_only and scheme.slot != "input":
+        absolute = [n for n, s in POSITION_SCHEMES.items() if s.slot == "input"]
         raise ValueError(
             f"qk_only=True adds an absolute encoding to the query/key inputs; it needs one of "
-            f"{', '.join(_ABSOLUTE)}, got {name!r} (relative encodings act on q, k or scores already)"
+            f"{', '.join(absolute)}, got {name!r} (relative encodings act on q, k or scores already)"
         )
     _check_positive(d_model=d_model, n_heads=n_heads, max_len=max_len)
     if d_model % n_heads:
         raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
-    d_head = d_model // n_heads
-    if name == "sinusoidal":
-        return PositionSlots(SinusoidalPositions(max_len, d_model), qk_only)
     if offset and name != "learned":
         raise ValueError(f"a position offset ({offset}) needs the learned table; position={name!r} has none")
-    if name == "learned":
-        return PositionSlots(LearnedPositions(max_len, d_model, offset=offset), qk_only)
-    if name == "rope":
-        RotaryEmbedding(d_head, rope_base)  # validate now, not at the first layer
-        return PositionSlots(None, False, qk_transform_factory=lambda: RotaryEmbedding(d_head, rope_base))
-    factories = {
-        "relative": lambda: RelativePositionBias(n_heads, max_distance),
-        "relative-alibi": lambda: RelativePositionBias(n_heads, max_distance, init="alibi"),
-        "t5": lambda: T5RelativeBias(n_heads, num_buckets, max_distance),
-        "alibi": lambda: ALiBiBias(n_heads),
-    }
-    if name in factories:
-        factories[name]()  # validate now
-        return PositionSlots(None, False, score_bias_factory=factories[name])
-    return PositionSlots(None, False)
+    sizes = PositionSizes(d_model, n_heads, d_model // n_heads, max_len, max_distance, num_buckets, rope_base,
+                          offset)
+    if scheme.slot is None:
+        return PositionSlots(None, False)
+    if scheme.slot == "input":
+        return PositionSlots(scheme.factory(sizes), qk_only)
+    scheme.factory(sizes)  # validate now, not at the first layer
+    make = functools.partial(scheme.factory, sizes)
+    if scheme.slot == "qk_transform":
+        return PositionSlots(None, False, qk_transform_factory=make)
+    return PositionSlots(None, False, score_bias_factory=make)
+
+
+# the built-in schemes, registered as a plugin's would be (in the order of POSITIONS)
+register_position("none", slot=None)(lambda s: None)
+register_position("sinusoidal", slot="input")(lambda s: SinusoidalPositions(s.max_len, s.d_model))
+register_position("learned", slot="input")(lambda s: LearnedPositions(s.max_len, s.d_model, offset=s.offset))
+register_position("relative", slot="score_bias")(lambda s: RelativePositionBias(s.n_heads, s.max_distance))
+register_position("relative-alibi", slot="score_bias")(
+    lambda s: RelativePositionBias(s.n_heads, s.max_distance, init="alibi"))
+register_position("t5", slot="score_bias")(lambda s: T5RelativeBias(s.n_heads, s.num_buckets, s.max_distance))
+register_position("alibi", slot="score_bias")(lambda s: ALiBiBias(s.n_heads))
+register_position("rope", slot="qk_transform")(lambda s: RotaryEmbedding(s.d_head, s.rope_base))
+#: The built-in position schemes' names.
+POSITIONS = tuple(POSITION_SCHEMES)
 
 
 def _check_positive(**values) -> None:

@@ -11,7 +11,8 @@ Every similarity is a small ``nn.Module`` with
 * ``cost_per_score``: elements of work memory one score needs on the explicit path (1 for the dot
   family, A for additive), used to size query chunks.
 
-Adding a similarity is one decorated class: ``@register_similarity("name")``.
+Adding a similarity is one decorated class: ``@register_similarity("name")``; in a module outside
+qkv, that module is a plugin (docs/plugins.md): :mod:`qkv.plugins` records it as the part's origin.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkv import plugins
 
 __all__ = [
     "SIMILARITIES",
@@ -38,13 +41,16 @@ SIMILARITIES: dict[str, Callable[..., nn.Module]] = {}
 
 
 def register_similarity(name: str):
-    """Class decorator: make a similarity available by ``name`` to :func:`build_similarity`."""
+    """Class decorator: make a similarity available by ``name`` to :func:`build_similarity` (the
+    defining module is recorded: :func:`qkv.plugins.registered_by`)."""
 
     def deco(cls):
         if name in SIMILARITIES:
-            raise ValueError(f"similarity {name!r} is already registered")
+            raise ValueError(f"similarity {name!r} is already registered (by "
+                             f"{plugins.registered_by('similarity', name)})")
         SIMILARITIES[name] = cls
         cls.name = name
+        plugins.record_part("similarity", name, cls)
         return cls
 
     return deco
@@ -53,9 +59,9 @@ def register_similarity(name: str):
 def build_similarity(name: str, *, n_heads: int, d_head: int, **kwargs) -> nn.Module:
     """Build the similarity registered as ``name`` for ``n_heads`` heads of width ``d_head``."""
     if name not in SIMILARITIES:
-        raise ValueError(
-            f"unknown similarity {name!r}; allowed: {', '.join(sorted(SIMILARITIES))}"
-        )
+        plugins.load_plugins()  # a miss: the installed plugins may register it
+    if name not in SIMILARITIES:
+        raise ValueError(plugins.unknown_part("similarity", name, sorted(SIMILARITIES)))
     return SIMILARITIES[name](n_heads=n_heads, d_head=d_head, **kwargs)
 
 

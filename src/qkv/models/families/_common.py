@@ -173,6 +173,13 @@ _PLAIN = {"n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads), "None: one
           "activation": (lambda c: c.activation in ACT_TO_HF, f"one of {', '.join(ACT_TO_HF)}")}
 
 
+def head_bias_reasons(config: ModelConfig, kind: str, name: str) -> list[str]:
+    """The refusal of a masked-LM head without the dense bias every family here has."""
+    if kind == "masked_lm" and not config.head_bias:
+        return [f"head_bias=False ({name}'s masked-LM head has a dense bias: needs True)"]
+    return []
+
+
 def refuse_unexpressible(config: ModelConfig, name: str, needs: dict[str, Any], extra: list[str] | None = None) -> None:
     """Raise :class:`CheckpointError` naming every field of ``config`` the family ``name`` cannot
     express: those of :data:`_PLAIN` and the family's own ``needs`` (field → value, or a

@@ -31,7 +31,7 @@ from torch import Tensor
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, architectures,
-                                         check_plan, kind_of, label_fields, labels_from_hf,
+                                         check_plan, head_bias_reasons, kind_of, label_fields, labels_from_hf,
                                          refuse_unexpressible, state_from_plan, tensors_from_plan)
 from qkv.models.heads import TaskConfig
 
@@ -263,6 +263,7 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
         extra.append("type_vocab_size=0 (BERT needs ≥ 1)")
     if task is not None and task.is_sequence and task.pooling != "pooler":
         extra.append(f"pooling={task.pooling!r} ({_SEQUENCE} classifies the BERT pooler's output: needs 'pooler')")
+    extra += head_bias_reasons(config, kind, NAME)
     if kind not in ARCHITECTURES:
         extra.append(f"kind {kind!r} (BERT has no such head; it has {', '.join(ARCHITECTURES)})")
     refuse_unexpressible(config, NAME, {"embedding_size": (lambda c: c.embedding_size in (None, c.d_model),

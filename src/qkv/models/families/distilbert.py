@@ -29,9 +29,9 @@ from torch import Tensor
 
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
-from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, architectures, check_plan,
-                                         label_fields, refuse_unexpressible, state_from_plan, tensors_from_plan,
-                                         token_task)
+from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, architectures,
+                                         check_plan, head_bias_reasons, label_fields, refuse_unexpressible,
+                                         state_from_plan, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "distilbert"
@@ -140,6 +140,7 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     """The Hugging Face DistilBERT ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option DistilBERT cannot express."""
     extra = []
+    extra += head_bias_reasons(config, kind, NAME)
     if kind not in ARCHITECTURES:
         extra.append(f"kind {kind!r} (qkv writes DistilBERT as {', '.join(ARCHITECTURES.values())}; "
                      "DistilBertForSequenceClassification's head is two layers, qkv's one)")

@@ -27,8 +27,8 @@ from torch import Tensor
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.families import bert
-from qkv.models.families._common import (Imported, architectures, check_plan, label_fields, refuse_unexpressible,
-                                         state_from_plan, tensors_from_plan, token_task)
+from qkv.models.families._common import (Imported, architectures, check_plan, head_bias_reasons, label_fields,
+                                         refuse_unexpressible, state_from_plan, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "roberta"
@@ -119,6 +119,7 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     extra = []
     if config.type_vocab_size < 1:
         extra.append("type_vocab_size=0 (RoBERTa needs ≥ 1)")
+    extra += head_bias_reasons(config, kind, NAME)
     if kind not in ARCHITECTURES:
         extra.append(f"kind {kind!r} (qkv writes RoBERTa as {', '.join(ARCHITECTURES.values())}; "
                      "RobertaForSequenceClassification's head is two layers, qkv's one)")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from qkv import plugins
 from qkv.nn.stages import AttendOutput, Bias
 
 __all__ = ["AttendCall", "Features", "Backend", "BACKENDS", "register_backend", "backend_names",
@@ -159,15 +160,18 @@ BACKENDS: dict[str, Backend] = {}
 
 
 def register_backend(name: str, *, builtin: bool = False):
-    """Class decorator: register an instance of a :class:`Backend` subclass as ``name``."""
+    """Class decorator: register an instance of a :class:`Backend` subclass as ``name`` (the defining
+    module is recorded: :func:`qkv.plugins.registered_by`; outside qkv, a plugin: docs/plugins.md)."""
 
     def deco(cls):
         if name in BACKENDS or name == "auto":
-            raise ValueError(f"attention backend {name!r} is already registered")
+            raise ValueError(f"attention backend {name!r} is already registered "
+                             f"(by {plugins.registered_by('backend', name) or 'qkv'})")
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
             raise ValueError(f"register_backend({name!r}) needs a subclass of qkv.nn.backends.Backend")
         cls.name, cls.builtin = name, builtin
         BACKENDS[name] = cls()
+        plugins.record_part("backend", name, cls)
         return cls
 
     return deco
