@@ -60,7 +60,8 @@ def check_pooling(pooling) -> str:
     modes = [m.strip() for m in modes]
     for m in modes:
         if m not in POOLINGS:
-            raise EmbeddingError(f"pooling={pooling!r}: unknown mode {m!r}; allowed: {', '.join(POOLINGS)}, "
+            which = f" (mode {m!r})" if len(modes) > 1 else ""
+            raise EmbeddingError(f"pooling={pooling!r} is not allowed{which}; allowed: {', '.join(POOLINGS)}, "
                                  "or several joined with '+' (e.g. 'cls+mean': their vectors concatenated)")
     return "+".join(modes)
 
