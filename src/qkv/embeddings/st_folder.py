@@ -23,7 +23,8 @@ Writing (:func:`save_st_folder`, :func:`convert_to_st`; ``qkv convert SRC DST --
 sentence-transformers``): the encoder as a Hugging Face ``BertModel`` (:func:`qkv.export_hf`), its
 tokenizer, ``modules.json``, ``1_Pooling/config.json`` (``pooling_mode`` as sentence-transformers 6
 writes it), ``2_Normalize`` when normalising, ``sentence_bert_config.json`` (``max_seq_length`` =
-the window, ``do_lower_case`` false) and ``config_sentence_transformers.json``; assembled aside and
+the window, ``do_lower_case`` false; ``add_pooling_layer`` false for an encoder without pooler) and
+``config_sentence_transformers.json``; assembled aside and
 swapped into place (:mod:`qkv._fs`). ``SentenceTransformer(path).encode(texts)`` then equals
 ``qkv.embed(path, texts)`` for texts within the window (sentence-transformers cuts longer texts to
 the window; qkv averages windows unless ``truncate``).
@@ -258,7 +259,8 @@ def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None, ex
              f"{_POOLING_DIR}/config.json": {"embedding_dimension": width,
                                              "pooling_mode": st_modes[0] if len(st_modes) == 1 else st_modes,
                                              "include_prompt": True},
-             _BERT_CONFIG: {"max_seq_length": options.max_len, "do_lower_case": False},
+             _BERT_CONFIG: {"max_seq_length": options.max_len, "do_lower_case": False,
+                            **({} if encoder.config.pooler else {"model_args": {"add_pooling_layer": False}})},
              _ST_CONFIG: {"__version__": {"qkv": __version__}, "model_type": "SentenceTransformer",
                           "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
              **(extra or {})}
