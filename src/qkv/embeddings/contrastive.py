@@ -195,6 +195,7 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
             raise EmbeddingError("supervised training needs at least two distinct labels (negatives)")
         label_of = np.asarray([names.index(str(lab)) for lab in labels], dtype=np.int64)
         by_label = [np.flatnonzero(label_of == k) for k in range(len(names))]
+    declared = folder_defaults(model_path) if Path(model_path).is_dir() else {}  # refusals before training
     overrides = {"attention_dropout": 0.0}
     if cfg.dropout is not None:
         overrides["dropout"] = cfg.dropout
@@ -257,7 +258,6 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     result.seconds = time.perf_counter() - start
     result.final_loss = fixed_loss()
     encoder.eval().to("cpu")
-    declared = folder_defaults(model_path) if Path(model_path).is_dir() else {}
     record = {"pooling": cfg.pooling, "layers": list(layers), "max_len": declared.get("max_len"),
               "normalize": True,
               "training": {"objective": cfg.mode, "config": {**asdict(cfg), "layers": list(layers)},
