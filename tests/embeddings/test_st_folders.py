@@ -170,6 +170,21 @@ def test_refuses_a_module_it_cannot_run(bert_dir, tmp_path):
     assert "module 2" in _error(folder) and "Transformer" in _error(folder)
     (folder / "modules.json").write_text(json.dumps(modules[:1]))
     assert "no Pooling module" in _error(folder)
+    (folder / "modules.json").write_text(json.dumps([{**modules[0], "path": "0_Transformer"}, modules[1]]))
+    assert "the Transformer lives in '0_Transformer'" in _error(folder)
+
+
+def test_normalize_module_and_lower_casing(bert_dir, tmp_path):
+    folder = _st_folder(bert_dir, tmp_path / "st", "mean", True)
+    (folder / "2_Normalize" / "config.json").write_text(json.dumps({"module_input_name": "token_embeddings"}))
+    assert "Normalize acts on 'token_embeddings'" in _error(folder)
+    (folder / "2_Normalize" / "config.json").write_text(json.dumps({}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": True}))
+    np.testing.assert_allclose(qkv.embed(folder, TEXTS, device="cpu"), _encode(folder), atol=1e-5, rtol=0)
+    tok = json.loads((folder / "tokenizer.json").read_text())  # the tokenizer lower-cases: nothing changes
+    tok["normalizer"]["lowercase"] = False
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    assert "do_lower_case is true but the tokenizer does not lower-case" in _error(folder)
 
 
 @pytest.mark.parametrize("change,fragment", [

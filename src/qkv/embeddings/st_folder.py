@@ -177,13 +177,15 @@ def _read_bert_config(folder: Path) -> int | None:
         raise EmbeddingError(f"{path}: the Transformer is not plain text feature extraction (modality_config "
                              "or module_output_name changed); qkv reproduces the last hidden state only")
     tok_args = data.get("processor_kwargs", data.get("tokenizer_args")) or {}
-    other = sorted(set(tok_args) - {"model_max_length"}) if isinstance(tok_args, dict) else ["(not a dict)"]
+    if not isinstance(tok_args, dict):
+        raise EmbeddingError(f"{path}: tokenizer options must be a JSON object, got {tok_args!r}")
     unknown = sorted(set(data) - _HARMLESS - {"transformer_task", "modality_config", "module_output_name",
                                                "max_seq_length", "do_lower_case", "processor_kwargs",
                                                "tokenizer_args"})
-    if other or unknown:
-        raise EmbeddingError(f"{path}: setting {(unknown or [f'tokenizer option {other[0]}'])[0]!r} is not one "
-                             "qkv supports; use sentence-transformers for this model")
+    unknown += [f"tokenizer option {k}" for k in sorted(set(tok_args) - {"model_max_length"})]
+    if unknown:
+        raise EmbeddingError(f"{path}: setting {unknown[0]!r} is not one qkv supports; use sentence-transformers "
+                             "for this model")
     if data.get("do_lower_case") and not _tokenizer_lowercases(folder):
         raise EmbeddingError(f"{path}: do_lower_case is true but the tokenizer does not lower-case; qkv does "
                              "not change texts before tokenising (lower-case them yourself, or set it false)")
