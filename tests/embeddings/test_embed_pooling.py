@@ -109,3 +109,18 @@ def test_run_folder_declares_its_block_length(tiny_model, tmp_path):
     (run / "run.json").write_text(json.dumps({"format": "qkv-run", "train_config": {"max_len": 16}}))
     assert Embedder(run).window == 16 and Embedder(run, max_len=32).window == 32
     assert Embedder(tiny_model).window == 32  # no declaration: the model's position table
+
+
+def test_weightedmean_half_precision_does_not_overflow():
+    """Σ i over 400 positions (80 200) is beyond float16's range; the weights are summed in float32."""
+    from qkv.embeddings.pooling import pool_packed
+    from qkv.nn.packed import PackedBatch
+
+    h = torch.randn(1, 400, 8, generator=torch.Generator().manual_seed(1))
+    ref = (torch.arange(1, 401.0)[:, None] * h[0]).sum(0) / (400 * 401 / 2)
+    mask = torch.ones(1, 400, dtype=torch.bool)
+    got = pool(h.half(), mask, "weightedmean")
+    got_packed = pool_packed(h[0].half(), PackedBatch.from_sequences([list(range(400))]), "weightedmean")
+    assert got.dtype == torch.float16 and torch.isfinite(got).all()
+    torch.testing.assert_close(got[0].float(), ref, atol=5e-3, rtol=0)
+    torch.testing.assert_close(got_packed[0].float(), ref, atol=5e-3, rtol=0)

@@ -128,10 +128,10 @@ def pool(hidden: Tensor, mask: Tensor, pooling) -> Tensor:
             out.append(hidden.gather(1, last).squeeze(1))  # (B,T,C) -> (B,C)
         elif mode == "max":
             out.append(hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(dim=1))  # (B,C)
-        elif mode == "weightedmean":
-            pos = torch.arange(1, hidden.shape[1] + 1, dtype=hidden.dtype, device=hidden.device)  # (T,)
-            w = m * pos[None, :, None]  # (B,T,1) weight i at position i, 0 on padding
-            out.append((hidden * w).sum(dim=1) / w.sum(dim=1))  # (B,T,C) -> (B,C)
+        elif mode == "weightedmean":  # in float32: Σ i reaches n(n+1)/2, beyond float16's range
+            pos = torch.arange(1, hidden.shape[1] + 1, dtype=torch.float32, device=hidden.device)  # (T,)
+            w = m.float() * pos[None, :, None]  # (B,T,1) weight i at position i, 0 on padding
+            out.append(((hidden.float() * w).sum(dim=1) / w.sum(dim=1)).to(hidden.dtype))  # (B,T,C) -> (B,C)
         else:  # mean, mean_sqrt_len
             total = (hidden * m).sum(dim=1)  # (B,T,C) -> (B,C)
             out.append(total / (n if mode == "mean" else n.sqrt()))
@@ -173,15 +173,15 @@ def pool_packed(hidden: Tensor, batch: PackedBatch, pooling) -> Tensor:
         if mode == "cls":
             out.append(hidden[batch.starts])  # (N,C) -> (B,C) each sequence's first token
         elif mode == "lasttoken":
-            out.append(hidden[torch.as_tensor(batch.starts, device=hidden.device) + lengths - 1])  # (B,C)
+            out.append(hidden[batch.starts + lengths - 1])  # (N,C) -> (B,C) each sequence's last token
         elif mode == "max":
             top = hidden.new_full((B, C), torch.finfo(hidden.dtype).min)
             out.append(top.scatter_reduce_(0, seq[:, None].expand(-1, C), hidden, reduce="amax"))  # (B,C)
-        elif mode == "weightedmean":
-            starts = torch.as_tensor(batch.starts, device=hidden.device)
-            pos = (torch.arange(len(seq), device=hidden.device) - starts[seq] + 1).to(hidden.dtype)  # (N,) 1 … n
-            total = hidden.new_zeros(B, C).index_add_(0, seq, hidden * pos[:, None])  # (N,C) -> (B,C)
-            out.append(total / (n * (n + 1) / 2))  # Σ i for i = 1 … n
+        elif mode == "weightedmean":  # in float32, as in pool()
+            pos = (torch.arange(len(seq), device=hidden.device) - batch.starts[seq] + 1).float()  # (N,) 1 … n
+            total = hidden.new_zeros(B, C, dtype=torch.float32).index_add_(0, seq, hidden.float() * pos[:, None])
+            nf = lengths.float().clamp_min(1.0)[:, None]  # (B,1)
+            out.append((total / (nf * (nf + 1) / 2)).to(hidden.dtype))  # (N,C) -> (B,C); Σ i for i = 1 … n
         else:  # mean, mean_sqrt_len
             total = hidden.new_zeros(B, C).index_add_(0, seq, hidden)  # (N,C) -> (B,C) per-sequence sums
             out.append(total / (n if mode == "mean" else n.sqrt()))
