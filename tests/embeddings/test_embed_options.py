@@ -190,11 +190,12 @@ def test_index_records_the_resolved_options_and_reads_old_ones(tiny_model, tmp_p
     # the same keys (and order) as before EmbedOptions: indexes stay readable both ways
     assert meta["embedding"] == {"pooling": "max", "layers": [2], "normalize": True, "max_len": 24,
                                  "stride": 16, "truncate": False}
-    assert index_options(meta) == EmbedOptions(pooling="max", layers=(2,), normalize=True, max_len=24, stride=16)
+    assert index_options(meta) == EmbedOptions(pooling="max", layers=(2,), normalize=True, max_len=24,
+                                               stride=16)
     old = {"format": "qkv-embedding-index", "embedding": {"pooling": "mean", "layers": [2], "normalize": True,
                                                           "max_len": 32, "stride": 22, "truncate": True}}
-    assert index_options(old) == EmbedOptions(pooling="mean", layers=(2,), normalize=True, max_len=32, stride=22,
-                                              truncate=True)
+    assert index_options(old) == EmbedOptions(pooling="mean", layers=(2,), normalize=True, max_len=32,
+                                              stride=22, truncate=True)
     del old["embedding"]["stride"]
     with pytest.raises(EmbeddingError, match=r"index.json: no stride in its embedding options; the index is "
                                              "damaged"):

@@ -24,7 +24,8 @@ def _numpy_pool(real: np.ndarray, mode: str) -> np.ndarray:
     """The definition of each mode on the n real token vectors (n,C) of one window."""
     n = len(real)
     weights = np.arange(1, n + 1, dtype=np.float64)[:, None]  # position weights 1 … n
-    return {"mean": real.mean(0), "cls": real[0], "max": real.max(0), "mean_sqrt_len": real.sum(0) / np.sqrt(n),
+    return {"mean": real.mean(0), "cls": real[0], "max": real.max(0),
+            "mean_sqrt_len": real.sum(0) / np.sqrt(n),
             "weightedmean": (weights * real).sum(0) / weights.sum(), "lasttoken": real[-1]}[mode]
 
 

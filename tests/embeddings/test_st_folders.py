@@ -55,12 +55,14 @@ def _st_folder(bert_dir: Path, out: Path, mode, normalize: bool, max_seq_length:
     from sentence_transformers.sentence_transformer.modules import Pooling
 
     modules = [Transformer(str(bert_dir), max_seq_length=max_seq_length), Pooling(WIDTH, pooling_mode=mode)]
-    st.SentenceTransformer(modules=modules + ([Normalize()] if normalize else []), device="cpu").save(str(out))
+    modules += [Normalize()] if normalize else []
+    st.SentenceTransformer(modules=modules, device="cpu").save(str(out))
     return out
 
 
 def _encode(folder) -> np.ndarray:
-    return st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_numpy=True, batch_size=8)
+    model = st.SentenceTransformer(str(folder), device="cpu")
+    return model.encode(TEXTS, convert_to_numpy=True, batch_size=8)
 
 
 @pytest.mark.parametrize("mode,normalize", [
@@ -97,7 +99,7 @@ def test_max_seq_length_from_the_folder_and_the_tokenizer(bert_dir, tmp_path):
 
     folder = _st_folder(bert_dir, tmp_path / "st", "mean", True, max_seq_length=12)
     assert folder_defaults(folder)["max_len"] == 12  # sentence-transformers 6: tokenizer_config.json
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 9, "do_lower_case": False}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 9}))
     assert folder_defaults(folder)["max_len"] == 9
     long = ["one two three four five six seven eight nine ten eleven twelve"]
     ref = st.SentenceTransformer(str(folder), device="cpu").encode(long)
@@ -121,8 +123,8 @@ def test_round_trip_qkv_to_sentence_transformers(tiny_model, tmp_path):
 
 def test_convert_command(tiny_model, tmp_path, capsys):
     out = tmp_path / "st"
-    assert main(["convert", str(tiny_model), str(out), "--to", "sentence-transformers", "--pooling", "mean+max",
-                 "--max-len", "20"]) == 0
+    assert main(["convert", str(tiny_model), str(out), "--to", "sentence-transformers",
+                 "--pooling", "mean+max", "--max-len", "20"]) == 0
     pooling = json.loads((out / "1_Pooling" / "config.json").read_text())
     assert pooling == {"embedding_dimension": 24, "pooling_mode": ["mean", "max"], "include_prompt": True}
     assert json.loads((out / "sentence_bert_config.json").read_text()) == {
@@ -163,7 +165,8 @@ def test_refuses_a_module_it_cannot_run(bert_dir, tmp_path):
     modules = [Transformer(str(bert_dir)), Pooling(WIDTH), Dense(WIDTH, 8)]
     st.SentenceTransformer(modules=modules, device="cpu").save(str(folder))
     message = _error(folder)
-    assert "module 2" in message and "Dense" in message and "Transformer → Pooling → optional Normalize" in message
+    assert "module 2" in message and "Dense" in message
+    assert "Transformer → Pooling → optional Normalize" in message
     modules = json.loads((folder / "modules.json").read_text())
     modules[2] = {**modules[0], "idx": 2, "name": "2"}  # a second Transformer
     (folder / "modules.json").write_text(json.dumps(modules))
@@ -179,7 +182,8 @@ def test_normalize_module_and_lower_casing(bert_dir, tmp_path):
     (folder / "2_Normalize" / "config.json").write_text(json.dumps({"module_input_name": "token_embeddings"}))
     assert "Normalize acts on 'token_embeddings'" in _error(folder)
     (folder / "2_Normalize" / "config.json").write_text(json.dumps({}))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": True}))
+    settings = {"max_seq_length": 16, "do_lower_case": True}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(settings))
     np.testing.assert_allclose(qkv.embed(folder, TEXTS, device="cpu"), _encode(folder), atol=1e-5, rtol=0)
     tok = json.loads((folder / "tokenizer.json").read_text())  # the tokenizer lower-cases: nothing changes
     tok["normalizer"]["lowercase"] = False
@@ -230,7 +234,8 @@ def test_writer_refuses_what_it_cannot_express_and_keeps_user_files(tiny_model, 
 
 
 def test_pooling_option_forms():
-    assert EmbedOptions(pooling=("cls", "mean")).pooling == "cls+mean" == EmbedOptions(pooling="cls+mean").pooling
+    assert EmbedOptions(pooling=("cls", "mean")).pooling == "cls+mean"
+    assert EmbedOptions(pooling="cls+mean").pooling == "cls+mean"
     assert EmbedOptions(pooling=["weightedmean"]).pooling == "weightedmean"
     for bad, fragment in ((("cls", "median"), "(mode 'median')"), ("", "pooling='' is not allowed"),
                           (3, "pooling must be a mode name")):

@@ -19,7 +19,8 @@ def _pooling_arg(value: str) -> str:
     for mode in value.split("+"):
         if mode not in _POOLINGS:
             raise argparse.ArgumentTypeError(f"unknown pooling mode {mode!r} in {value!r}; allowed: "
-                                             f"{', '.join(_POOLINGS)}, or several joined with + (e.g. cls+mean)")
+                                             f"{', '.join(_POOLINGS)}, or several joined with + "
+                                             "(e.g. cls+mean)")
     return value
 
 
@@ -39,9 +40,10 @@ _EMBED_ARGS: dict[str, tuple[str, dict]] = {
                                 help="hidden-state index(es), averaged: -1 last (default), 0 embedding "
                                 "output, e.g. --layers -4 -3 -2 -1")),
     "normalize": ("--normalize", dict(action=argparse.BooleanOptionalAction, default=None,
-                                      help="L2-normalise the vectors, or keep raw lengths with --no-normalize "
-                                      "(default: what the model folder declares: embedding.json, a "
-                                      "sentence-transformers Normalize module; else normalise)")),
+                                      help="L2-normalise the vectors, or keep raw lengths with "
+                                      "--no-normalize (default: what the model folder declares: "
+                                      "embedding.json, a sentence-transformers Normalize module; else "
+                                      "normalise)")),
     "batch_size": ("--batch-size", dict(type=int, default=32, help="windows per forward pass (default 32)")),
     "max_len": ("--max-len", dict(type=int, default=None, help="window length in tokens incl. [CLS]/[SEP] "
                                   "(default: the folder's, else the model's)")),

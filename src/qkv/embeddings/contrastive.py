@@ -43,7 +43,8 @@ from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_laye
 from qkv.errors import check_device
 from qkv.validation import check_choice, check_int, check_range
 
-__all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "FOLDER_FORMATS", "contrastive_loss", "train_embeddings"]
+__all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "FOLDER_FORMATS", "contrastive_loss",
+           "train_embeddings"]
 
 MODES = ("simcse", "supervised")
 #: The output folder formats of :func:`train_embeddings`.

@@ -5,14 +5,14 @@ An option is checked in two places:
 
 * on construction (:meth:`EmbedOptions.__post_init__`, so also by :meth:`~EmbedOptions.replace` and
   :meth:`~EmbedOptions.from_dict`): everything that does not depend on the model: the allowed
-  values of ``pooling`` (stored in its ``"+"``-joined form) and ``empty``, types, ``max_len ≥ 3``, ``stride`` within the window when both
-  are given, the device name;
+  values of ``pooling`` (stored in its ``"+"``-joined form) and ``empty``, types, ``max_len ≥ 3``,
+  ``stride`` within the window when both are given, the device name;
 * against the model (:meth:`EmbedOptions.resolved`, called by the embedder once the model is
   loaded): ``layers`` within the model's layers, ``max_len`` within its position table, ``stride``
   within the window that results.
 
-``pooling``, ``layers``, ``normalize``, ``max_len`` and ``stride`` may be left unset (``None``): they then come from
-the model folder's declared defaults (:func:`folder_defaults`, applied by
+``pooling``, ``layers``, ``normalize``, ``max_len`` and ``stride`` may be left unset (``None``): they then
+come from the model folder's declared defaults (:func:`folder_defaults`, applied by
 :meth:`EmbedOptions.with_folder_defaults`: a field set explicitly always wins), else from the model
 (:meth:`EmbedOptions.resolved`).
 """
@@ -220,8 +220,8 @@ class EmbedOptions:
         if not 1 <= stride <= span:
             raise _stride_error(stride, span)
         normalize = True if self.normalize is None else self.normalize
-        return self.replace(pooling=self.pooling or "mean", layers=layers, normalize=normalize, max_len=window,
-                            stride=stride)
+        return self.replace(pooling=self.pooling or "mean", layers=layers, normalize=normalize,
+                            max_len=window, stride=stride)
 
 
 def as_options(options: EmbedOptions | None = None, /, *, default: EmbedOptions | None = None,

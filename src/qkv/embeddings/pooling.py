@@ -61,8 +61,9 @@ def check_pooling(pooling) -> str:
     for m in modes:
         if m not in POOLINGS:
             which = f" (mode {m!r})" if len(modes) > 1 else ""
-            raise EmbeddingError(f"pooling={pooling!r} is not allowed{which}; allowed: {', '.join(POOLINGS)}, "
-                                 "or several joined with '+' (e.g. 'cls+mean': their vectors concatenated)")
+            raise EmbeddingError(f"pooling={pooling!r} is not allowed{which}; allowed: "
+                                 f"{', '.join(POOLINGS)}, or several joined with '+' (e.g. 'cls+mean': their "
+                                 "vectors concatenated)")
     return "+".join(modes)
 
 
@@ -178,8 +179,9 @@ def pool_packed(hidden: Tensor, batch: PackedBatch, pooling) -> Tensor:
             top = hidden.new_full((B, C), torch.finfo(hidden.dtype).min)
             out.append(top.scatter_reduce_(0, seq[:, None].expand(-1, C), hidden, reduce="amax"))  # (B,C)
         elif mode == "weightedmean":  # in float32, as in pool()
-            pos = (torch.arange(len(seq), device=hidden.device) - batch.starts[seq] + 1).float()  # (N,) 1 … n
-            total = hidden.new_zeros(B, C, dtype=torch.float32).index_add_(0, seq, hidden.float() * pos[:, None])
+            pos = (torch.arange(len(seq), device=hidden.device) - batch.starts[seq] + 1).float()  # (N,) 1…n
+            weighted = hidden.float() * pos[:, None]  # (N,C)
+            total = hidden.new_zeros(B, C, dtype=torch.float32).index_add_(0, seq, weighted)  # (N,C) -> (B,C)
             nf = lengths.float().clamp_min(1.0)[:, None]  # (B,1)
             out.append((total / (nf * (nf + 1) / 2)).to(hidden.dtype))  # (N,C) -> (B,C); Σ i for i = 1 … n
         else:  # mean, mean_sqrt_len

@@ -184,8 +184,8 @@ def _read_bert_config(folder: Path) -> int | None:
                                                "tokenizer_args"})
     unknown += [f"tokenizer option {k}" for k in sorted(set(tok_args) - {"model_max_length"})]
     if unknown:
-        raise EmbeddingError(f"{path}: setting {unknown[0]!r} is not one qkv supports; use sentence-transformers "
-                             "for this model")
+        raise EmbeddingError(f"{path}: setting {unknown[0]!r} is not one qkv supports; use "
+                             "sentence-transformers for this model")
     if data.get("do_lower_case") and not _tokenizer_lowercases(folder):
         raise EmbeddingError(f"{path}: do_lower_case is true but the tokenizer does not lower-case; qkv does "
                              "not change texts before tokenising (lower-case them yourself, or set it false)")
@@ -211,13 +211,14 @@ def _check_st_config(path: Path) -> None:
         raise EmbeddingError(f"{path}: model_type {data['model_type']!r}; qkv reproduces SentenceTransformer "
                              "(dense text embedding) folders only")
     if data.get("default_prompt_name"):
-        raise EmbeddingError(f"{path}: default_prompt_name {data['default_prompt_name']!r}: sentence-transformers "
-                             "prepends that prompt to every text and qkv adds none; prepend it yourself and "
-                             "set default_prompt_name to null")
+        raise EmbeddingError(f"{path}: default_prompt_name {data['default_prompt_name']!r}: "
+                             "sentence-transformers prepends that prompt to every text and qkv adds none; "
+                             "prepend it yourself and set default_prompt_name to null")
 
 
 # -- writing ----------------------------------------------------------------------------------------
-def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None, extra: dict | None = None) -> Path:
+def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None,
+                   extra: dict | None = None) -> Path:
     """Write a folder ``SentenceTransformer(dst)`` loads (see the module docstring). Atomic.
 
     Args:
@@ -244,8 +245,8 @@ def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None, ex
         raise EmbeddingError("a sentence-transformers folder needs the tokenizer; pass tokenizer= or a model "
                              "folder that holds one")
     if tuple(options.layers) != (len(encoder.layers),):
-        raise EmbeddingError(f"layers={list(options.layers)}: sentence-transformers pools the last layer only; "
-                             "convert with the default layers (-1)")
+        raise EmbeddingError(f"layers={list(options.layers)}: sentence-transformers pools the last layer "
+                             "only; convert with the default layers (-1)")
     dst = _check_destination(Path(dst))
     width = encoder.config.d_model
     modes = pooling_modes(options.pooling)
@@ -257,12 +258,13 @@ def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None, ex
                         "type": "sentence_transformers.models.Normalize"})
     from qkv import __version__
 
+    no_pooler = {} if encoder.config.pooler else {"model_args": {"add_pooling_layer": False}}
     files = {MODULES_JSON: modules,
              f"{_POOLING_DIR}/config.json": {"embedding_dimension": width,
                                              "pooling_mode": st_modes[0] if len(st_modes) == 1 else st_modes,
                                              "include_prompt": True},
              _BERT_CONFIG: {"max_seq_length": options.max_len, "do_lower_case": False,
-                            **({} if encoder.config.pooler else {"model_args": {"add_pooling_layer": False}})},
+                            **no_pooler},
              _ST_CONFIG: {"__version__": {"qkv": __version__}, "model_type": "SentenceTransformer",
                           "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
              **(extra or {})}
@@ -303,8 +305,8 @@ def _check_destination(dst: Path) -> Path:
         extra = sorted(p.name for p in dst.iterdir()
                        if p.name not in MODEL_FILES | ST_FILES and not p.name.startswith("."))
         if extra:
-            raise EmbeddingError(f"{dst}: holds files that are not part of a model ({', '.join(extra[:5])}); the "
-                                 "folder is replaced as a whole: choose an empty or model-only folder")
+            raise EmbeddingError(f"{dst}: holds files that are not part of a model ({', '.join(extra[:5])}); "
+                                 "the folder is replaced as a whole: choose an empty or model-only folder")
     return dst
 
 
