@@ -102,7 +102,8 @@ def add_embedding_parsers(sub) -> None:
     e = sub.add_parser("embed", help="document vectors of a text/JSONL file or stdin",
                        description="Embed every document of INPUT (a text file, one document per line; "
                        "JSONL with a text field; .gz of either; or - for stdin) with MODEL (a qkv folder, "
-                       "run, or Hugging Face BERT folder) and write --out: .npy (float32 rows in input "
+                       "run, Hugging Face BERT folder, or sentence-transformers folder, whose pooling, "
+                       "Normalize and max_seq_length it follows) and write --out: .npy (float32 rows in input "
                        "order), .jsonl (id + vector) or .parquet (needs pyarrow). Streams in chunks; the "
                        "output appears only when complete. See docs/embeddings.md.")
     e.add_argument("model", help="model folder")
