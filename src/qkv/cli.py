@@ -89,25 +89,34 @@ def _load_plugins(modules: list[str]) -> None:
 def _add_convert(sub) -> None:
     convert = sub.add_parser(
         "convert",
-        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA) <-> qkv",
+        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA) <-> qkv, "
+        "or -> sentence-transformers",
         description="Convert a model folder. A Hugging Face folder (config.json with model_type "
         "bert, roberta, distilbert or electra + model.safetensors or pytorch_model.bin) becomes a "
         "qkv folder; a qkv folder (qkv.json + model.safetensors) becomes a folder that "
         "transformers' from_pretrained loads, of the family the model came from (BERT for a "
-        "model trained in qkv). Options a family cannot express, and heads qkv cannot represent, "
-        "are refused by name. The tokenizer travels along.",
+        "model trained in qkv); with --to sentence-transformers either becomes a folder that "
+        "sentence_transformers.SentenceTransformer loads (pooling, normalisation and window from "
+        "the flags, else from SRC). Options a family cannot express, and heads qkv cannot "
+        "represent, are refused by name. The tokenizer travels along.",
     )
     convert.add_argument("src", help="the folder to read")
-    convert.add_argument("dst", help="the folder to write (replaced file by file if it exists)")
-    convert.add_argument("--to", choices=("qkv", "hf"), default=None,
-                         help="output format (default: the other one than src's)")
+    convert.add_argument("dst", help="the folder to write: missing, empty, or a model folder (replaced "
+                         "as a whole); a folder holding other files is refused")
+    convert.add_argument("--to", choices=("qkv", "hf", "sentence-transformers"), default=None,
+                         help="output format (default: the other one than src's); sentence-transformers: a "
+                         "folder sentence_transformers.SentenceTransformer loads (docs/embeddings.md)")
+    from qkv.embeddings.cli import add_convert_embed_options
+
+    add_convert_embed_options(convert)
     convert.set_defaults(func=_convert)
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from qkv.embeddings.cli import convert_embed_options
     from qkv.models.io import convert
 
-    out = convert(args.src, args.dst, to=args.to)
+    out = convert(args.src, args.dst, to=args.to, options=convert_embed_options(args))
     print(f"wrote {out}")
     return 0
 

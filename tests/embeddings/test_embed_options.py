@@ -30,8 +30,9 @@ def _error(exc_type=EmbeddingError, **options) -> str:
 def test_defaults():
     o = EmbedOptions()
     assert EmbedOptions.field_names() == FIELDS
-    assert (o.pooling, o.layers, o.normalize, o.max_len, o.stride, o.truncate) == (None, None, True, None,
+    assert (o.pooling, o.layers, o.normalize, o.max_len, o.stride, o.truncate) == (None, None, None, None,
                                                                                    None, False)
+    assert o.resolved(n_layers=2, max_positions=32).normalize is True  # unset: the folder's, else True
     assert (o.empty, o.batch_size, o.chunk_size, o.device, o.progress) == ("error", 32, 4096, None, False)
     with pytest.raises(TypeError):
         EmbedOptions("cls")  # keywords only
@@ -142,7 +143,8 @@ def test_embedder_resolves_folder_defaults_but_explicit_choices_win(tiny_model, 
     (folder / "embedding.json").write_text(json.dumps({"pooling": "max", "layers": [1], "max_len": 16}))
     emb = Embedder(folder)
     assert (emb.pooling, emb.layers, emb.window, emb.stride) == ("max", (1,), 16, 10)
-    assert emb.options == EmbedOptions(pooling="max", layers=(1,), max_len=16, stride=10, device=emb.device)
+    assert emb.options == EmbedOptions(pooling="max", layers=(1,), normalize=True, max_len=16, stride=10,
+                                       device=emb.device)
     mine = Embedder(folder, EmbedOptions(pooling="cls", layers=-1), max_len=32)
     assert (mine.pooling, mine.layers, mine.window) == ("cls", (2,), 32)
     (folder / "embedding.json").write_text(json.dumps({"max_len": 64}))  # beyond the 32 positions: cut
@@ -188,11 +190,12 @@ def test_index_records_the_resolved_options_and_reads_old_ones(tiny_model, tmp_p
     # the same keys (and order) as before EmbedOptions: indexes stay readable both ways
     assert meta["embedding"] == {"pooling": "max", "layers": [2], "normalize": True, "max_len": 24,
                                  "stride": 16, "truncate": False}
-    assert index_options(meta) == EmbedOptions(pooling="max", layers=(2,), max_len=24, stride=16)
+    assert index_options(meta) == EmbedOptions(pooling="max", layers=(2,), normalize=True, max_len=24,
+                                               stride=16)
     old = {"format": "qkv-embedding-index", "embedding": {"pooling": "mean", "layers": [2], "normalize": True,
                                                           "max_len": 32, "stride": 22, "truncate": True}}
-    assert index_options(old) == EmbedOptions(pooling="mean", layers=(2,), max_len=32, stride=22,
-                                              truncate=True)
+    assert index_options(old) == EmbedOptions(pooling="mean", layers=(2,), normalize=True, max_len=32,
+                                              stride=22, truncate=True)
     del old["embedding"]["stride"]
     with pytest.raises(EmbeddingError, match=r"index.json: no stride in its embedding options; the index is "
                                              "damaged"):

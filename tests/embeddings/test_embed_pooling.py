@@ -20,15 +20,31 @@ def _case():
     return h, mask, lengths
 
 
-@pytest.mark.parametrize("mode", ["mean", "cls", "max", "mean_sqrt_len"])
+def _numpy_pool(real: np.ndarray, mode: str) -> np.ndarray:
+    """The definition of each mode on the n real token vectors (n,C) of one window."""
+    n = len(real)
+    weights = np.arange(1, n + 1, dtype=np.float64)[:, None]  # position weights 1 … n
+    return {"mean": real.mean(0), "cls": real[0], "max": real.max(0),
+            "mean_sqrt_len": real.sum(0) / np.sqrt(n),
+            "weightedmean": (weights * real).sum(0) / weights.sum(), "lasttoken": real[-1]}[mode]
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken",
+                                  "lasttoken+cls+weightedmean"])
 def test_pool_matches_numpy(mode):
+    from qkv.embeddings.pooling import pool_packed
+    from qkv.nn.packed import PackedBatch
+
     h, mask, lengths = _case()
     got = pool(h, mask, mode).numpy()
+    packed = PackedBatch.from_sequences([list(range(n)) for n in lengths])
+    flat = torch.cat([h[b, :n] for b, n in enumerate(lengths)])  # (N,C) the real tokens back to back
+    got_packed = pool_packed(flat, packed, mode).numpy()
     for b, n in enumerate(lengths):
         real = h[b, :n].numpy().astype(np.float64)
-        ref = {"mean": real.mean(0), "cls": real[0], "max": real.max(0),
-               "mean_sqrt_len": real.sum(0) / np.sqrt(n)}[mode]
+        ref = np.concatenate([_numpy_pool(real, m) for m in mode.split("+")])  # concatenated in order
         np.testing.assert_allclose(got[b], ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got_packed[b], ref, rtol=1e-5, atol=1e-6)
 
 
 def test_pool_accepts_integer_masks():
@@ -94,3 +110,18 @@ def test_run_folder_declares_its_block_length(tiny_model, tmp_path):
     (run / "run.json").write_text(json.dumps({"format": "qkv-run", "train_config": {"max_len": 16}}))
     assert Embedder(run).window == 16 and Embedder(run, max_len=32).window == 32
     assert Embedder(tiny_model).window == 32  # no declaration: the model's position table
+
+
+def test_weightedmean_half_precision_does_not_overflow():
+    """Σ i over 400 positions (80 200) is beyond float16's range; the weights are summed in float32."""
+    from qkv.embeddings.pooling import pool_packed
+    from qkv.nn.packed import PackedBatch
+
+    h = torch.randn(1, 400, 8, generator=torch.Generator().manual_seed(1))
+    ref = (torch.arange(1, 401.0)[:, None] * h[0]).sum(0) / (400 * 401 / 2)
+    mask = torch.ones(1, 400, dtype=torch.bool)
+    got = pool(h.half(), mask, "weightedmean")
+    got_packed = pool_packed(h[0].half(), PackedBatch.from_sequences([list(range(400))]), "weightedmean")
+    assert got.dtype == torch.float16 and torch.isfinite(got).all()
+    torch.testing.assert_close(got[0].float(), ref, atol=5e-3, rtol=0)
+    torch.testing.assert_close(got_packed[0].float(), ref, atol=5e-3, rtol=0)

@@ -71,7 +71,11 @@ def test_train_embeddings_command(tiny_model, tmp_path, capsys):
                  "--objective", "supervised", "--steps", "3", "--batch-size", "4", "--out", str(out),
                  "--no-progress"]) == 0
     assert "loss on a fixed batch" in capsys.readouterr().out
-    assert (out / "qkv.json").is_file() and (out / "tokenizer.json").is_file()
+    assert (out / "config.json").is_file() and (out / "modules.json").is_file()  # sentence-transformers
+    assert (out / "tokenizer.json").is_file() and (out / "embedding.json").is_file()
+    assert main(["train-embeddings", str(tiny_model), "--corpus", str(corpus), "--steps", "1", "--batch-size",
+                 "4", "--out", str(tmp_path / "q"), "--format", "qkv", "--no-progress"]) == 0
+    assert (tmp_path / "q" / "qkv.json").is_file() and not (tmp_path / "q" / "modules.json").exists()
 
 
 def test_training_from_a_masked_lm_folder(tiny_model, tmp_path, labelled):

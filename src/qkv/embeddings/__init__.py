@@ -5,7 +5,8 @@ See ``docs/embeddings.md``. Modules: :mod:`~qkv.embeddings.embedder` (:func:`emb
 :mod:`qkv.data.readers`), :mod:`~qkv.embeddings.options` (:class:`EmbedOptions`, the embedding
 options), :mod:`~qkv.embeddings.pooling`, :mod:`~qkv.embeddings.streams` (vector files out),
 :mod:`~qkv.embeddings.contrastive` (SimCSE / supervised training), :mod:`~qkv.embeddings.evaluate`,
-:mod:`~qkv.embeddings.search` (index folders), :mod:`~qkv.embeddings.cli` (the subcommands).
+:mod:`~qkv.embeddings.search` (index folders), :mod:`~qkv.embeddings.st_folder` (sentence-transformers
+folders read and written), :mod:`~qkv.embeddings.cli` (the subcommands).
 """
 
 from qkv.embeddings.embedder import EMPTY_MODES, Embedder, EmbedStats, embed

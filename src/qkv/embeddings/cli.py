@@ -8,9 +8,24 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_embedding_parsers"]
+__all__ = ["add_embedding_parsers", "add_convert_embed_options", "convert_embed_options"]
 
-_POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")  # qkv.embeddings.pooling.POOLINGS, without importing torch
+#: qkv.embeddings.pooling.POOLINGS, without importing torch.
+_POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+
+
+def _pooling_arg(value: str) -> str:
+    """``--pooling``: a mode, or several joined with ``+`` (checked here: the message lists them)."""
+    for mode in value.split("+"):
+        if mode not in _POOLINGS:
+            raise argparse.ArgumentTypeError(f"unknown pooling mode {mode!r} in {value!r}; allowed: "
+                                             f"{', '.join(_POOLINGS)}, or several joined with + "
+                                             "(e.g. cls+mean)")
+    return value
+
+
+_POOLING_HELP = ("MODE or MODE+MODE…: " + ", ".join(_POOLINGS) + "; several are concatenated in the order "
+                 "given (cls+mean: 2C-wide vectors)")
 
 
 #: The embedding options of the command line, each defined once: ``EmbedOptions`` field → (flag,
@@ -18,13 +33,17 @@ _POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")  # qkv.embeddings.pooling.PO
 #: :func:`_add_embed_options` and reads them back with :func:`_options` (fields it lacks keep their
 #: ``EmbedOptions`` defaults). Literal values here: building the parser must not import torch.
 _EMBED_ARGS: dict[str, tuple[str, dict]] = {
-    "pooling": ("--pooling", dict(choices=_POOLINGS, default=None,
-                                  help="default: what the model folder declares (embedding.json, "
-                                  "sentence-transformers config), else mean")),
+    "pooling": ("--pooling", dict(type=_pooling_arg, default=None, metavar="MODE",
+                                  help=_POOLING_HELP + " (default: what the model folder declares: "
+                                  "embedding.json, sentence-transformers' 1_Pooling; else mean)")),
     "layers": ("--layers", dict(type=int, nargs="+", default=None, metavar="I",
                                 help="hidden-state index(es), averaged: -1 last (default), 0 embedding "
                                 "output, e.g. --layers -4 -3 -2 -1")),
-    "normalize": ("--no-normalize", dict(action="store_false", help="keep raw vector lengths")),
+    "normalize": ("--normalize", dict(action=argparse.BooleanOptionalAction, default=None,
+                                      help="L2-normalise the vectors, or keep raw lengths with "
+                                      "--no-normalize (default: what the model folder declares: "
+                                      "embedding.json, a sentence-transformers Normalize module; else "
+                                      "normalise)")),
     "batch_size": ("--batch-size", dict(type=int, default=32, help="windows per forward pass (default 32)")),
     "max_len": ("--max-len", dict(type=int, default=None, help="window length in tokens incl. [CLS]/[SEP] "
                                   "(default: the folder's, else the model's)")),
@@ -83,7 +102,8 @@ def add_embedding_parsers(sub) -> None:
     e = sub.add_parser("embed", help="document vectors of a text/JSONL file or stdin",
                        description="Embed every document of INPUT (a text file, one document per line; "
                        "JSONL with a text field; .gz of either; or - for stdin) with MODEL (a qkv folder, "
-                       "run, or Hugging Face BERT folder) and write --out: .npy (float32 rows in input "
+                       "run, Hugging Face BERT folder, or sentence-transformers folder, whose pooling, "
+                       "Normalize and max_seq_length it follows) and write --out: .npy (float32 rows in input "
                        "order), .jsonl (id + vector) or .parquet (needs pyarrow). Streams in chunks; the "
                        "output appears only when complete. See docs/embeddings.md.")
     e.add_argument("model", help="model folder")
@@ -119,7 +139,8 @@ def add_embedding_parsers(sub) -> None:
                        description="Train MODEL (a qkv run or folder, or a Hugging Face BERT folder) for "
                        "document embeddings: unsupervised SimCSE (each text twice through dropout is the "
                        "positive pair) or supervised (documents with the same label are positives), "
-                       "in-batch negatives, and write a model folder that qkv embed uses.")
+                       "in-batch negatives, and write a model folder that qkv embed uses and (by default, "
+                       "--format sentence-transformers) sentence_transformers.SentenceTransformer loads.")
     t.add_argument("model", help="starting model folder")
     t.add_argument("--corpus", action="append", required=True, metavar="SPEC",
                    help="training text: file, folder or dataset:NAME[:SPLIT] (repeatable)")
@@ -136,7 +157,13 @@ def add_embedding_parsers(sub) -> None:
                                      ("--dropout", float, None, "dropout (default: the model's own)"),
                                      ("--seed", int, 0, "random seed")):
         t.add_argument(flag, type=typ, default=default, help=f"{text} (default {default})")
-    t.add_argument("--pooling", choices=_POOLINGS, default="mean")
+    t.add_argument("--pooling", type=_pooling_arg, default="mean", metavar="MODE",
+                   help=_POOLING_HELP + " (default mean)")
+    t.add_argument("--format", dest="folder_format", choices=("sentence-transformers", "qkv"),
+                   default="sentence-transformers",
+                   help="the output folder: sentence-transformers (default: a Hugging Face BERT folder with "
+                   "modules.json, which both qkv embed and sentence_transformers.SentenceTransformer load; "
+                   "needs a BERT-expressible model and the last layer) or qkv (qkv.json, any qkv model)")
     t.add_argument("--layers", type=int, nargs="+", default=[-1], metavar="I")
     t.add_argument("--device", default=None)
     t.add_argument("--no-progress", dest="progress", action="store_false")
@@ -159,6 +186,31 @@ def add_embedding_parsers(sub) -> None:
                        helps={"max_len": "window length (default: the model folder's)", "batch_size": None,
                               "device": None, "progress": None})
     v.set_defaults(func=_eval)
+
+
+def add_convert_embed_options(p: argparse.ArgumentParser) -> None:
+    """``qkv convert``'s options for ``--to sentence-transformers``: ``--pooling``, ``--max-len``,
+    ``--normalize/--no-normalize`` (what the written folder declares)."""
+    _add_embed_options(p, ("pooling", "normalize", "max_len"), title="with --to sentence-transformers",
+                       helps={"pooling": _POOLING_HELP + " (default: what SRC declares, else mean)",
+                              "normalize": "add the Normalize module (default: what SRC declares, else yes); "
+                              "--no-normalize: raw vector lengths",
+                              "max_len": "max_seq_length: the window in tokens incl. [CLS]/[SEP] (default: "
+                              "what SRC declares, else the model's position limit)"})
+
+
+def convert_embed_options(args):
+    """The :class:`~qkv.embeddings.options.EmbedOptions` of ``qkv convert`` (``None`` when no
+    ``--to sentence-transformers``; an embedding option without it is refused)."""
+    from qkv.embeddings.errors import EmbeddingError
+
+    given = [f for f in ("pooling", "normalize", "max_len") if getattr(args, f, None) is not None]
+    if args.to != "sentence-transformers":
+        if given:
+            raise EmbeddingError(f"--{given[0].replace('_', '-')} sets what a sentence-transformers folder "
+                                 "declares; add --to sentence-transformers")
+        return None
+    return _options(args)
 
 
 def _records(args, spec: str):
@@ -243,7 +295,7 @@ def _train(args) -> int:
     texts, labels = subsample(texts, labels, args.max_docs, args.seed, "training data", notes)
     source = corpus.describe() + (f" ({notes[0]})" if notes else "")
     result = train_embeddings(args.model, texts, args.out, cfg, labels=labels, device=args.device,
-                              progress=args.progress, source=source)
+                              progress=args.progress, source=source, folder_format=args.folder_format)
     print(f"{cfg.mode}: {cfg.steps} steps on {len(texts)} documents in {result.seconds:.0f} s; loss on a "
           f"fixed batch {result.initial_loss:.4f} -> {result.final_loss:.4f}. Model folder: {result.out} "
           f"(qkv embed {result.out} …)")

@@ -14,8 +14,12 @@ temperature τ and take the cross-entropy of picking each anchor's own positive 
   so they are removed from its negatives (their logits are masked out), never pushed away.
 
 Texts are cut to their first ``max_len`` tokens during training (training sees windows; embedding
-later still covers whole documents). The result is a qkv encoder folder with ``embedding.json``
-(the pooling it was trained for and the training record); :func:`qkv.embed` reads it.
+later still covers whole documents). The result is a model folder with ``embedding.json`` (the
+pooling it was trained for and the training record), which :func:`qkv.embed` reads: by default
+(``folder_format="sentence-transformers"``) a sentence-transformers folder
+(:func:`qkv.embeddings.st_folder.save_st_folder`: Hugging Face BERT weights, ``modules.json``,
+``1_Pooling``, ``2_Normalize``) that ``sentence_transformers.SentenceTransformer`` loads too, with
+the same vectors for texts within the window; with ``"qkv"`` a qkv encoder folder.
 """
 
 from __future__ import annotations
@@ -39,9 +43,12 @@ from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_laye
 from qkv.errors import check_device
 from qkv.validation import check_choice, check_int, check_range
 
-__all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "contrastive_loss", "train_embeddings"]
+__all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "FOLDER_FORMATS", "contrastive_loss",
+           "train_embeddings"]
 
 MODES = ("simcse", "supervised")
+#: The output folder formats of :func:`train_embeddings`.
+FOLDER_FORMATS = ("sentence-transformers", "qkv")
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class ContrastiveConfig:
 
     def __post_init__(self):
         check_choice("mode", self.mode, MODES, error=EmbeddingError)
-        check_pooling(self.pooling)
+        object.__setattr__(self, "pooling", check_pooling(self.pooling))  # "+"-joined form
         for name in ("steps", "batch_size", "log_every"):
             check_int(name, getattr(self, name), low=1, allow_bool=True, error=EmbeddingError)
         if self.batch_size < 2:
@@ -147,7 +154,8 @@ def _step_loss(encoder, ids: list[np.ndarray], rows, cfg, pad_id, device, label_
 
 def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str | os.PathLike,
                      cfg: ContrastiveConfig, *, labels: list | None = None, device=None,
-                     progress: bool = False, source: str = "") -> ContrastiveResult:
+                     progress: bool = False, source: str = "",
+                     folder_format: str = "sentence-transformers") -> ContrastiveResult:
     """Train an encoder for document embeddings and write it to ``out`` (atomically).
 
     Args:
@@ -159,15 +167,20 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
         device: default CUDA when available.
         progress: a progress bar.
         source: a description of the training data for the record.
+        folder_format: ``"sentence-transformers"`` (a folder both qkv and sentence-transformers
+            load; needs a model BERT expresses and the last layer only: checked before training) or
+            ``"qkv"`` (see the module docstring).
 
     Raises:
-        EmbeddingError: bad options, no labels for supervised training, an unusable model folder.
+        EmbeddingError: bad options, no labels for supervised training, an unusable model folder,
+            a model or layers the sentence-transformers format cannot hold.
     """
     from qkv.models.errors import CheckpointError
     from qkv.models.io import load
     from qkv.models.mlm import MaskedLM
     from qkv.training.optim import build_optimizer, build_scheduler
 
+    check_choice("folder_format", folder_format, FOLDER_FORMATS, error=EmbeddingError)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise EmbeddingError(f"{out} exists and is not an empty folder; choose another output folder")
@@ -183,6 +196,7 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
             raise EmbeddingError("supervised training needs at least two distinct labels (negatives)")
         label_of = np.asarray([names.index(str(lab)) for lab in labels], dtype=np.int64)
         by_label = [np.flatnonzero(label_of == k) for k in range(len(names))]
+    declared = folder_defaults(model_path) if Path(model_path).is_dir() else {}  # refusals before training
     overrides = {"attention_dropout": 0.0}
     if cfg.dropout is not None:
         overrides["dropout"] = cfg.dropout
@@ -197,6 +211,8 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
         raise EmbeddingError("the model has dropout 0; SimCSE needs dropout (pass --dropout 0.1)")
     layers = normalize_layers(cfg.layers, len(encoder.layers))
     cfg = ContrastiveConfig(**{**asdict(cfg), "layers": layers})
+    if folder_format == "sentence-transformers":
+        _check_st_expressible(encoder, layers)
     window = min(cfg.max_len, encoder.max_len)
     tok = TokenizerView(tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
     ids = make_windows(tok.encode(texts), window=window, truncate=True, cls_id=tok.cls_id,
@@ -243,21 +259,44 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     result.seconds = time.perf_counter() - start
     result.final_loss = fixed_loss()
     encoder.eval().to("cpu")
-    record = {"pooling": cfg.pooling, "layers": list(layers),
-              "max_len": folder_defaults(model_path).get("max_len") if Path(model_path).is_dir() else None,
+    record = {"pooling": cfg.pooling, "layers": list(layers), "max_len": declared.get("max_len"),
               "normalize": True,
               "training": {"objective": cfg.mode, "config": {**asdict(cfg), "layers": list(layers)},
                            "source_model": str(Path(model_path).resolve()), "data": source,
                            "documents": len(texts), "initial_loss": result.initial_loss,
                            "final_loss": result.final_loss, "seconds": round(result.seconds, 1),
                            "loss_curve": [round(x, 5) for x in result.losses]}}
-    _write_model(encoder, tokenizer, out, record)
+    _write_model(encoder, tokenizer, out, record, folder_format)
     return result
 
 
-def _write_model(encoder, tokenizer, out: Path, record: dict) -> None:
+def _check_st_expressible(encoder, layers: tuple[int, ...]) -> None:
+    """Fail before training when the sentence-transformers format cannot hold the result."""
+    from qkv.models import families
+    from qkv.models.errors import CheckpointError
+
+    hint = "; pass --format qkv (folder_format='qkv') for a qkv folder"
+    if layers != (len(encoder.layers),):
+        raise EmbeddingError(f"layers={list(layers)}: a sentence-transformers folder pools the last layer "
+                             f"only{hint}")
+    try:
+        families.for_export(encoder.config).config_to_hf(encoder.config, "encoder")
+    except CheckpointError as e:
+        raise EmbeddingError(f"a sentence-transformers folder holds a Hugging Face model: {e}{hint}") from e
+
+
+def _write_model(encoder, tokenizer, out: Path, record: dict, folder_format: str) -> None:
+    from qkv.embeddings.options import EmbedOptions
+    from qkv.embeddings.st_folder import save_st_folder
     from qkv.models.io import save
 
+    if folder_format == "sentence-transformers":
+        options = EmbedOptions(pooling=record["pooling"], layers=tuple(record["layers"]), normalize=True,
+                               max_len=record["max_len"]).resolved(n_layers=len(encoder.layers),
+                                                                   max_positions=encoder.max_len)
+        with write_folder(out, how="new") as tmp:  # assembled aside; published only when complete
+            save_st_folder(encoder, tmp, options, tokenizer=tokenizer, extra={EMBEDDING_JSON: record})
+        return
     with write_folder(out, how="new") as tmp:  # an empty folder at out (checked before training) is replaced
         save(encoder, tmp, tokenizer=tokenizer)
         (tmp / EMBEDDING_JSON).write_text(json.dumps(record, indent=2), encoding="utf-8")

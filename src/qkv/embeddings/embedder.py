@@ -1,6 +1,7 @@
 """Document embeddings: :func:`embed` and the reusable :class:`Embedder`.
 
-Legend: N documents, B windows in a batch, T padded length, C model width.
+Legend: N documents, B windows in a batch, T padded length, C the vector width (the model width, or
+K times it for K pooling modes concatenated).
 
 Steps, per chunk of documents (the whole input when it fits, so a list in memory is one chunk):
 tokenise (no truncation) → split long documents into overlapping windows
@@ -36,7 +37,7 @@ from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
 from qkv.data.windows import length_batches, make_windows
 from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.options import EMBEDDING_JSON, EMPTY_MODES, EmbedOptions, as_options, folder_defaults
-from qkv.embeddings.pooling import forward_pooled_packed
+from qkv.embeddings.pooling import forward_pooled_packed, pooling_modes
 from qkv.nn.packed import PackedBatch
 
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
@@ -122,7 +123,7 @@ class Embedder:
         pooling, layers, normalize, window, stride, truncate, empty, batch_size, chunk_size, progress:
             the resolved options (``window`` is ``options.max_len``).
         device: the ``torch.device`` the encoder runs on.
-        dim: C, the vector width.
+        dim: the vector width: C, or K·C for K pooling modes concatenated.
         stats: an :class:`EmbedStats` over all calls.
         model_ref: the resolved model folder (``None`` for a model object).
 
@@ -148,7 +149,7 @@ class Embedder:
         self.stride, self.truncate, self.empty, self.progress = o.stride, o.truncate, o.empty, o.progress
         self.batch_size, self.chunk_size = o.batch_size, o.chunk_size
         self.encoder.to(self.device)
-        self.dim = int(self.encoder.embeddings.tokens.embedding_dim)
+        self.dim = int(self.encoder.config.d_model) * len(pooling_modes(self.pooling))  # K·C
         self.stats = EmbedStats()
         self.empty_ids: list = []  # the first empty documents' ids (zeroed or skipped)
         self._bar = None

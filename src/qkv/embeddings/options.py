@@ -5,14 +5,14 @@ An option is checked in two places:
 
 * on construction (:meth:`EmbedOptions.__post_init__`, so also by :meth:`~EmbedOptions.replace` and
   :meth:`~EmbedOptions.from_dict`): everything that does not depend on the model: the allowed
-  values of ``pooling`` and ``empty``, types, ``max_len ≥ 3``, ``stride`` within the window when both
-  are given, the device name;
+  values of ``pooling`` (stored in its ``"+"``-joined form) and ``empty``, types, ``max_len ≥ 3``,
+  ``stride`` within the window when both are given, the device name;
 * against the model (:meth:`EmbedOptions.resolved`, called by the embedder once the model is
   loaded): ``layers`` within the model's layers, ``max_len`` within its position table, ``stride``
   within the window that results.
 
-``pooling``, ``layers``, ``max_len`` and ``stride`` may be left unset (``None``): they then come from
-the model folder's declared defaults (:func:`folder_defaults`, applied by
+``pooling``, ``layers``, ``normalize``, ``max_len`` and ``stride`` may be left unset (``None``): they then
+come from the model folder's declared defaults (:func:`folder_defaults`, applied by
 :meth:`EmbedOptions.with_folder_defaults`: a field set explicitly always wins), else from the model
 (:meth:`EmbedOptions.resolved`).
 """
@@ -46,7 +46,7 @@ CHUNK_DOCS = 4096
 #: :meth:`EmbedOptions.resolved`).
 VECTOR_FIELDS = ("pooling", "layers", "normalize", "max_len", "stride", "truncate")
 #: The fields a model folder may declare (see :func:`folder_defaults`).
-_FOLDER_FIELDS = ("pooling", "layers", "max_len")
+_FOLDER_FIELDS = ("pooling", "layers", "normalize", "max_len")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,13 +54,18 @@ class EmbedOptions:
     """How documents are embedded; validated on construction (see the module docstring).
 
     Attributes:
-        pooling: ``"mean"`` (mask-aware), ``"cls"``, ``"max"`` or ``"mean_sqrt_len"``; ``None``: the
-            model folder's declared pooling (``embedding.json`` or sentence-transformers config), else
-            ``"mean"``.
+        pooling: a mode of :data:`~qkv.embeddings.pooling.POOLINGS` (``"mean"``, ``"cls"``, ``"max"``,
+            ``"mean_sqrt_len"``, ``"weightedmean"``, ``"lasttoken"``; see :mod:`qkv.embeddings.pooling`),
+            or several joined with ``"+"`` or given as a tuple (``"cls+mean"`` = ``("cls", "mean")``:
+            the vectors concatenated in that order, K·C wide); stored ``"+"``-joined. ``None``: the
+            model folder's declared pooling (``embedding.json`` or sentence-transformers'
+            ``1_Pooling``), else ``"mean"``.
         layers: one index into the hidden states (``-1`` last, ``0`` the embedding output) or several,
             whose token vectors are averaged before pooling (e.g. ``(-4, -3, -2, -1)``); stored as a
             tuple; ``None``: the folder's, else ``(-1,)``.
-        normalize: L2-normalise each document vector.
+        normalize: L2-normalise each document vector; ``None``: what the model folder declares
+            (``embedding.json``; a sentence-transformers folder: whether it has the ``Normalize``
+            module), else ``True``.
         max_len: window length in tokens including ``[CLS]``/``[SEP]``; ``None``: the folder's
             declared length (e.g. sentence-transformers' ``max_seq_length``, capped at the model's
             limit), else the model's limit.
@@ -81,9 +86,9 @@ class EmbedOptions:
         QkvError: ``device`` is not a device name torch accepts, or CUDA that is not there.
     """
 
-    pooling: str | None = None
+    pooling: str | tuple[str, ...] | None = None
     layers: int | tuple[int, ...] | None = None
-    normalize: bool = True
+    normalize: bool | None = None
     max_len: int | None = None
     stride: int | None = None
     truncate: bool = False
@@ -95,11 +100,13 @@ class EmbedOptions:
 
     def __post_init__(self) -> None:
         if self.pooling is not None:
-            check_pooling(self.pooling)
+            object.__setattr__(self, "pooling", check_pooling(self.pooling))
         if self.layers is not None:
             object.__setattr__(self, "layers", _check_layers(self.layers))
         for name in ("normalize", "truncate", "progress"):
             value = getattr(self, name)
+            if value is None and name == "normalize":
+                continue
             check_choice(name, value, (True, False), error=EmbeddingError)  # 0 and 1 pass, stored as bools
             object.__setattr__(self, name, bool(value))
         check_int("batch_size", self.batch_size, 1, error=EmbeddingError)
@@ -195,7 +202,8 @@ class EmbedOptions:
 
         Returns:
             Options with ``pooling`` (default ``"mean"``), ``layers`` (default the last; as sorted
-            non-negative indices into the hidden states), ``max_len`` (default ``max_positions``)
+            non-negative indices into the hidden states), ``normalize`` (default ``True``),
+            ``max_len`` (default ``max_positions``)
             and ``stride`` (default ¾ of the window's text tokens) all set.
 
         Raises:
@@ -211,7 +219,9 @@ class EmbedOptions:
         stride = self.stride if self.stride is not None else max(1, (3 * span) // 4)
         if not 1 <= stride <= span:
             raise _stride_error(stride, span)
-        return self.replace(pooling=self.pooling or "mean", layers=layers, max_len=window, stride=stride)
+        normalize = True if self.normalize is None else self.normalize
+        return self.replace(pooling=self.pooling or "mean", layers=layers, normalize=normalize,
+                            max_len=window, stride=stride)
 
 
 def as_options(options: EmbedOptions | None = None, /, *, default: EmbedOptions | None = None,
@@ -276,15 +286,19 @@ def folder_defaults(folder: str | os.PathLike) -> dict[str, Any]:
 
     ``embedding.json`` (qkv), else a pretraining run's block length (``run.json``'s
     ``train_config.max_len``: longer windows would reach position embeddings that never trained) or
-    the sentence-transformers files (``sentence_bert_config.json``'s ``max_seq_length``,
-    ``1_Pooling/config.json``'s mode).
+    the sentence-transformers files (:func:`qkv.embeddings.st_folder.read_st_settings`: every
+    pooling mode of ``1_Pooling/config.json``, the ``Normalize`` module of ``modules.json``,
+    ``max_seq_length``; a module or option qkv cannot reproduce is refused).
 
     Returns:
-        A dict with the keys ``pooling``, ``layers``, ``max_len`` (any may be absent).
+        A dict with the keys ``pooling``, ``layers``, ``normalize``, ``max_len`` (any may be absent).
 
     Raises:
         OSError, json.JSONDecodeError: an unreadable settings file.
+        EmbeddingError: a sentence-transformers folder qkv cannot reproduce (named).
     """
+    from qkv.embeddings.st_folder import read_st_settings
+
     folder = Path(folder)
     out: dict[str, Any] = {}
     own = folder / EMBEDDING_JSON
@@ -297,17 +311,5 @@ def folder_defaults(folder: str | os.PathLike) -> dict[str, Any]:
         block = json.loads(run.read_text(encoding="utf-8")).get("train_config", {}).get("max_len")
         if isinstance(block, int) and block > 2:
             out["max_len"] = block
-    st = folder / "sentence_bert_config.json"
-    if st.is_file():
-        seq = json.loads(st.read_text(encoding="utf-8")).get("max_seq_length")
-        if isinstance(seq, int) and seq > 2:
-            out["max_len"] = seq
-    pooling_cfg = folder / "1_Pooling" / "config.json"
-    if pooling_cfg.is_file():
-        data = json.loads(pooling_cfg.read_text(encoding="utf-8"))
-        modes = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-                 "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len"}
-        chosen = [m for k, m in modes.items() if data.get(k)]
-        if len(chosen) == 1:
-            out["pooling"] = chosen[0]
+    out.update(read_st_settings(folder))
     return out

@@ -1,20 +1,28 @@
 """Pooling: token vectors of one window → one vector, and the choice of layers.
 
-Legend: B windows in a batch, T length, C model width, L selected layers.
+Legend: B windows in a batch, T length, C model width, N packed tokens, K pooling modes.
 
 Every mode is mask-aware: padding positions never contribute. The ``[CLS]`` and ``[SEP]`` tokens
-are real tokens (as in sentence-transformers' mean pooling, whose numbers ``mean`` reproduces).
-:func:`pool` takes a padded ``(B,T,C)`` batch and its mask, :func:`pool_packed` the ``(N,C)``
-states of a :class:`~qkv.nn.packed.PackedBatch` (no padding; same numbers).
+are real tokens, as in sentence-transformers' ``Pooling`` module, whose definitions these are
+(``sentence_transformers.sentence_transformer.modules.pooling``, texts without a prompt).
+:func:`pool` takes a padded ``(B,T,C)`` batch (right padding) and its mask, :func:`pool_packed`
+the ``(N,C)`` states of a :class:`~qkv.nn.packed.PackedBatch` (no padding; same numbers).
 
-==============  =====================================================================
-mode            vector of a window with real tokens h_1 … h_n (mask m)
-==============  =====================================================================
+==============  =========================================================================
+mode            vector of a window with real tokens h_1 … h_n
+==============  =========================================================================
 mean            Σ h_i / n
 cls             h_1 (the ``[CLS]`` position)
 max             element-wise max over the real tokens
 mean_sqrt_len   Σ h_i / √n  (sentence-transformers' ``mean_sqrt_len_tokens``)
-==============  =====================================================================
+weightedmean    Σ i·h_i / Σ i  (position weights 1 … n; sentence-transformers' ``weightedmean``)
+lasttoken       h_n (the last real token: ``[SEP]`` for a BERT window)
+==============  =========================================================================
+
+Several modes at once (``"cls+mean"``, or the tuple ``("cls", "mean")``) concatenate their vectors
+in the order given: ``(B, K·C)``, as sentence-transformers does for a tuple ``pooling_mode``.
+A pooling value is kept in one canonical form, the ``"+"``-joined string (:func:`check_pooling`);
+:func:`pooling_modes` splits it.
 """
 
 from __future__ import annotations
@@ -26,17 +34,42 @@ from torch import Tensor
 
 from qkv.embeddings.errors import EmbeddingError
 from qkv.nn.packed import PackedBatch
-from qkv.validation import check_choice
 
-__all__ = ["POOLINGS", "pool", "pool_packed", "select_layers", "check_pooling", "normalize_layers",
-           "forward_pooled", "forward_pooled_packed"]
+__all__ = ["POOLINGS", "pool", "pool_packed", "select_layers", "check_pooling", "pooling_modes",
+           "normalize_layers", "forward_pooled", "forward_pooled_packed"]
 
-POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
+#: The single pooling modes; join several with ``"+"`` (see the module docstring).
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 
 
-def check_pooling(pooling: str) -> str:
-    check_choice("pooling", pooling, POOLINGS, error=EmbeddingError)
-    return pooling
+def check_pooling(pooling) -> str:
+    """The canonical form of a pooling value: a mode of :data:`POOLINGS`, several joined with
+    ``"+"`` (``"cls+mean"``), or a tuple/list of modes (``("cls", "mean")`` → ``"cls+mean"``).
+
+    Raises:
+        EmbeddingError: not a string or a sequence of strings, empty, or an unknown mode (named,
+            with the allowed ones).
+    """
+    if isinstance(pooling, str):
+        modes = pooling.split("+")
+    elif isinstance(pooling, (tuple, list)) and all(isinstance(m, str) for m in pooling):
+        modes = list(pooling)
+    else:
+        raise EmbeddingError(f"pooling must be a mode name, several joined with '+' (e.g. 'cls+mean') or a "
+                             f"tuple of mode names, got {pooling!r}; allowed modes: {', '.join(POOLINGS)}")
+    modes = [m.strip() for m in modes]
+    for m in modes:
+        if m not in POOLINGS:
+            which = f" (mode {m!r})" if len(modes) > 1 else ""
+            raise EmbeddingError(f"pooling={pooling!r} is not allowed{which}; allowed: "
+                                 f"{', '.join(POOLINGS)}, or several joined with '+' (e.g. 'cls+mean': their "
+                                 "vectors concatenated)")
+    return "+".join(modes)
+
+
+def pooling_modes(pooling) -> tuple[str, ...]:
+    """The modes of a pooling value, in concatenation order (``"cls+mean"`` → ``("cls", "mean")``)."""
+    return tuple(check_pooling(pooling).split("+"))
 
 
 def normalize_layers(layers: int | Sequence[int], n_layers: int) -> tuple[int, ...]:
@@ -74,32 +107,41 @@ def select_layers(hidden_states: Sequence[Tensor], layers: tuple[int, ...]) -> T
     return total / len(layers)
 
 
-def pool(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
+def pool(hidden: Tensor, mask: Tensor, pooling) -> Tensor:
     """Pool token vectors into one vector per window.
 
     Args:
-        hidden: ``(B,T,C)`` token vectors.
-        mask: ``(B,T)`` True/1 for real tokens; every row must have at least one.
-        pooling: one of :data:`POOLINGS`.
+        hidden: ``(B,T,C)`` token vectors, right-padded.
+        mask: ``(B,T)`` True/1 for real tokens (a prefix of each row); every row must have at least one.
+        pooling: a pooling value (see :func:`check_pooling`) of K modes.
 
     Returns:
-        ``(B,C)`` window vectors, in ``hidden``'s dtype.
+        ``(B,K·C)`` window vectors, in ``hidden``'s dtype.
     """
-    check_pooling(pooling)
-    if pooling == "cls":
-        return hidden[:, 0]  # (B,T,C) -> (B,C)
     m = mask.to(hidden.dtype).unsqueeze(-1)  # (B,T) -> (B,T,1)
-    if pooling == "max":
-        neg = torch.finfo(hidden.dtype).min
-        return hidden.masked_fill(m == 0, neg).amax(dim=1)  # (B,T,C) -> (B,C)
-    total = (hidden * m).sum(dim=1)  # (B,T,C) -> (B,C)
-    n = m.sum(dim=1).clamp_min(1.0)  # (B,1)
-    return total / (n if pooling == "mean" else n.sqrt())
+    n = m.sum(dim=1).clamp_min(1.0)  # (B,1) real tokens per window
+    out = []
+    for mode in pooling_modes(pooling):
+        if mode == "cls":
+            out.append(hidden[:, 0])  # (B,T,C) -> (B,C)
+        elif mode == "lasttoken":
+            last = (n.squeeze(-1).long() - 1)[:, None, None].expand(-1, 1, hidden.shape[-1])  # (B,1,C)
+            out.append(hidden.gather(1, last).squeeze(1))  # (B,T,C) -> (B,C)
+        elif mode == "max":
+            out.append(hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(dim=1))  # (B,C)
+        elif mode == "weightedmean":  # in float32: Σ i reaches n(n+1)/2, beyond float16's range
+            pos = torch.arange(1, hidden.shape[1] + 1, dtype=torch.float32, device=hidden.device)  # (T,)
+            w = m.float() * pos[None, :, None]  # (B,T,1) weight i at position i, 0 on padding
+            out.append(((hidden.float() * w).sum(dim=1) / w.sum(dim=1)).to(hidden.dtype))  # (B,T,C) -> (B,C)
+        else:  # mean, mean_sqrt_len
+            total = (hidden * m).sum(dim=1)  # (B,T,C) -> (B,C)
+            out.append(total / (n if mode == "mean" else n.sqrt()))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-1)  # (B,K·C)
 
 
-def forward_pooled(encoder, input_ids: Tensor, attention_mask: Tensor, pooling: str,
+def forward_pooled(encoder, input_ids: Tensor, attention_mask: Tensor, pooling,
                    layers: tuple[int, ...]) -> Tensor:
-    """Run ``encoder`` on a padded batch and pool: ``(B,T)`` ids and mask → ``(B,C)``.
+    """Run ``encoder`` on a padded batch and pool: ``(B,T)`` ids and mask → ``(B,K·C)``.
 
     ``layers`` are non-negative indices into ``hidden_states`` (see :func:`normalize_layers`); the
     last layer alone needs no hidden states and takes the cheaper path. Differentiable (used by
@@ -111,32 +153,45 @@ def forward_pooled(encoder, input_ids: Tensor, attention_mask: Tensor, pooling: 
     else:
         out = encoder(input_ids, attention_mask, output_hidden_states=True)
         hidden = select_layers(out.hidden_states, layers)  # (B,T,C)
-    return pool(hidden, attention_mask, pooling)  # (B,C)
+    return pool(hidden, attention_mask, pooling)  # (B,K·C)
 
 
-def pool_packed(hidden: Tensor, batch: PackedBatch, pooling: str) -> Tensor:
-    """Pool the packed token vectors of each sequence: ``(N,C)`` → ``(B,C)``.
+def pool_packed(hidden: Tensor, batch: PackedBatch, pooling) -> Tensor:
+    """Pool the packed token vectors of each sequence: ``(N,C)`` → ``(B,K·C)``.
 
     Args:
         hidden: ``(N,C)`` token vectors of ``batch``'s sequences back to back.
         batch: the packed batch; every sequence must have at least one token.
-        pooling: one of :data:`POOLINGS`.
+        pooling: a pooling value (see :func:`check_pooling`) of K modes.
     """
-    check_pooling(pooling)
-    if pooling == "cls":
-        return hidden[batch.starts]  # (N,C) -> (B,C) each sequence's first token
+    modes = pooling_modes(pooling)
     seq = batch.sequence_ids()  # (N,)
     B, C = len(batch.lengths), hidden.shape[1]
-    if pooling == "max":
-        out = hidden.new_full((B, C), torch.finfo(hidden.dtype).min)
-        return out.scatter_reduce_(0, seq[:, None].expand(-1, C), hidden, reduce="amax")  # (B,C)
-    total = hidden.new_zeros(B, C).index_add_(0, seq, hidden)  # (N,C) -> (B,C) per-sequence sums
-    n = torch.tensor(batch.lengths, dtype=hidden.dtype, device=hidden.device).clamp_min(1.0)[:, None]  # (B,1)
-    return total / (n if pooling == "mean" else n.sqrt())
+    lengths = torch.tensor(batch.lengths, dtype=torch.long, device=hidden.device)  # (B,)
+    n = lengths.to(hidden.dtype).clamp_min(1.0)[:, None]  # (B,1)
+    out = []
+    for mode in modes:
+        if mode == "cls":
+            out.append(hidden[batch.starts])  # (N,C) -> (B,C) each sequence's first token
+        elif mode == "lasttoken":
+            out.append(hidden[batch.starts + lengths - 1])  # (N,C) -> (B,C) each sequence's last token
+        elif mode == "max":
+            top = hidden.new_full((B, C), torch.finfo(hidden.dtype).min)
+            out.append(top.scatter_reduce_(0, seq[:, None].expand(-1, C), hidden, reduce="amax"))  # (B,C)
+        elif mode == "weightedmean":  # in float32, as in pool()
+            pos = (torch.arange(len(seq), device=hidden.device) - batch.starts[seq] + 1).float()  # (N,) 1…n
+            weighted = hidden.float() * pos[:, None]  # (N,C)
+            total = hidden.new_zeros(B, C, dtype=torch.float32).index_add_(0, seq, weighted)  # (N,C) -> (B,C)
+            nf = lengths.float().clamp_min(1.0)[:, None]  # (B,1)
+            out.append((total / (nf * (nf + 1) / 2)).to(hidden.dtype))  # (N,C) -> (B,C); Σ i for i = 1 … n
+        else:  # mean, mean_sqrt_len
+            total = hidden.new_zeros(B, C).index_add_(0, seq, hidden)  # (N,C) -> (B,C) per-sequence sums
+            out.append(total / (n if mode == "mean" else n.sqrt()))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-1)  # (B,K·C)
 
 
-def forward_pooled_packed(encoder, batch: PackedBatch, pooling: str, layers: tuple[int, ...]) -> Tensor:
-    """Run ``encoder`` on a packed batch (no padded position computed) and pool: → ``(B,C)``.
+def forward_pooled_packed(encoder, batch: PackedBatch, pooling, layers: tuple[int, ...]) -> Tensor:
+    """Run ``encoder`` on a packed batch (no padded position computed) and pool: → ``(B,K·C)``.
 
     Same numbers as :func:`forward_pooled` on the right-padded batch (up to float rounding).
     """
@@ -144,4 +199,4 @@ def forward_pooled_packed(encoder, batch: PackedBatch, pooling: str, layers: tup
         hidden = encoder.forward_packed(batch).last_hidden_state  # (N,C)
     else:
         hidden = select_layers(encoder.forward_packed(batch, output_hidden_states=True).hidden_states, layers)
-    return pool_packed(hidden, batch, pooling)  # (B,C)
+    return pool_packed(hidden, batch, pooling)  # (B,K·C)

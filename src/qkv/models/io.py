@@ -335,17 +335,30 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     return Path(path)
 
 
-def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None) -> Path:
-    """Convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA) → qkv, or
-    qkv → Hugging Face, as the family the model came from (BERT for a qkv model; see
-    :func:`export_hf`).
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None, options=None) -> Path:
+    """Convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA) → qkv, qkv →
+    Hugging Face as the family the model came from (BERT for a qkv model; see :func:`export_hf`),
+    or either → sentence-transformers.
 
     Args:
         src: a qkv or Hugging Face folder.
         dst: the folder to write.
-        to: ``"qkv"`` or ``"hf"``; default: the other format than ``src``'s.
+        to: ``"qkv"``, ``"hf"`` or ``"sentence-transformers"`` (a folder
+            ``sentence_transformers.SentenceTransformer`` loads; see :mod:`qkv.embeddings.st_folder`);
+            default: the other format than ``src``'s.
+        options: for ``"sentence-transformers"`` only: the
+            :class:`~qkv.embeddings.options.EmbedOptions` (pooling, normalize, max_len) the folder
+            declares; unset ones come from ``src``'s declared settings, else mean, normalised, the
+            model's window.
     """
-    check_choice("to", to, ("qkv", "hf"), optional=True)
+    check_choice("to", to, ("qkv", "hf", "sentence-transformers"), optional=True)
+    if to == "sentence-transformers":
+        from qkv.embeddings.st_folder import convert_to_st
+
+        return convert_to_st(src, dst, options)
+    if options is not None:
+        raise ValueError("options= are the embedding settings of a sentence-transformers folder; "
+                         "pass to='sentence-transformers' or leave options out")
     if to is None:
         to = "hf" if (Path(src) / QKV_CONFIG).is_file() else "qkv"
     dst_path = Path(dst)
