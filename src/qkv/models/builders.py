@@ -73,7 +73,8 @@ def build_norm_for(config: ModelConfig, width: int | None = None) -> nn.Module:
     """A fresh ``config.norm_type`` norm over C, or ``width`` (``layer_norm_eps``, β when
     ``norm_bias``): every norm of the model (embeddings — E wide with ``embedding_size`` —, layers,
     final norm, masked-LM head) is one of these."""
-    return build_norm(config.norm_type, width or config.d_model, eps=config.layer_norm_eps, bias=config.norm_bias)
+    return build_norm(config.norm_type, width or config.d_model, eps=config.layer_norm_eps,
+                      bias=config.norm_bias)
 
 
 def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLayer:
@@ -158,7 +159,8 @@ def build_discriminator(config: ModelConfig, *, init: bool = True):
     from qkv.models.discriminator import Discriminator, DiscriminatorHead
 
     encoder = build_encoder(config, init=False)
-    model = Discriminator(encoder, DiscriminatorHead(config.d_model, activation=config.activation), config=config)
+    head = DiscriminatorHead(config.d_model, activation=config.activation)
+    model = Discriminator(encoder, head, config=config)
     if init:
         init_weights(model, config.initializer_range)
     if encoder.pooler is not None:
@@ -176,8 +178,9 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
     from qkv.models.mlm import MaskedLM, MaskedLMHead
 
     if config.embedding_size not in (None, config.d_model):
-        raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the masked-LM "
-                         "head ties its decoder to C-wide token embeddings; build an encoder or a discriminator")
+        raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the "
+                         "masked-LM head ties its decoder to C-wide token embeddings; build an encoder or "
+                         "a discriminator")
     encoder = build_encoder(config, init=False)
     head = MaskedLMHead(
         config.d_model,
@@ -259,7 +262,8 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
     from qkv.models.mlm import MaskedLM
 
     config = getattr(model, "config", None)
-    if not isinstance(model, (Encoder, MaskedLM, TaskModel, Discriminator)) or not isinstance(config, ModelConfig):
+    if (not isinstance(model, (Encoder, MaskedLM, TaskModel, Discriminator))
+            or not isinstance(config, ModelConfig)):
         hint = "; pass its .model (qkv.load(path).model)" if type(model).__name__ == "Pretrained" else ""
         raise ValueError("attach_task_head needs a qkv Encoder, MaskedLM or task model with a .config "
                          f"(from qkv.load or qkv.models.builders), got {type(model).__name__}{hint}")

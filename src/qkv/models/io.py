@@ -215,8 +215,8 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
         if source is None:
             raise CheckpointError(f"{folder}: no weights; expected {WEIGHTS} or {HF_PICKLE}, found "
                                   f"{sorted(p.name for p in folder.iterdir())}")
-        config, kind, task, state = family.read(hf_config, read_weights(source),
-                                                config_source=str(folder / HF_CONFIG), weights_source=str(source))
+        config, kind, task, state = family.read(hf_config, read_weights(source), weights_source=str(source),
+                                                config_source=str(folder / HF_CONFIG))
         if overrides:
             config = config.replace(**overrides)
         model = _build(config, kind, task)
@@ -261,9 +261,11 @@ def _model_parts(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]
     from qkv.nn.encoder import Encoder
 
     config = getattr(model, "config", None)
-    if not isinstance(config, ModelConfig) or not isinstance(model, (MaskedLM, Encoder, TaskModel, Discriminator)):
-        raise ValueError("expected a qkv MaskedLM, Encoder, SequenceClassifier, TokenClassifier or Discriminator "
-                         f"with a .config (build it with qkv.models.builders or qkv.load), got {type(model).__name__}")
+    kinds = (MaskedLM, Encoder, TaskModel, Discriminator)
+    if not isinstance(config, ModelConfig) or not isinstance(model, kinds):
+        raise ValueError("expected a qkv MaskedLM, Encoder, SequenceClassifier, TokenClassifier or "
+                         "Discriminator with a .config (build it with qkv.models.builders or qkv.load), got "
+                         f"{type(model).__name__}")
     if isinstance(model, Discriminator):
         return config, "discriminator", None
     task = model.task if isinstance(model, TaskModel) else None

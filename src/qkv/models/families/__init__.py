@@ -51,8 +51,8 @@ def for_checkpoint(hf_config: dict[str, Any], source: str) -> ModuleType:
     """
     model_type = hf_config.get("model_type")
     if model_type not in FAMILIES:
-        raise CheckpointError(f"{source}: not a BERT checkpoint (model_type is {model_type!r}, expected 'bert') "
-                              f"nor of another family qkv converts; supported model_type values: "
+        raise CheckpointError(f"{source}: not a BERT checkpoint (model_type is {model_type!r}, expected "
+                              "'bert') nor of another family qkv converts; supported model_type values: "
                               f"{', '.join(FAMILIES)}")
     return get(model_type)
 

@@ -77,7 +77,8 @@ def check_plan(tensors: dict[str, Tensor], plan: Plan, source: str, *, ignored: 
     for name, sym in expected.items():
         want = plan.shape(sym)
         if name not in tensors:
-            raise CheckpointError(f"{source}: missing tensor {name!r} (expected shape {want}, from config.json)")
+            raise CheckpointError(f"{source}: missing tensor {name!r} (expected shape {want}, "
+                                  "from config.json)")
         got = tuple(tensors[name].shape)
         if got != want:
             fields = ", ".join(f"{plan.fields[d]}={plan.dims[d]}" for d in dict.fromkeys(sym))
@@ -118,6 +119,40 @@ def architectures(hf: dict[str, Any]) -> list[str]:
     return list(archs) if isinstance(archs, (list, tuple)) else [archs]
 
 
+def kind_from_hf(hf: dict[str, Any], names, source: str, *, architectures_: dict[str, str],
+                 refused: dict[str, str], supported: str, head_prefixes: dict[str, tuple[str, ...]],
+                 classifier: tuple[str, ...] = ("classifier.",)) -> str:
+    """The qkv kind of a checkpoint from its ``architectures`` (``architectures_``: kind → class
+    name), else from its tensors (``head_prefixes``: kind → prefixes of that head's tensors).
+
+    Raises:
+        CheckpointError: an architecture in ``refused`` (named with why), one not known, several,
+            or a classifier's tensors without an architecture saying which head they are.
+    """
+    archs = architectures(hf)
+    for arch in archs:
+        if arch in refused:
+            raise CheckpointError(f"{source}: {arch}: {refused[arch]} is not supported; qkv loads "
+                                  f"{supported}, and never drops a head silently")
+    known = {a: k for k, a in architectures_.items()}
+    if len(archs) > 1 or (archs and archs[0] not in known):
+        raise CheckpointError(f"{source}: architectures={archs!r} is not supported; qkv loads {supported}")
+    if archs:
+        return known[archs[0]]
+    if any(n.startswith(classifier) for n in names):
+        raise CheckpointError(f"{source}: the weights hold a classifier head but architectures is empty; "
+                              "qkv does not guess a head or drop it")
+    return next((k for k, pre in head_prefixes.items() if any(n.startswith(pre) for n in names)), "encoder")
+
+
+def check_tied(tensors: dict[str, Tensor], name: str, tied_to: str, source: str, *, what: str = "") -> None:
+    """A decoder tensor ``name``, when present, must equal ``tied_to`` (qkv stores it once)."""
+    t = tensors.get(name)
+    if t is not None and not torch.equal(t, tensors[tied_to]):
+        raise CheckpointError(f"{source}: {name} differs from {what or tied_to}; qkv ties them "
+                              "(untied decoders are not supported)")
+
+
 def activation_from_hf(act: Any, source: str, key: str = "hidden_act") -> str:
     if act not in ACT_FROM_HF:
         raise CheckpointError(f"{source}: {key}={act!r} is not supported; allowed: {', '.join(ACT_FROM_HF)}")
@@ -141,15 +176,20 @@ def labels_from_hf(hf: dict[str, Any], source: str) -> tuple[str, ...]:
                               f"({len(labels)} labels); fix one of them")
     label2id = hf.get("label2id")
     if label2id is not None and dict(label2id) != {name: i for i, name in enumerate(labels)}:
-        raise CheckpointError(f"{source}: label2id={label2id!r} disagrees with id2label={id2label!r}; fix one "
-                              "so that label2id[id2label[i]] == i")
+        raise CheckpointError(f"{source}: label2id={label2id!r} disagrees with id2label={id2label!r}; "
+                              "fix one so that label2id[id2label[i]] == i")
     return labels
 
 
-def token_task(hf: dict[str, Any], source: str, dropout: float) -> TaskConfig:
-    """The :class:`TaskConfig` of a ``…ForTokenClassification`` checkpoint."""
+def token_task(hf: dict[str, Any], source: str, dropout: float | None = None) -> TaskConfig:
+    """The :class:`TaskConfig` of a ``…ForTokenClassification`` checkpoint; ``dropout`` default:
+    ``classifier_dropout``, else ``hidden_dropout_prob``."""
+    if dropout is None:
+        dropout = hf.get("classifier_dropout")
+        dropout = hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout
+    labels = labels_from_hf(hf, source)
     try:
-        return TaskConfig("token-classification", labels_from_hf(hf, source), classifier_dropout=float(dropout))
+        return TaskConfig("token-classification", labels, classifier_dropout=float(dropout))
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from e
 
@@ -163,7 +203,8 @@ def label_fields(task: TaskConfig) -> dict[str, Any]:
 
 #: Fields that none of the families here express otherwise: name → the value they need, or a
 #: ``(predicate on the config, what it needs)`` pair.
-_PLAIN = {"n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads), "None: one key/value head per query head"),
+_PLAIN = {"n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads),
+                         "None: one key/value head per query head"),
           "qk_norm": "none",
           "local_window": None, "norm_type": "layernorm", "norm_bias": True, "mlp_bias": True,
           "feed_forward": "mlp", "embed_scale": False, "first_attention_norm": True,
@@ -180,10 +221,13 @@ def head_bias_reasons(config: ModelConfig, kind: str, name: str) -> list[str]:
     return []
 
 
-def refuse_unexpressible(config: ModelConfig, name: str, needs: dict[str, Any], extra: list[str] | None = None) -> None:
+def refuse_unexpressible(config: ModelConfig, name: str, needs: dict[str, Any],
+                         extra: list[str] | None = None) -> None:
     """Raise :class:`CheckpointError` naming every field of ``config`` the family ``name`` cannot
     express: those of :data:`_PLAIN` and the family's own ``needs`` (field → value, or a
-    ``(predicate, what it needs)`` pair); ``extra``: more reasons already worded."""
+    ``(predicate, what it needs)`` pair; an entry of ``needs`` replaces :data:`_PLAIN`'s, so a
+    family that has e.g. sliding windows passes its own ``local_window`` rule); ``extra``: more
+    reasons already worded."""
     bad = []
     for key, want in {**_PLAIN, **needs}.items():
         value = getattr(config, key)

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, architectures,
-                                         check_plan, head_bias_reasons, kind_of, label_fields, labels_from_hf,
-                                         refuse_unexpressible, state_from_plan, tensors_from_plan)
+                                         check_plan, check_tied, head_bias_reasons, kind_of, label_fields,
+                                         labels_from_hf, refuse_unexpressible, state_from_plan,
+                                         tensors_from_plan)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "bert"
@@ -71,7 +71,8 @@ _MLM = [
     (_HEAD + "transform.LayerNorm.bias", "head.norm.bias", "C"),
     (_HEAD + "bias", "head.bias", "V"),
 ]
-POOLER = [("pooler.dense.weight", "pooler.dense.weight", "CC"), ("pooler.dense.bias", "pooler.dense.bias", "C")]
+POOLER = [("pooler.dense.weight", "pooler.dense.weight", "CC"),
+          ("pooler.dense.bias", "pooler.dense.bias", "C")]
 CLASSIFIER = [("classifier.weight", "classifier.weight", "LC"), ("classifier.bias", "classifier.bias", "L")]
 IGNORED_ENCODER = ("embeddings.position_ids", "embeddings.token_type_ids")
 _NSP = "cls.seq_relationship."  # BertForPreTraining's next-sentence head: tolerated, ignored
@@ -82,8 +83,9 @@ SUPPORTED = ("BertModel, BertForMaskedLM, BertForPreTraining (its next-sentence 
              "BertForSequenceClassification (single-label or regression) and BertForTokenClassification")
 
 
-def bert_like_config(hf: dict[str, Any], source: str, *, family: str, pooler: bool, max_len: int | None = None,
-                     position_offset: int = 0, embedding_size: int | None = None) -> ModelConfig:
+def bert_like_config(hf: dict[str, Any], source: str, *, family: str, pooler: bool,
+                     max_len: int | None = None, position_offset: int = 0,
+                     embedding_size: int | None = None) -> ModelConfig:
     """A :class:`ModelConfig` from the ``config.json`` of a family with BERT's fields."""
     missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                            "intermediate_size") if k not in hf]
@@ -227,7 +229,8 @@ def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str) 
     return plan
 
 
-def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, weights_source: str) -> Imported:
+def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
+         weights_source: str) -> Imported:
     """A Hugging Face BERT checkpoint (``config.json`` dict and tensors) as qkv's config, kind,
     task and state dict.
 
@@ -242,16 +245,14 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, 
     kind = kind_of(masked_lm, task)
     prefix = "bert." if any(n.startswith("bert.") for n in tensors) else ""
     plan = _plan(config, kind, task, prefix)
-    check_plan(tensors, plan, weights_source, ignored=tuple(prefix + n for n in IGNORED_ENCODER)
-               + (_HEAD + "decoder.", _NSP), owned=(prefix + "embeddings.", prefix + "encoder.", prefix + "pooler.",
-                                                    _HEAD, "classifier."),
+    check_plan(tensors, plan, weights_source,
+               ignored=tuple(prefix + n for n in IGNORED_ENCODER) + (_HEAD + "decoder.", _NSP),
+               owned=(prefix + "embeddings.", prefix + "encoder.", prefix + "pooler.", _HEAD, "classifier."),
                layers_field="num_hidden_layers", n_layers=config.n_layers, pooler=prefix + "pooler.",
                unknown=f"a BERT encoder, its pooler, or a head qkv supports ({SUPPORTED})")
     if masked_lm:
-        decoder = tensors.get(_HEAD + "decoder.weight")
-        if decoder is not None and not torch.equal(decoder, tensors[prefix + "embeddings.word_embeddings.weight"]):
-            raise CheckpointError(f"{weights_source}: {_HEAD}decoder.weight differs from the word embeddings; "
-                                  "qkv ties them (untied decoders are not supported)")
+        check_tied(tensors, _HEAD + "decoder.weight", prefix + "embeddings.word_embeddings.weight",
+                   weights_source, what="the word embeddings")
     return Imported(config, kind, task, state_from_plan(tensors, plan))
 
 
@@ -262,7 +263,8 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     if config.type_vocab_size < 1:
         extra.append("type_vocab_size=0 (BERT needs ≥ 1)")
     if task is not None and task.is_sequence and task.pooling != "pooler":
-        extra.append(f"pooling={task.pooling!r} ({_SEQUENCE} classifies the BERT pooler's output: needs 'pooler')")
+        extra.append(f"pooling={task.pooling!r} ({_SEQUENCE} classifies the BERT pooler's output: "
+                     "needs 'pooler')")
     extra += head_bias_reasons(config, kind, NAME)
     if kind not in ARCHITECTURES:
         extra.append(f"kind {kind!r} (BERT has no such head; it has {', '.join(ARCHITECTURES)})")

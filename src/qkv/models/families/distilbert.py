@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
-from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, architectures,
-                                         check_plan, head_bias_reasons, label_fields, refuse_unexpressible,
-                                         state_from_plan, tensors_from_plan, token_task)
+from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
+                                         check_tied, head_bias_reasons, kind_from_hf, label_fields,
+                                         refuse_unexpressible, state_from_plan, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "distilbert"
@@ -44,7 +43,8 @@ _REFUSED = {"DistilBertForSequenceClassification": "its two-layer classification
             "DistilBertForMultipleChoice": "a multiple-choice head"}
 SUPPORTED = "DistilBertModel, DistilBertForMaskedLM and DistilBertForTokenClassification"
 _EPS = 1e-12
-_FIELDS = {"C": "dim", "F": "hidden_dim", "V": "vocab_size", "P": "max_position_embeddings", "L": "num_labels"}
+_FIELDS = {"C": "dim", "F": "hidden_dim", "V": "vocab_size", "P": "max_position_embeddings",
+           "L": "num_labels"}
 _EMBEDDINGS = [
     ("embeddings.word_embeddings.weight", "embeddings.tokens.weight", "VC"),
     ("embeddings.position_embeddings.weight", "embeddings.positions.weight", "PC"),
@@ -55,31 +55,18 @@ _LAYER = [
     ("attention.out_lin.weight", "attention.out_proj.weight", "CC"),
     ("attention.out_lin.bias", "attention.out_proj.bias", "C"),
     ("sa_layer_norm.weight", "norm1.weight", "C"), ("sa_layer_norm.bias", "norm1.bias", "C"),
-    ("ffn.lin1.weight", "feed_forward.linear1.weight", "FC"), ("ffn.lin1.bias", "feed_forward.linear1.bias", "F"),
-    ("ffn.lin2.weight", "feed_forward.linear2.weight", "CF"), ("ffn.lin2.bias", "feed_forward.linear2.bias", "C"),
+    ("ffn.lin1.weight", "feed_forward.linear1.weight", "FC"),
+    ("ffn.lin1.bias", "feed_forward.linear1.bias", "F"),
+    ("ffn.lin2.weight", "feed_forward.linear2.weight", "CF"),
+    ("ffn.lin2.bias", "feed_forward.linear2.bias", "C"),
     ("output_layer_norm.weight", "norm2.weight", "C"), ("output_layer_norm.bias", "norm2.bias", "C"),
 ]
-_MLM = [("vocab_transform.weight", "head.dense.weight", "CC"), ("vocab_transform.bias", "head.dense.bias", "C"),
-        ("vocab_layer_norm.weight", "head.norm.weight", "C"), ("vocab_layer_norm.bias", "head.norm.bias", "C"),
+_MLM = [("vocab_transform.weight", "head.dense.weight", "CC"),
+        ("vocab_transform.bias", "head.dense.bias", "C"),
+        ("vocab_layer_norm.weight", "head.norm.weight", "C"),
+        ("vocab_layer_norm.bias", "head.norm.bias", "C"),
         ("vocab_projector.bias", "head.bias", "V")]
 _CLASSIFIER = [("classifier.weight", "classifier.weight", "LC"), ("classifier.bias", "classifier.bias", "L")]
-
-
-def _kind(hf: dict[str, Any], names: set[str], source: str) -> str:
-    archs = architectures(hf)
-    for arch in archs:
-        if arch in _REFUSED:
-            raise CheckpointError(f"{source}: {arch}: {_REFUSED[arch]} is not supported; qkv loads {SUPPORTED}, "
-                                  "and never drops a head silently")
-    known = {a: k for k, a in ARCHITECTURES.items()}
-    if len(archs) > 1 or (archs and archs[0] not in known):
-        raise CheckpointError(f"{source}: architectures={archs!r} is not supported; qkv loads {SUPPORTED}")
-    if archs:
-        return known[archs[0]]
-    if any(n.startswith(("classifier.", "pre_classifier.")) for n in names):
-        raise CheckpointError(f"{source}: the weights hold a classifier head but architectures is empty; qkv "
-                              "does not guess a head or drop it")
-    return "masked_lm" if any(n.startswith("vocab_transform.") for n in names) else "encoder"
 
 
 def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str) -> Plan:
@@ -117,22 +104,24 @@ def _config(hf: dict[str, Any], source: str) -> ModelConfig:
         raise CheckpointError(f"{source}: {e}") from e
 
 
-def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, weights_source: str) -> Imported:
+def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
+         weights_source: str) -> Imported:
     """A Hugging Face DistilBERT checkpoint as qkv's config, kind, task and state dict."""
-    kind = _kind(hf, set(tensors), config_source)
+    kind = kind_from_hf(hf, tensors, config_source, architectures_=ARCHITECTURES, refused=_REFUSED,
+                        supported=SUPPORTED, head_prefixes={"masked_lm": ("vocab_transform.",)},
+                        classifier=("classifier.", "pre_classifier."))
     task = token_task(hf, config_source, hf.get("dropout", 0.1)) if kind == "token_classification" else None
     config = _config(hf, config_source)
     prefix = "distilbert." if any(n.startswith("distilbert.") for n in tensors) else ""
     plan = _plan(config, kind, task, prefix)
-    check_plan(tensors, plan, weights_source, ignored=(prefix + "embeddings.position_ids", "vocab_projector.weight"),
+    check_plan(tensors, plan, weights_source,
+               ignored=(prefix + "embeddings.position_ids", "vocab_projector.weight"),
                owned=(prefix + "embeddings.", prefix + "transformer.", "vocab_", "classifier."),
                layers_field="n_layers", n_layers=config.n_layers,
                unknown=f"a DistilBERT encoder or a head qkv supports ({SUPPORTED})")
-    decoder = tensors.get("vocab_projector.weight")
-    if kind == "masked_lm" and decoder is not None and not torch.equal(
-            decoder, tensors[prefix + "embeddings.word_embeddings.weight"]):
-        raise CheckpointError(f"{weights_source}: vocab_projector.weight differs from the word embeddings; qkv "
-                              "ties them (untied decoders are not supported)")
+    if kind == "masked_lm":
+        check_tied(tensors, "vocab_projector.weight", prefix + "embeddings.word_embeddings.weight",
+                   weights_source, what="the word embeddings")
     return Imported(config, kind, task, state_from_plan(tensors, plan))
 
 
@@ -146,7 +135,8 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
                      "DistilBertForSequenceClassification's head is two layers, qkv's one)")
     refuse_unexpressible(config, NAME, {
         "type_vocab_size": 0, "pooler": False, "position_offset": 0, "layer_norm_eps": _EPS,
-        "embedding_size": (lambda c: c.embedding_size in (None, c.d_model), f"{config.d_model} = dim")}, extra)
+        "embedding_size": (lambda c: c.embedding_size in (None, c.d_model), f"{config.d_model} = dim")},
+        extra)
     out = {"architectures": [ARCHITECTURES[kind]], "model_type": MODEL_TYPE, "vocab_size": config.vocab_size,
            "dim": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads,
            "hidden_dim": config.d_ff, "activation": ACT_TO_HF[config.activation], "dropout": config.dropout,

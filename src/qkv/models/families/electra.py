@@ -22,10 +22,9 @@ from typing import Any
 from torch import Tensor
 
 from qkv.config import ModelConfig
-from qkv.models.errors import CheckpointError
 from qkv.models.families import bert
-from qkv.models.families._common import (Imported, architectures, check_plan, label_fields, refuse_unexpressible,
-                                         state_from_plan, tensors_from_plan, token_task)
+from qkv.models.families._common import (Imported, check_plan, kind_from_hf, label_fields,
+                                         refuse_unexpressible, state_from_plan, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "electra"
@@ -40,26 +39,10 @@ _REFUSED = {"ElectraForMaskedLM": "the generator (a masked-LM head on E-wide emb
             "ElectraForCausalLM": "a causal language model (decoder)"}
 SUPPORTED = "ElectraModel, ElectraForPreTraining (the discriminator) and ElectraForTokenClassification"
 _HEAD = "discriminator_predictions."
-_DISCRIMINATOR = [(_HEAD + "dense.weight", "head.dense.weight", "CC"), (_HEAD + "dense.bias", "head.dense.bias", "C"),
+_DISCRIMINATOR = [(_HEAD + "dense.weight", "head.dense.weight", "CC"),
+                  (_HEAD + "dense.bias", "head.dense.bias", "C"),
                   (_HEAD + "dense_prediction.weight", "head.prediction.weight", "OC"),
                   (_HEAD + "dense_prediction.bias", "head.prediction.bias", "O")]
-
-
-def _kind(hf: dict[str, Any], names: set[str], source: str) -> str:
-    archs = architectures(hf)
-    for arch in archs:
-        if arch in _REFUSED:
-            raise CheckpointError(f"{source}: {arch}: {_REFUSED[arch]} is not supported; qkv loads {SUPPORTED}, "
-                                  "and never drops a head silently")
-    known = {a: k for k, a in ARCHITECTURES.items()}
-    if len(archs) > 1 or (archs and archs[0] not in known):
-        raise CheckpointError(f"{source}: architectures={archs!r} is not supported; qkv loads {SUPPORTED}")
-    if archs:
-        return known[archs[0]]
-    if any(n.startswith("classifier.") for n in names):
-        raise CheckpointError(f"{source}: the weights hold a classifier head but architectures is empty; qkv "
-                              "does not guess a head or drop it")
-    return "discriminator" if any(n.startswith(_HEAD) for n in names) else "encoder"
 
 
 def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str):
@@ -77,13 +60,12 @@ def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str):
     return plan
 
 
-def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, weights_source: str) -> Imported:
+def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
+         weights_source: str) -> Imported:
     """A Hugging Face ELECTRA checkpoint as qkv's config, kind, task and state dict."""
-    kind = _kind(hf, set(tensors), config_source)
-    task = None
-    if kind == "token_classification":
-        dropout = hf.get("classifier_dropout")
-        task = token_task(hf, config_source, hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout)
+    kind = kind_from_hf(hf, tensors, config_source, architectures_=ARCHITECTURES, refused=_REFUSED,
+                        supported=SUPPORTED, head_prefixes={"discriminator": (_HEAD,)})
+    task = token_task(hf, config_source) if kind == "token_classification" else None
     width = hf.get("embedding_size", 128)
     config = bert.bert_like_config(hf, config_source, family=MODEL_TYPE, pooler=False,
                                    embedding_size=None if width == hf.get("hidden_size") else width)

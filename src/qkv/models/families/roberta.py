@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.families import bert
-from qkv.models.families._common import (Imported, architectures, check_plan, head_bias_reasons, label_fields,
-                                         refuse_unexpressible, state_from_plan, tensors_from_plan, token_task)
+from qkv.models.families._common import (Imported, check_plan, check_tied, head_bias_reasons,
+                                         kind_from_hf, label_fields, refuse_unexpressible, state_from_plan,
+                                         tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "roberta"
@@ -43,31 +43,13 @@ _REFUSED = {"RobertaForSequenceClassification": "its two-layer classification he
 SUPPORTED = "RobertaModel, RobertaForMaskedLM and RobertaForTokenClassification"
 _HEAD = "lm_head."
 _MLM = [(_HEAD + "dense.weight", "head.dense.weight", "CC"), (_HEAD + "dense.bias", "head.dense.bias", "C"),
-        (_HEAD + "layer_norm.weight", "head.norm.weight", "C"), (_HEAD + "layer_norm.bias", "head.norm.bias", "C"),
-        (_HEAD + "bias", "head.bias", "V")]
-
-
-def _kind(hf: dict[str, Any], names: set[str], source: str) -> str:
-    archs = architectures(hf)
-    for arch in archs:
-        if arch in _REFUSED:
-            raise CheckpointError(f"{source}: {arch}: {_REFUSED[arch]} is not supported; qkv loads {SUPPORTED}, "
-                                  "and never drops a head silently")
-    known = {a: k for k, a in ARCHITECTURES.items()}
-    if len(archs) > 1 or (archs and archs[0] not in known):
-        raise CheckpointError(f"{source}: architectures={archs!r} is not supported; qkv loads {SUPPORTED}")
-    if archs:
-        return known[archs[0]]
-    if any(n.startswith("classifier.") for n in names):
-        raise CheckpointError(f"{source}: the weights hold a classifier head but architectures is empty; qkv "
-                              "does not guess a head or drop it")
-    return "masked_lm" if any(n.startswith(_HEAD) for n in names) else "encoder"
+        (_HEAD + "layer_norm.weight", "head.norm.weight", "C"),
+        (_HEAD + "layer_norm.bias", "head.norm.bias", "C"), (_HEAD + "bias", "head.bias", "V")]
 
 
 def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str):
     enc = "" if kind == "encoder" else "encoder."
-    plan = bert.encoder_plan(config, prefix, enc,
-                             n_labels=task.num_labels if task is not None else 0)
+    plan = bert.encoder_plan(config, prefix, enc, n_labels=task.num_labels if task is not None else 0)
     if kind == "masked_lm":
         plan.rows += _MLM
     if task is not None:
@@ -75,13 +57,12 @@ def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str):
     return plan
 
 
-def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, weights_source: str) -> Imported:
+def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
+         weights_source: str) -> Imported:
     """A Hugging Face RoBERTa checkpoint as qkv's config, kind, task and state dict."""
-    kind = _kind(hf, set(tensors), config_source)
-    task = None
-    if kind == "token_classification":
-        dropout = hf.get("classifier_dropout")
-        task = token_task(hf, config_source, hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout)
+    kind = kind_from_hf(hf, tensors, config_source, architectures_=ARCHITECTURES, refused=_REFUSED,
+                        supported=SUPPORTED, head_prefixes={"masked_lm": (_HEAD,)})
+    task = token_task(hf, config_source) if kind == "token_classification" else None
     pad = hf.get("pad_token_id")
     pad = 1 if pad is None else pad
     size = hf.get("max_position_embeddings", 514)
@@ -89,27 +70,22 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, 
         raise CheckpointError(f"{config_source}: max_position_embeddings={size} leaves no position after the "
                               f"offset pad_token_id + 1 = {pad + 1}")
     if kind == "masked_lm" and hf.get("hidden_act", "gelu") != "gelu":
-        raise CheckpointError(f"{config_source}: hidden_act={hf['hidden_act']!r} with RobertaForMaskedLM is not "
-                              "supported: its head applies gelu, qkv's the encoder's activation")
+        raise CheckpointError(f"{config_source}: hidden_act={hf['hidden_act']!r} with RobertaForMaskedLM is "
+                              "not supported: its head applies gelu, qkv's the encoder's activation")
     prefix = "roberta." if any(n.startswith("roberta.") for n in tensors) else ""
-    pooler = bert.has_pooler(tensors, "roberta.")
-    config = bert.bert_like_config({**hf, "pad_token_id": pad}, config_source, family=MODEL_TYPE, pooler=pooler,
-                                   max_len=size - pad - 1, position_offset=pad + 1)
+    config = bert.bert_like_config({**hf, "pad_token_id": pad}, config_source, family=MODEL_TYPE,
+                                   pooler=bert.has_pooler(tensors, "roberta."), max_len=size - pad - 1,
+                                   position_offset=pad + 1)
     plan = _plan(config, kind, task, prefix)
-    check_plan(tensors, plan, weights_source, ignored=tuple(prefix + n for n in bert.IGNORED_ENCODER)
-               + (_HEAD + "decoder.",), owned=(prefix + "embeddings.", prefix + "encoder.", prefix + "pooler.",
-                                              _HEAD, "classifier."),
+    check_plan(tensors, plan, weights_source,
+               ignored=tuple(prefix + n for n in bert.IGNORED_ENCODER) + (_HEAD + "decoder.",),
+               owned=(prefix + "embeddings.", prefix + "encoder.", prefix + "pooler.", _HEAD, "classifier."),
                layers_field="num_hidden_layers", n_layers=config.n_layers, pooler=prefix + "pooler.",
                unknown=f"a RoBERTa encoder, its pooler, or a head qkv supports ({SUPPORTED})")
     if kind == "masked_lm":
-        decoder = tensors.get(_HEAD + "decoder.weight")
-        if decoder is not None and not torch.equal(decoder, tensors[prefix + "embeddings.word_embeddings.weight"]):
-            raise CheckpointError(f"{weights_source}: {_HEAD}decoder.weight differs from the word embeddings; "
-                                  "qkv ties them (untied decoders are not supported)")
-        bias = tensors.get(_HEAD + "decoder.bias")
-        if bias is not None and not torch.equal(bias, tensors[_HEAD + "bias"]):
-            raise CheckpointError(f"{weights_source}: {_HEAD}decoder.bias differs from {_HEAD}bias; they are one "
-                                  "parameter in RoBERTa")
+        check_tied(tensors, _HEAD + "decoder.weight", prefix + "embeddings.word_embeddings.weight",
+                   weights_source, what="the word embeddings")
+        check_tied(tensors, _HEAD + "decoder.bias", _HEAD + "bias", weights_source)
     return Imported(config, kind, task, state_from_plan(tensors, plan))
 
 
@@ -126,7 +102,8 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     if kind == "masked_lm" and config.activation != "gelu":
         extra.append(f"activation={config.activation!r} with a masked-LM head (RoBERTa's head applies gelu)")
     refuse_unexpressible(config, NAME, {
-        "embedding_size": (lambda c: c.embedding_size in (None, c.d_model), f"{config.d_model} = hidden_size"),
+        "embedding_size": (lambda c: c.embedding_size in (None, c.d_model),
+                           f"{config.d_model} = hidden_size"),
         "position_offset": (lambda c: c.position_offset == c.pad_token_id + 1,
                             f"pad_token_id + 1 = {config.pad_token_id + 1}")}, extra)
     out = bert.bert_like_hf_config(config, MODEL_TYPE, ARCHITECTURES[kind])
