@@ -1,6 +1,7 @@
 """The encoder: token + position + segment embeddings, then a stack of transformer layers.
 
-Legend: B batch, T length, C model width, E embedding width (C unless projected), H heads, V vocabulary.
+Legend: B batch, T length, C model width, E embedding width (C unless projected), H heads,
+V vocabulary.
 
 Modules here take plain arguments; :func:`qkv.models.builders.build_encoder` assembles them from
 a :class:`qkv.config.ModelConfig`. The default path is fast: no attention weights are formed
