@@ -1,7 +1,7 @@
 """Hugging Face model families ⇄ qkv: one converter module per family, chosen by ``model_type``.
 
 These modules are the only code that knows Hugging Face tensor and config names. Each family
-module (``bert``, ``roberta``, ``distilbert``, ``electra``) offers the same three things:
+module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``) offers the same three things:
 
 * ``read(hf_config, tensors, *, config_source, weights_source) -> Imported`` — qkv's config
   (with ``family`` set to the module's ``MODEL_TYPE``), kind, task and state dict, every tensor
@@ -32,6 +32,7 @@ FAMILIES: dict[str, str] = {
     "roberta": "qkv.models.families.roberta",
     "distilbert": "qkv.models.families.distilbert",
     "electra": "qkv.models.families.electra",
+    "modernbert": "qkv.models.families.modernbert",
 }
 DEFAULT = "bert"
 
