@@ -1,6 +1,7 @@
 """Execution paths of attention behind one interface (:class:`Backend`), and their registry.
 
-Legend: B batch, H heads, T query length, S key length, D head dim, E value head dim.
+Legend: B batch, H heads, T query length, S key length, D head dim, E value head dim, G key/value
+heads (G divides H; query head h reads key/value head h // (H/G)).
 
 A backend is one way to execute the staged core of :func:`qkv.nn.attend.attend` — the same numbers
 by another route. Built in: ``sdpa`` (torch's fused kernel), ``explicit`` (materialised scores;
@@ -40,7 +41,8 @@ class AttendCall:
     """One call of attention, as :func:`qkv.nn.attend.attend` hands it to a backend.
 
     Attributes:
-        q: ``(B,H,T,D)``. k: ``(B,H,S,D)``. v: ``(B,H,S,E)``.
+        q: ``(B,H,T,D)``. k: ``(B,G,S,D)``. v: ``(B,G,S,E)`` (G = H, or fewer key/value heads:
+            grouped-query attention; every backend runs G < H).
         similarity: the similarity module.
         bias: ``None``, a float tensor of 4 dims broadcastable to ``(B,H,T,S)``, or a row-block
             function ``(start, stop) -> (B?,H?,stop-start,S)`` (e.g. an
@@ -52,6 +54,7 @@ class AttendCall:
         chunk_size: queries per block for blockwise backends, or ``None`` (sized from ``budget``).
         budget: elements of score work memory one block may use.
         weights_out: a ``(B,H,T,S)`` tensor to write the weights into (and return), or ``None``.
+        window: ``None``, or a sliding window W: query i sees key j iff ``|i + (S-T) - j| ≤ W // 2``.
     """
 
     q: Tensor
@@ -66,6 +69,7 @@ class AttendCall:
     chunk_size: int | None
     budget: int
     weights_out: Tensor | None = None
+    window: int | None = None
 
     def put_weights(self, weights: Tensor | None) -> Tensor | None:
         """``weights`` written into :attr:`weights_out` when one was given (autograd follows the copy)."""
@@ -121,6 +125,8 @@ class Features:
         small: the ``(B,H,T,S)`` scores fit the budget.
         bias_large: a dense ``(H,T,S)`` bias would exceed the budget.
         empty: no query (B·T = 0).
+        window: a sliding window restricts the keys (the chunked backend then visits only each
+            block's band, memory linear in T).
     """
 
     has_dot: bool = True
@@ -133,6 +139,7 @@ class Features:
     small: bool = True
     bias_large: bool = False
     empty: bool = False
+    window: bool = False
 
 
 class Backend(ABC):

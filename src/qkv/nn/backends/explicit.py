@@ -1,6 +1,8 @@
 """The explicit backend: the staged core on materialised ``(B,H,T,S)`` scores; returns the weights.
 
-Legend: B batch, H heads, T query length, S key length.
+Legend: B batch, H heads, T query length, S key length. Keys and values may have fewer heads
+(grouped-query attention, see :func:`~qkv.nn.stages.staged_attention`); a sliding window is a
+``(T,S)`` band in the mask.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ class ExplicitBackend(Backend):
 
     def run(self, call: AttendCall) -> AttendOutput:
         _, _, T, S = call.shape
-        m = block_mask(call.mask, call.causal, 0, T, T, S, call.q.device)  # (B?,H?,T?,S)
+        m = block_mask(call.mask, call.causal, 0, T, T, S, call.q.device, window=call.window)  # (B?,H?,T?,S)
         out, w = staged_attention(call.q, call.k, call.v, call.similarity, bias_rows(call.bias, 0, T), m,
                                   call.dropout_p)
         return AttendOutput(out, call.put_weights(w))

@@ -5,7 +5,10 @@ Legend: B batch, H heads, T query length, S key length, E value head dim.
 
 Additive score biases go in as the kernel's float ``attn_mask``; on CPU torch runs a flash kernel
 here whose memory is linear in T (any dropout drops it to the quadratic math path). It cannot
-return weights. A query whose keys are all masked attends everywhere inside the kernel and gets
+return weights. Fewer key/value heads than query heads (grouped-query attention) run with the
+kernel's ``enable_gqa`` (no copy of k or v); a sliding window goes in as a ``(T,S)`` band in the
+boolean mask (quadratic in T: :func:`~qkv.nn.attend.choose_backend` sends long windowed calls to
+the chunked backend). A query whose keys are all masked attends everywhere inside the kernel and gets
 its output zeroed afterwards, as on every backend.
 """
 
@@ -33,11 +36,12 @@ class SdpaBackend(Backend):
     def run(self, call: AttendCall) -> AttendOutput:
         q, k, v, bias, mask = call.q, call.k, call.v, call.bias, call.mask
         qd, kd, scale = call.similarity.as_dot(q, k)  # (B,H,T,D'), (B,H,S,D')
-        _, _, t, s = call.shape
-        if call.causal and mask is None and bias is None and t == s:
+        _, h, t, s = call.shape
+        gqa = {"enable_gqa": True} if kd.shape[1] != h else {}  # query head i reads k/v head i // (H/G)
+        if call.causal and mask is None and bias is None and t == s and call.window is None:
             return AttendOutput(F.scaled_dot_product_attention(qd, kd, v, dropout_p=call.dropout_p,
-                                                               is_causal=True, scale=scale))
-        m = block_mask(mask, call.causal, 0, t, t, s, q.device)
+                                                               is_causal=True, scale=scale, **gqa))
+        m = block_mask(mask, call.causal, 0, t, t, s, q.device, window=call.window)
         row_ok = None
         if m is not None:
             row_ok = m.any(dim=-1, keepdim=True)  # (B?,H?,T?,1)
@@ -47,7 +51,7 @@ class SdpaBackend(Backend):
             b = bias_rows(bias, 0, t).to(qd.dtype)  # (B?,H?,T,S)
             attn_mask = b if m is None else b.masked_fill(~m, float("-inf"))
         out = F.scaled_dot_product_attention(qd, kd, v, attn_mask=attn_mask, dropout_p=call.dropout_p,
-                                             scale=scale)  # (B,H,T,E)
+                                             scale=scale, **gqa)  # (B,H,T,E)
         if row_ok is not None:
             out = out * row_ok  # (B,H,T,E) * (B?,H?,T?,1)
         return AttendOutput(out)
