@@ -294,7 +294,8 @@ class PositionSlots:
             given to every layer's attention as ``qk_pos`` (added to the inputs of the query and
             key maps, not the values) — or ``None``.
         qk_only: see ``input``.
-        qk_transform_factory: makes one q/k transform (``None``: no transform).
+        qk_transform_factory: makes one q/k transform (``None``: no transform); called with
+            ``rope_base=`` for a layer with its own rotary base.
         score_bias_factory: makes one score-bias module (``None``: no bias).
     """
 
@@ -303,9 +304,19 @@ class PositionSlots:
     qk_transform_factory: Callable[[], nn.Module] | None = None
     score_bias_factory: Callable[[], nn.Module] | None = None
 
-    def make_qk_transform(self) -> nn.Module | None:
-        """A new module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors for one layer, or ``None``."""
-        return self.qk_transform_factory() if self.qk_transform_factory is not None else None
+    def make_qk_transform(self, *, rope_base: float | None = None) -> nn.Module | None:
+        """A new module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors for one layer, or ``None``.
+
+        Args:
+            rope_base: this layer's own rotary base (e.g. the local layers' of a local/global
+                encoder); ``None`` = the base the slots were built with. Ignored without a rotary
+                transform.
+        """
+        if self.qk_transform_factory is None:
+            return None
+        if rope_base is None:
+            return self.qk_transform_factory()
+        return self.qk_transform_factory(rope_base=rope_base)
 
     def make_score_bias(self) -> nn.Module | None:
         """A new module ``(T, S) -> bias`` (an :class:`OffsetBias`) for one layer, or ``None``."""
@@ -353,7 +364,12 @@ def build_positions(
         return PositionSlots(LearnedPositions(max_len, d_model), qk_only)
     if name == "rope":
         RotaryEmbedding(d_head, rope_base)  # validate now, not at the first layer
-        return PositionSlots(None, False, qk_transform_factory=lambda: RotaryEmbedding(d_head, rope_base))
+        default_base = rope_base
+
+        def rotary(*, rope_base: float = default_base) -> RotaryEmbedding:
+            return RotaryEmbedding(d_head, rope_base)
+
+        return PositionSlots(None, False, qk_transform_factory=rotary)
     factories = {
         "relative": lambda: RelativePositionBias(n_heads, max_distance),
         "relative-alibi": lambda: RelativePositionBias(n_heads, max_distance, init="alibi"),
