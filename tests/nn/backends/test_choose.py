@@ -45,6 +45,16 @@ TABLE = [  # (requested, features, chosen)
     ("explicit", F_(), "explicit"),
     ("chunked", F_(need_weights=True), "chunked"),
     ("inplace", F_(), "inplace"),
+    # a sliding window: a band in the mask while the scores fit, else the chunked band blocks
+    ("auto", F_(window=True), "sdpa"),
+    ("auto", F_(window=True, need_weights=True), "inplace"),
+    ("auto", F_(window=True, need_weights=True, grad=True), "explicit"),
+    ("auto", F_(window=True, has_dot=False), "explicit"),
+    ("auto", F_(window=True, small=False), "chunked"),
+    ("auto", F_(window=True, small=False, need_weights=True), "chunked"),
+    ("auto", F_(window=True, small=False, offset_bias=True, bias_large=True), "chunked"),
+    ("auto", F_(window=True, offset_bias=True), "sdpa"),  # offset_kernel_ok is False with a window
+    ("sdpa", F_(window=True, small=False), "sdpa"),  # a named backend runs (a dense band)
 ]
 
 
