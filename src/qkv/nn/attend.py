@@ -159,7 +159,8 @@ def attend(
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be a positive int (keys within window // 2 either side) or None, got {window!r}")
+        raise ValueError(f"window must be a positive int (keys within window // 2 either side) or None, "
+                         f"got {window!r}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
     if mask is not None:

@@ -249,7 +249,8 @@ def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj
         raise ValueError(f"n_kv_heads={n_kv_heads} < n_heads={n_heads} needs a qkv_proj (without one queries, "
                          "keys and values are the embeddings themselves, H heads each)")
     qkv_rows = d_model + 2 * n_kv_heads * (d_model // n_heads)  # C + 2·G·D
-    for name, lin, shape in (("qkv_proj", qkv_proj, (qkv_rows, d_model)), ("out_proj", out_proj, (d_model, d_model))):
+    for name, lin, shape in (("qkv_proj", qkv_proj, (qkv_rows, d_model)),
+                             ("out_proj", out_proj, (d_model, d_model))):
         if lin is not None and (not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != shape):
             got = tuple(lin.weight.shape) if isinstance(lin, nn.Linear) else type(lin).__name__
             raise ValueError(f"{name} must be an nn.Linear with weight {shape} or None, got {got}")

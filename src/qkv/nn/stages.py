@@ -122,7 +122,10 @@ def dot_scores(q: Tensor, k: Tensor) -> Tensor:
 
 
 def mix(weights: Tensor, v: Tensor) -> Tensor:
-    """``weights · V`` for H query heads and G value heads, v never copied: ``(B,H,T,S), (B,G,S,E)`` → ``(B,H,T,E)``."""
+    """``weights · V`` for H query heads and G value heads, v never copied.
+
+    ``(B,H,T,S), (B,G,S,E)`` → ``(B,H,T,E)``.
+    """
     B, H, T, S = weights.shape
     G, E = v.shape[1], v.shape[3]
     if G == H:

@@ -297,7 +297,8 @@ class OffsetFlashBackend(Backend):
         if not isinstance(call.bias, OffsetBias) or not call.has_dot or call.need_weights:
             return ("the offset_flash backend runs an OffsetBias (relative, t5, alibi positions) with a "
                     "dot-product similarity and no weights; use backend 'auto'")
-        if not offset_fast_ok(call.q, call.v, call.bias, call.mask, call.causal, call.dropout_p) or call.window is not None:
+        kernel_ok = offset_fast_ok(call.q, call.v, call.bias, call.mask, call.causal, call.dropout_p)
+        if not kernel_ok or call.window is not None:
             return ("the offset_flash backend needs a CPU tensor, no causal mask, no sliding window, a mask over "
                     "keys only and no dropout; use backend 'chunked'")
         return None
