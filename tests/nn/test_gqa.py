@@ -106,6 +106,17 @@ def test_every_backend_matches_explicit_with_grouped_keys(name, backend, g):
             torch.testing.assert_close(got.weights, want.weights, atol=1e-6, rtol=1e-6)
 
 
+def test_sdpa_without_the_kernels_enable_gqa_expands_keys(monkeypatch):
+    from qkv.nn.backends import sdpa
+
+    monkeypatch.setattr(sdpa, "KERNEL_GQA", False)  # as on torch < 2.5
+    q, k, v = _qkv(g=2)
+    sim = build_similarity("scaled_dot", n_heads=H, d_head=D)
+    want = attend(q, k, v, similarity=sim, backend="explicit", causal=True)
+    got = attend(q, k, v, similarity=sim, backend="sdpa", causal=True)
+    torch.testing.assert_close(got.output, want.output, atol=1e-5, rtol=1e-5)
+
+
 def test_offset_flash_with_grouped_keys_matches_explicit():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, h, T, D, generator=gen) for h in (H, 2, 2))
