@@ -24,12 +24,16 @@ a plugin backend          its ``claims(features)`` says so (asked first, in regi
 
 Below that row a window is a ``(T,S)`` band in the boolean mask. Keys and values may have fewer
 heads than the queries (grouped-query attention, G dividing H; query head h reads key/value head
-h // (H/G), as transformers' ``repeat_kv``); every backend runs them. Naming ``backend="sdpa"`` with an offset bias the kernel can run also takes ``offset_flash``
+h // (H/G), as transformers' ``repeat_kv``); every built-in backend runs them, and a backend of
+your own that does not say so (``grouped_kv_ok``) gets them expanded to H heads. A backend that
+does not read ``window`` (``window_ok``) is never given a windowed call. Naming ``backend="sdpa"`` with an offset bias the kernel can run also takes ``offset_flash``
 (never a dense bias). Masks: boolean, broadcastable to ``(B,H,T,S)``, True = may attend. A query
 whose keys are all masked gets an output of zeros and weights of zeros on every backend — never NaN.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from torch import Tensor
 
@@ -37,7 +41,7 @@ from qkv.nn.backends import BACKENDS, AttendCall, Features, backend_names, needs
 from qkv.nn.backends.offset_flash import offset_fast_ok
 from qkv.nn.masks import check_mask
 from qkv.nn.offset_bias import OffsetBias
-from qkv.nn.stages import AttendOutput, Bias, masked_softmax
+from qkv.nn.stages import AttendOutput, Bias, expand_kv, masked_softmax
 
 __all__ = ["attend", "AttendOutput", "choose_backend", "features_of", "DEFAULT_BUDGET", "masked_softmax"]
 
@@ -174,8 +178,13 @@ def attend(
                          f"got {tuple(weights_out.shape)}")
     call = AttendCall(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget,
                       weights_out, window)
-    plugins = [b for b in BACKENDS.values() if not b.builtin]
+    plugins = [b for b in BACKENDS.values() if not b.builtin and (window is None or b.window_ok)]
     chosen = BACKENDS[choose_backend(backend, features_of(call), plugins)]
+    if window is not None and not chosen.window_ok:
+        raise ValueError(f"the {chosen.name} backend does not run a sliding window (its window_ok is False); "
+                         "use backend 'auto'")
+    if k.shape[1] != H and not chosen.grouped_kv_ok:  # (B,G,S,·) -> (B,H,S,·) for a backend written for H
+        call = replace(call, k=expand_kv(k, H), v=expand_kv(v, H))
     reason = chosen.refuse(call)
     if reason is not None:
         raise ValueError(reason)

@@ -124,3 +124,18 @@ def test_a_new_backend_is_used_by_name_by_auto_and_from_a_config(math_backend):
     cfg = ModelConfig.preset("tiny", attention_path="math_sdpa")
     build_encoder(cfg).eval()(torch.randint(1, 97, (2, 6)))
     assert MathSdpa.runs == 3 + cfg.n_layers
+
+
+def test_a_backend_of_your_own_gets_expanded_kv_and_no_window(math_backend):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 7, 8, generator=g)
+    k, v = (torch.randn(2, 2, 7, 8, generator=g) for _ in range(2))  # 2 key/value heads for 6 query heads
+    sim = build_similarity("scaled_dot", n_heads=6, d_head=8)
+    want = attend(q, k, v, similarity=sim, backend="explicit").output
+    got = attend(q, k, v, similarity=sim, backend="math_sdpa").output  # written for H heads: gets k, v expanded
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="does not run a sliding window"):
+        attend(q, k, v, similarity=sim, backend="math_sdpa", window=3)
+    runs = MathSdpa.runs
+    attend(q, k, v, similarity=sim, dropout_p=0.1, window=3)  # it would claim this call; a window passes it over
+    assert MathSdpa.runs == runs

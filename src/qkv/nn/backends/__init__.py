@@ -143,10 +143,19 @@ class Features:
 
 
 class Backend(ABC):
-    """One execution path of attention (see the module docstring)."""
+    """One execution path of attention (see the module docstring).
+
+    Attributes:
+        window_ok: the backend reads ``call.window``; one that does not is never given a windowed
+            call (``auto`` passes it over; naming it is refused with a message).
+        grouped_kv_ok: the backend takes keys/values with fewer heads than the queries; one that
+            does not gets them expanded to H heads (transformers' ``repeat_kv``) before ``run``.
+    """
 
     name: str = ""
     builtin: bool = False
+    window_ok: bool = False
+    grouped_kv_ok: bool = False
 
     def refuse(self, call: AttendCall) -> str | None:
         """``None`` when this backend can run ``call``, else a one-line reason naming what to use."""

@@ -62,6 +62,8 @@ def _bias_block(bias, start: int, stop: int, keys: tuple[int, int] | None):
 class ChunkedBackend(Backend):
     """The explicit computation one block of queries at a time (see the module docstring)."""
 
+    window_ok = grouped_kv_ok = True
+
     def run(self, call: AttendCall) -> AttendOutput:
         q = call.q
         B, H, T, S = call.shape

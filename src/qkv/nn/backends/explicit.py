@@ -17,6 +17,8 @@ __all__ = ["ExplicitBackend"]
 class ExplicitBackend(Backend):
     """:func:`~qkv.nn.stages.staged_attention` over all queries at once."""
 
+    window_ok = grouped_kv_ok = True
+
     def run(self, call: AttendCall) -> AttendOutput:
         _, _, T, S = call.shape
         m = block_mask(call.mask, call.causal, 0, T, T, S, call.q.device, window=call.window)  # (B?,H?,T?,S)

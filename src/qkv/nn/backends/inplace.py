@@ -85,6 +85,8 @@ def softmax_scores_(scores: Tensor, *, bias: Bias | None, mask: Tensor | None, c
 class InplaceBackend(Backend):
     """Weights filled in place (see the module docstring)."""
 
+    window_ok = grouped_kv_ok = True
+
     def refuse(self, call: AttendCall) -> str | None:
         if not call.has_dot:
             return call.no_dot_form()

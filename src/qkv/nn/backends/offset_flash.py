@@ -293,6 +293,8 @@ class _OffsetAttention(torch.autograd.Function):
 class OffsetFlashBackend(Backend):
     """:func:`offset_attention` behind the backend interface."""
 
+
+    window_ok = grouped_kv_ok = True  # refuses a window with a message; expands grouped k, v itself
     def refuse(self, call: AttendCall) -> str | None:
         if not isinstance(call.bias, OffsetBias) or not call.has_dot or call.need_weights:
             return ("the offset_flash backend runs an OffsetBias (relative, t5, alibi positions) with a "

@@ -39,6 +39,8 @@ def _grouped(kd, v, n_heads: int):
 class SdpaBackend(Backend):
     """torch's fused kernel (see the module docstring)."""
 
+    window_ok = grouped_kv_ok = True
+
     def refuse(self, call: AttendCall) -> str | None:
         if not call.has_dot:
             return call.no_dot_form()
