@@ -235,3 +235,28 @@ def test_window_must_be_a_positive_int():
         attend(q, k, v, similarity=sim, window=0)
     with pytest.raises(ValueError, match="window must be a positive int"):
         build_attention(24, 4, window=True)
+
+
+def test_windowed_weights_under_autograd_on_chunked_match_explicit():
+    q, k, v, kw = _case("padding", seed=2)
+    sim = build_similarity("scaled_dot", n_heads=H, d_head=D)
+    res = {}
+    for backend in ("explicit", "chunked"):
+        qq = q.clone().requires_grad_()
+        r = attend(qq, k, v, similarity=sim, window=4, backend=backend, need_weights=True, chunk_size=3, **kw)
+        (r.output.sum() + (r.weights * torch.linspace(0, 1, r.weights.numel()).view(r.weights.shape)).sum()).backward()
+        res[backend] = (r.output, r.weights, qq.grad)
+    for got, want in zip(res["chunked"], res["explicit"]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_window_with_more_keys_than_queries_is_aligned_at_the_end():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(2, H, 5, D, generator=gen), torch.randn(2, H, 9, D, generator=gen), torch.randn(2, H, 9, D,
+                                                                                                        generator=gen)
+    sim = build_similarity("scaled_dot", n_heads=H, d_head=D)
+    band = torch.tensor([[abs(i + 4 - j) <= 1 for j in range(9)] for i in range(5)])  # query i sits at key i + S - T
+    want = attend(q, k, v, similarity=sim, mask=band, backend="explicit").output
+    for backend in ("explicit", "chunked", "sdpa", "inplace"):
+        got = attend(q, k, v, similarity=sim, window=3, backend=backend, chunk_size=2).output
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
