@@ -213,6 +213,11 @@ def test_auto_picks_chunked_for_long_windowed_calls():
     call = AttendCall(q, k, v, sim, None, None, False, 0.0, False, None, 1024, None, 8)
     assert features_of(call).window and not features_of(call).small
     assert choose_backend("auto", features_of(call)) == "chunked"
+    wide = AttendCall(q, k, v, sim, None, None, False, 0.0, False, None, 2**24, None, 8)  # fits; S = 64 = 8·W
+    assert features_of(wide).small and not features_of(wide).band_narrow
+    assert choose_backend("auto", features_of(wide)) == "sdpa"  # a dense band on the fused kernel
+    narrow = AttendCall(q, k, v, sim, None, None, False, 0.0, False, None, 2**24, None, 7)  # S > 8·W
+    assert features_of(narrow).band_narrow and choose_backend("auto", features_of(narrow)) == "chunked"
 
 
 @pytest.mark.parametrize("g", [4, 2])

@@ -10,8 +10,9 @@ Every backend (:mod:`qkv.nn.backends`) computes :func:`~qkv.nn.stages.staged_att
 ``auto`` picks            when
 ========================  =====================================================================
 a plugin backend          its ``claims(features)`` says so (asked first, in registration order)
-``chunked``               a sliding window and scores over the budget: each block of queries
-                          visits only its band of keys (memory linear in T)
+``chunked``               a sliding window, when the scores exceed the budget or the window
+                          covers under an eighth of the keys: each block of queries visits only
+                          its band of keys (time and memory linear in T)
 ``inplace``               weights wanted, a dot-product similarity, no autograd, no dropout
 ``explicit``/``chunked``  weights wanted otherwise (``chunked`` when the scores exceed the budget)
 ``offset_flash``          an offset bias (relative, T5, ALiBi) the flash kernel can run — except a
@@ -64,7 +65,7 @@ def choose_backend(requested: str, f: Features, plugins=()) -> str:
     for backend in plugins:
         if backend.claims(f):
             return backend.name
-    if f.window and not f.small:
+    if f.window and (not f.small or f.band_narrow):
         return "chunked"  # the band of each query block only: linear in T, weights or not
     blockwise = "explicit" if f.small else "chunked"
     if f.need_weights:
@@ -94,6 +95,7 @@ def features_of(call: AttendCall) -> Features:
         bias_large=H * T * S > call.budget,
         empty=B * T == 0,
         window=call.window is not None,
+        band_narrow=call.window is not None and S > 8 * call.window,
     )
 
 

@@ -54,6 +54,8 @@ TABLE = [  # (requested, features, chosen)
     ("auto", F_(window=True, small=False, need_weights=True), "chunked"),
     ("auto", F_(window=True, small=False, offset_bias=True, bias_large=True), "chunked"),
     ("auto", F_(window=True, offset_bias=True), "sdpa"),  # offset_kernel_ok is False with a window
+    ("auto", F_(window=True, band_narrow=True), "chunked"),  # S > 8·W: the band is less work
+    ("auto", F_(window=True, band_narrow=True, need_weights=True), "chunked"),
     ("sdpa", F_(window=True, small=False), "sdpa"),  # a named backend runs (a dense band)
 ]
 

@@ -127,6 +127,8 @@ class Features:
         empty: no query (B·T = 0).
         window: a sliding window restricts the keys (the chunked backend then visits only each
             block's band, memory linear in T).
+        band_narrow: that window covers under an eighth of the keys (S > 8·W): visiting only the
+            band is less work than a dense band mask on the fused kernel.
     """
 
     has_dot: bool = True
@@ -140,6 +142,7 @@ class Features:
     bias_large: bool = False
     empty: bool = False
     window: bool = False
+    band_narrow: bool = False
 
 
 class Backend(ABC):
