@@ -284,6 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-timing", action="store_true", help="skip the timing runs")
     p.add_argument("--json", metavar="OUT", default=None, help="write all results to this JSON file")
     p.add_argument("--strict", action="store_true", help="exit with status 1 if an acceptance check fails")
+    p.add_argument("--variants", action="store_true",
+                   help="run the variant section instead: GQA, MQA, qk-norm and sliding-window attention vs plain, "
+                        "forward+backward time and memory with ratios (benchmarks/attention_variants.py; --quick, "
+                        "--sizes, --batch, --heads, --d-head, --reps, --warmup, --json and --memory none pass on)")
     p.add_argument("--_memory-child", dest="memory_child", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -293,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_child is not None:
         print(json.dumps(_memory_child(json.loads(args.memory_child))))
         return 0
+    if args.variants:
+        return _variants(args)
     q = args.quick
     sizes = args.sizes or list(QUICK_SIZES if q else FULL_SIZES)
     b = args.batch or (2 if q else 8)
@@ -424,6 +430,22 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(results, indent=1))
         print(f"# results written to {args.json}")
     return 1 if args.strict and not all(ok for _, ok, _ in checks) else 0
+
+
+def _variants(args) -> int:
+    """The variant section (benchmarks/attention_variants.py) with this script's shared options."""
+    from attention_variants import main as variants_main
+
+    argv = ["--quick"] if args.quick else []
+    for flag, value in (("--batch", args.batch), ("--heads", args.heads), ("--d-head", args.d_head),
+                        ("--reps", args.reps), ("--warmup", args.warmup), ("--json", args.json)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.sizes:
+        argv += ["--sizes", *map(str, args.sizes)]
+    if args.memory == "none":
+        argv.append("--no-memory")
+    return variants_main(argv)
 
 
 def _print_mem(label: str, r: dict) -> None:

@@ -59,6 +59,38 @@ def test_memory_subprocess_reports_peak_and_weights():
     assert r["peak_bytes"] >= 0
 
 
+def test_variants_section_runs_and_prints_ratios(tmp_path, capsys):
+    """``attention.py --variants``: GQA, MQA, qk-norm and window against plain, in process, timing only."""
+    bench = _load()
+    out = tmp_path / "variants.json"
+    threads = torch.get_num_threads()
+    try:
+        rc = bench.main(["--variants", "--quick", "--sizes", "16", "--heads", "4", "--d-head", "8",
+                         "--memory", "none", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    assert "ratio to plain" in capsys.readouterr().out
+    row = json.loads(out.read_text())["timing"][0]
+    assert row["N"] == 16 and row["plain"]["ratio_plain"] == 1.0
+    assert {"gqa", "mqa", "qk_norm", "window"} <= set(row)
+
+
+def test_variants_memory_subprocess_and_layers():
+    import sys
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import attention_variants as variants
+
+    built = {v: variants.build_variant(v, 32, 4, kv_heads=2, window=8) for v in variants.VARIANTS}
+    assert built["gqa"].n_kv_heads == 2 and built["mqa"].n_kv_heads == 1
+    assert built["qk_norm"].qk_norm is not None and built["window"].window == 8
+    r = variants.measure_memory({"variant": "window", "N": 32, "B": 1, "H": 4, "d_head": 8, "kv_heads": 2,
+                                 "window": 8}, timeout=120)
+    assert "error" not in r, r
+    assert r["peak_bytes"] >= 0
+
+
 def test_call_path_counts_the_files_of_both_paths(tmp_path):
     """benchmarks/call_path.py: a tiny pretraining run and qkv.embed, each with its file counts."""
     import subprocess

@@ -31,7 +31,7 @@ def test_builtin_grids_load_validate_and_ask_the_issue_questions():
     assert load_grid("projections").stats == ("self_attention_share",)
     assert load_grid("scaling").stats == ("saturation",)
     assert load_grid("positions").length_factor == 2
-    assert len(load_grid("positions").variants) == 8
+    assert len(load_grid("positions").variants) == 9
     heads = validate_grid(load_grid("heads"))
     assert [heads[v].model["n_heads"] for v in ("h1", "h2", "h4", "h8")] == [1, 2, 4, 8]
     sims = {c.model["similarity"] for c in validate_grid(load_grid("similarity")).values()}

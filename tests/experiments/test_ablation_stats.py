@@ -99,3 +99,18 @@ def test_grad_norms_total_matches_torch_and_qk_rows_are_the_first_two_thirds():
     expected = math.sqrt(sum(float((x.double() ** 2).sum()) for x in qk))
     assert g["qk_grad_norm"] == pytest.approx(expected, rel=1e-6)
     assert math.isnan(grad_norms(_tiny(qkv_proj=False))["qk_grad_norm"])
+
+
+def test_qk_grad_norm_rows_follow_grouped_key_value_heads():
+    model = _tiny(n_kv_heads=1)  # C = 24, H heads of D = 24/H: Q rows C, K rows D (then V rows D)
+    model.train()
+    ids = torch.tensor([[2, 11, 23, 35, 47]])
+    labels = torch.full_like(ids, -100)
+    labels[0, 2] = 23
+    model(ids, labels=labels).loss.backward()
+    att = model.encoder.layers[0].attention
+    rows = 24 + att.d_head
+    assert att.qkv_proj.weight.shape[0] == 24 + 2 * att.d_head
+    qk = [t.grad[:rows] for n, t in model.named_parameters() if "qkv_proj" in n]
+    expected = math.sqrt(sum(float((x.double() ** 2).sum()) for x in qk))
+    assert grad_norms(model)["qk_grad_norm"] == pytest.approx(expected, rel=1e-6)

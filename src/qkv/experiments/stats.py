@@ -82,12 +82,14 @@ def encoder_attentions(model: nn.Module, input_ids: Tensor, mask: Tensor) -> tup
 
 
 def _qk_parts(model: nn.Module):
-    """``(weight, bias, rows)`` of every fused Q/K/V map: rows ``[0:2C]`` are the Q and K maps."""
+    """``(weight, bias, rows)`` of every fused Q/K/V map: rows ``[0:C+G·D]`` are the Q and K maps
+    (G key/value heads of width D; ``2C`` when G = H)."""
     for module in model.modules():
         proj = getattr(module, "qkv_proj", None)
         d_model = getattr(module, "d_model", None)
         if isinstance(proj, nn.Linear) and isinstance(d_model, int):
-            yield proj.weight, proj.bias, 2 * d_model
+            kv_width = getattr(module, "n_kv_heads", 1) * getattr(module, "d_head", d_model)  # G·D
+            yield proj.weight, proj.bias, d_model + kv_width
 
 
 def grad_norms(model: nn.Module) -> dict:

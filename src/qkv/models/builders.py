@@ -23,26 +23,30 @@ from qkv.nn.encoder import Embeddings, Encoder
 from qkv.nn.layer import FEED_FORWARDS, TransformerLayer
 from qkv.nn.norms import RMSNorm, build_norm
 from qkv.nn.pooler import Pooler
+from qkv.nn.qk_norm import build_qk_norm
 from qkv.nn.positional import build_positions
 from qkv.nn.similarity import SIMILARITIES, build_similarity
 
-__all__ = ["build_attention", "build_layer", "build_norm_for", "build_encoder", "build_masked_lm", "build_model",
-           "build_task_model", "attach_task_head", "build_discriminator", "init_weights"]
+__all__ = ["build_attention", "build_layer", "is_local_layer", "build_norm_for", "build_encoder",
+           "build_masked_lm", "build_model", "build_task_model", "attach_task_head", "build_discriminator",
+           "init_weights"]
 
 
 def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot",
                     similarity_kwargs: dict | None = None, qkv_proj: bool = True, out_proj: bool = True,
                     bias: bool = True, dropout: float = 0.0, qk_transform: nn.Module | None = None,
                     score_bias: nn.Module | None = None, backend: str = "auto",
-                    chunk_size: int | None = None) -> MultiHeadAttention:
+                    chunk_size: int | None = None, n_kv_heads: int | None = None, qk_norm: str = "none",
+                    qk_norm_scale: bool = True, qk_norm_eps: float = 1e-6,
+                    window: int | None = None) -> MultiHeadAttention:
     """A :class:`~qkv.nn.attention.MultiHeadAttention` from plain options: its parts are made here.
 
     Args:
         d_model: model width C. n_heads: heads H (must divide C).
         similarity: a name registered in :data:`qkv.nn.similarity.SIMILARITIES`.
         similarity_kwargs: extra keyword arguments for the similarity (e.g. ``temperature``).
-        qkv_proj: learn Q/K/V maps (one fused ``C → 3C`` linear); ``False`` attends on the
-            embeddings themselves.
+        qkv_proj: learn Q/K/V maps (one fused ``C → C + 2·G·D`` linear, G key/value heads);
+            ``False`` attends on the embeddings themselves.
         out_proj: apply the output map to the concatenated heads.
         bias: biases in the linear maps.
         dropout: dropout on the attention weights.
@@ -50,19 +54,27 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
         score_bias: additive score bias module (relative, T5, ALiBi), or ``None``.
         backend: ``"auto"`` or a registered attention backend.
         chunk_size: queries per block on the chunked backend.
+        n_kv_heads: key/value heads G (grouped-query attention; 1 = multi-query), ``None`` = H.
+        qk_norm: ``"none"``, ``"layernorm"`` or ``"rmsnorm"`` of each head's q and k over D.
+        qk_norm_scale: the qk-norm learns a per-dimension scale. qk_norm_eps: its ε.
+        window: sliding-window width W (keys within ``W // 2`` either side), ``None`` = global.
     """
     check_heads(d_model, n_heads)
     if similarity not in SIMILARITIES:
         raise ValueError(f"unknown similarity {similarity!r}; allowed: {', '.join(sorted(SIMILARITIES))}")
+    d_head = d_model // n_heads
+    kv_width = (n_heads if n_kv_heads is None else n_kv_heads) * d_head  # G·D
     return MultiHeadAttention(
         d_model,
         n_heads,
-        similarity=build_similarity(similarity, n_heads=n_heads, d_head=d_model // n_heads,
-                                    **(similarity_kwargs or {})),
-        qkv_proj=nn.Linear(d_model, 3 * d_model, bias=bias) if qkv_proj else None,
+        similarity=build_similarity(similarity, n_heads=n_heads, d_head=d_head, **(similarity_kwargs or {})),
+        qkv_proj=nn.Linear(d_model, d_model + 2 * kv_width, bias=bias) if qkv_proj else None,
         out_proj=nn.Linear(d_model, d_model, bias=bias) if out_proj else None,
+        n_kv_heads=n_kv_heads,
+        qk_norm=build_qk_norm(qk_norm, d_head, scale=qk_norm_scale, eps=qk_norm_eps),
         qk_transform=qk_transform,
         score_bias=score_bias,
+        window=window,
         dropout=dropout,
         backend=backend,
         chunk_size=chunk_size,
@@ -77,13 +89,22 @@ def build_norm_for(config: ModelConfig, width: int | None = None) -> nn.Module:
                       bias=config.norm_bias)
 
 
+def is_local_layer(config: ModelConfig, index: int) -> bool:
+    """Whether layer ``index`` is a sliding-window (local) layer: ``local_window`` is set and
+    ``index % global_every != 0`` (ModernBERT: layers 0, 3, 6, … global)."""
+    return config.local_window is not None and index % config.global_every != 0
+
+
 def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLayer:
     """Layer ``index`` of the stack; position slots give each layer its own q/k transform and bias.
 
+    A local layer (:func:`is_local_layer`) attends within ``config.local_window`` and rotates
+    with ``config.local_rope_base`` (``None``: ``rope_base``); a global one sees every key.
     The feed-forward is ``config.feed_forward`` (``mlp`` or gated ``glu``) with ``mlp_bias``. With
     ``first_attention_norm=False`` (pre-LN) layer 0's attention takes its input unnormalised
     (``norm1`` is ``nn.Identity()``): the embeddings are normalised already.
     """
+    local = is_local_layer(config, index)
     attention = build_attention(
         config.d_model,
         config.n_heads,
@@ -93,10 +114,15 @@ def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLay
         out_proj=config.out_proj,
         bias=config.attention_bias,
         dropout=config.attention_dropout,
-        qk_transform=slots.make_qk_transform(),
+        qk_transform=slots.make_qk_transform(rope_base=config.local_rope_base if local else None),
         score_bias=slots.make_score_bias(),
         backend=config.attention_path,
         chunk_size=config.chunk_size,
+        n_kv_heads=config.n_kv_heads,
+        qk_norm=config.qk_norm,
+        qk_norm_scale=config.qk_norm_scale,
+        qk_norm_eps=config.layer_norm_eps,
+        window=config.local_window if local else None,
     )
     feed_forward = FEED_FORWARDS[config.feed_forward](config.d_model, config.d_ff, activation=config.activation,
                                                       bias=config.mlp_bias)
@@ -318,7 +344,7 @@ def init_weights(model: nn.Module, std: float) -> None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
         elif isinstance(module, (nn.LayerNorm, RMSNorm)):
-            if module.weight is not None:
+            if module.weight is not None:  # None: no learned scale (e.g. a qk-norm without one)
                 nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)

@@ -10,6 +10,9 @@ Every backend (:mod:`qkv.nn.backends`) computes :func:`~qkv.nn.stages.staged_att
 ``auto`` picks            when
 ========================  =====================================================================
 a plugin backend          its ``claims(features)`` says so (asked first, in registration order)
+``chunked``               a sliding window, when the scores exceed the budget or the window
+                          covers under an eighth of the keys: each block of queries visits only
+                          its band of keys (time and memory linear in T)
 ``inplace``               weights wanted, a dot-product similarity, no autograd, no dropout
 ``explicit``/``chunked``  weights wanted otherwise (``chunked`` when the scores exceed the budget)
 ``offset_flash``          an offset bias (relative, T5, ALiBi) the flash kernel can run — except a
@@ -20,12 +23,18 @@ a plugin backend          its ``claims(features)`` says so (asked first, in regi
 ``explicit``/``chunked``  no dot-product form (additive)
 ========================  =====================================================================
 
-Naming ``backend="sdpa"`` with an offset bias the kernel can run also takes ``offset_flash``
+Below that row a window is a ``(T,S)`` band in the boolean mask. Keys and values may have fewer
+heads than the queries (grouped-query attention, G dividing H; query head h reads key/value head
+h // (H/G), as transformers' ``repeat_kv``); every built-in backend runs them, and a backend of
+your own that does not say so (``grouped_kv_ok``) gets them expanded to H heads. A backend that
+does not read ``window`` (``window_ok``) is never given a windowed call. Naming ``backend="sdpa"`` with an offset bias the kernel can run also takes ``offset_flash``
 (never a dense bias). Masks: boolean, broadcastable to ``(B,H,T,S)``, True = may attend. A query
 whose keys are all masked gets an output of zeros and weights of zeros on every backend — never NaN.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from torch import Tensor
 
@@ -33,7 +42,7 @@ from qkv.nn.backends import BACKENDS, AttendCall, Features, backend_names, needs
 from qkv.nn.backends.offset_flash import offset_fast_ok
 from qkv.nn.masks import check_mask
 from qkv.nn.offset_bias import OffsetBias
-from qkv.nn.stages import AttendOutput, Bias, masked_softmax
+from qkv.nn.stages import AttendOutput, Bias, expand_kv, masked_softmax
 
 __all__ = ["attend", "AttendOutput", "choose_backend", "features_of", "DEFAULT_BUDGET", "masked_softmax"]
 
@@ -56,6 +65,8 @@ def choose_backend(requested: str, f: Features, plugins=()) -> str:
     for backend in plugins:
         if backend.claims(f):
             return backend.name
+    if f.window and (not f.small or f.band_narrow):
+        return "chunked"  # the band of each query block only: linear in T, weights or not
     blockwise = "explicit" if f.small else "chunked"
     if f.need_weights:
         return "inplace" if f.has_dot and not f.grad and not f.dropout and not f.empty else blockwise
@@ -78,11 +89,13 @@ def features_of(call: AttendCall) -> Features:
         dropout=call.dropout_p > 0,
         offset_bias=offset,
         learned_bias=offset and call.bias.requires_grad,
-        offset_kernel_ok=offset and offset_fast_ok(call.q, call.v, call.bias, call.mask, call.causal,
-                                                   call.dropout_p),
+        offset_kernel_ok=offset and call.window is None and offset_fast_ok(call.q, call.v, call.bias, call.mask,
+                                                                           call.causal, call.dropout_p),
         small=B * H * T * S * call.cost <= call.budget,
         bias_large=H * T * S > call.budget,
         empty=B * T == 0,
+        window=call.window is not None,
+        band_narrow=call.window is not None and S > 8 * call.window,
     )
 
 
@@ -91,10 +104,10 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
         if not isinstance(t, Tensor) or t.dim() != 4:
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} must be a 4-D tensor (B,H,len,dim), got {shape}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+    if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or k.shape[1] < 1 or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"q, k, v must share (B,H); got {tuple(q.shape[:2])}, {tuple(k.shape[:2])}, "
-            f"{tuple(v.shape[:2])}"
+            f"q, k, v must share B, and k and v share their heads G, which divide q's H (grouped-query "
+            f"attention); got (B,H) {tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])}"
         )
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v must have the same length S, got {k.shape[2]} and {v.shape[2]}")
@@ -111,6 +124,7 @@ def attend(
     bias: Bias | None = None,
     mask: Tensor | None = None,
     causal: bool = False,
+    window: int | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
     backend: str = "auto",
@@ -122,13 +136,16 @@ def attend(
 
     Args:
         q: ``(B,H,T,D)`` queries.
-        k: ``(B,H,S,D)`` keys.
-        v: ``(B,H,S,E)`` values.
+        k: ``(B,G,S,D)`` keys; G = H, or G dividing H (grouped-query attention: query head h reads
+            key head h // (H/G); G = 1 is multi-query attention).
+        v: ``(B,G,S,E)`` values, with k's heads.
         similarity: a similarity module (see :mod:`qkv.nn.similarity`).
         bias: additive score bias, a tensor broadcastable to ``(B,H,T,S)`` or a function
             ``(start, stop) -> (B?,H?,stop-start,S)`` giving the rows of a block of queries.
         mask: boolean, broadcastable to ``(B,H,T,S)``; True = may attend.
         causal: also forbid keys after the query (aligned at the end when S > T).
+        window: sliding-window (local) attention of width W: query i sees key j iff
+            ``|i - j| ≤ W // 2`` (aligned as ``causal``); combined with ``mask`` and ``causal``.
         dropout_p: dropout on the attention weights (pass 0 in eval mode).
         need_weights: also return the ``(B,H,T,S)`` weights (before dropout).
         backend: ``"auto"`` or a registered backend (:data:`qkv.nn.backends.BACKENDS`).
@@ -147,6 +164,9 @@ def attend(
         raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(backend_names())}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int (keys within window // 2 either side) or None, "
+                         f"got {window!r}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
     if mask is not None:
@@ -159,9 +179,14 @@ def attend(
         raise ValueError(f"weights_out must be a (B,H,T,S) = {(B, H, T, S)} tensor given with need_weights=True, "
                          f"got {tuple(weights_out.shape)}")
     call = AttendCall(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget,
-                      weights_out)
-    plugins = [b for b in BACKENDS.values() if not b.builtin]
+                      weights_out, window)
+    plugins = [b for b in BACKENDS.values() if not b.builtin and (window is None or b.window_ok)]
     chosen = BACKENDS[choose_backend(backend, features_of(call), plugins)]
+    if window is not None and not chosen.window_ok:
+        raise ValueError(f"the {chosen.name} backend does not run a sliding window (its window_ok is False); "
+                         "use backend 'auto'")
+    if k.shape[1] != H and not chosen.grouped_kv_ok:  # (B,G,S,·) -> (B,H,S,·) for a backend written for H
+        call = replace(call, k=expand_kv(k, H), v=expand_kv(v, H))
     reason = chosen.refuse(call)
     if reason is not None:
         raise ValueError(reason)

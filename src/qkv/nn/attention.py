@@ -1,14 +1,17 @@
 """Multi-head self-attention, as the textbook writes it.
 
-Legend: B batch, T query length, S key length, H heads, D head dim, C model width (= H·D),
-N packed tokens.
+Legend: B batch, T query length, S key length, H heads, G key/value heads, D head dim,
+C model width (= H·D), N packed tokens.
 
 ``MultiHeadAttention`` is given its parts and composes them::
 
-    q, k, v = X Ω_q, X Ω_k, X Ω_v        project (one fused C → 3C map), split into H heads
+    q, k, v = X Ω_q, X Ω_k, X Ω_v        project (one fused C → C + 2·G·D map): H query heads,
+                                         G key/value heads (grouped-query attention when G < H)
+    q, k    = qk_norm(q, k)              each head's q and k normalised over D, optional
     q, k    = transform(q, k)            position transform of q and k (rotary), optional
     bias    = score_bias(T, S)           additive score bias (relative, T5, ALiBi), optional
-    o       = attend(q, k, v, …)         similarity → bias → mask → softmax → dropout → mix
+    o       = attend(q, k, v, …)         similarity → bias → mask (padding, causal, window)
+                                         → softmax → dropout → mix
     out     = merge(o) Ω_o               concatenate the heads, output map
 
 Which kernel runs ``attend`` is not decided here (:mod:`qkv.nn.backends`). Positions added only
@@ -51,63 +54,81 @@ class MultiHeadAttention(nn.Module):
         d_model: model width C.
         n_heads: number of heads H; must divide ``d_model``.
         similarity: a similarity module (:mod:`qkv.nn.similarity`), built for H heads of width D.
-        qkv_proj: the fused Q/K/V map, an ``nn.Linear(C, 3C)`` (rows ``[0:C]`` queries, ``[C:2C]``
-            keys, ``[2C:3C]`` values), or ``None``: attend on the embeddings themselves
-            (queries = keys = values = X split into heads).
+        qkv_proj: the fused Q/K/V map, an ``nn.Linear(C, C + 2·G·D)`` (rows ``[0:C]`` queries, then
+            ``G·D`` keys, then ``G·D`` values; ``(C, 3C)`` when G = H), or ``None``: attend on the
+            embeddings themselves (queries = keys = values = X split into heads; needs G = H).
         out_proj: the output map Ω_o, an ``nn.Linear(C, C)``, or ``None``.
+        n_kv_heads: key/value heads G (must divide H; query head h reads key/value head
+            h // (H/G), Ainslie et al. 2023; 1 = multi-query attention, Shazeer 2019); ``None`` = H.
+        qk_norm: optional module ``(q, k) -> (q, k)`` normalising each head's q and k over D
+            (:class:`~qkv.nn.qk_norm.QKNorm`), applied before ``qk_transform``.
         qk_transform: optional module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors (e.g. rotary).
         score_bias: optional module ``(T, S) -> bias`` giving an additive score bias accepted by
             :func:`~qkv.nn.attend.attend`.
         dropout: dropout on the attention weights (0 keeps the fused kernel on CPU).
+        window: sliding-window (local) attention: a query sees the keys within ``window // 2``
+            positions either side (ModernBERT's ``local_attention``); ``None`` = global.
         backend: ``"auto"`` or a registered attention backend.
         chunk_size: queries per block on the chunked backend.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, similarity: nn.Module, qkv_proj: nn.Linear | None,
-                 out_proj: nn.Linear | None, qk_transform: nn.Module | None = None,
-                 score_bias: nn.Module | None = None, dropout: float = 0.0, backend: str = "auto",
+                 out_proj: nn.Linear | None, n_kv_heads: int | None = None, qk_norm: nn.Module | None = None,
+                 qk_transform: nn.Module | None = None, score_bias: nn.Module | None = None,
+                 window: int | None = None, dropout: float = 0.0, backend: str = "auto",
                  chunk_size: int | None = None):
         super().__init__()
-        _check_sizes(d_model, n_heads, qkv_proj, out_proj)
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _check_sizes(d_model, n_heads, n_kv_heads, qkv_proj, out_proj)
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int or None (global attention), got {window!r}")
         if backend not in backend_names():
             raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(backend_names())}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.n_kv_heads, self.window = n_kv_heads, window
         self.similarity, self.qkv_proj, self.out_proj = similarity, qkv_proj, out_proj
-        self.qk_transform, self.score_bias = qk_transform, score_bias
+        self.qk_norm, self.qk_transform, self.score_bias = qk_norm, qk_transform, score_bias
         self.dropout, self.backend, self.chunk_size = dropout, backend, chunk_size
 
     def project(self, x: Tensor, qk_pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values split into heads: ``(B,T,C)`` → 3 × ``(B,H,T,D)``.
+        """Queries, keys and values split into heads: ``(B,T,C)`` → ``(B,H,T,D)``, 2 × ``(B,G,T,D)``.
 
         ``qk_pos`` (``(T,C)`` or ``(B,T,C)``) is added to the input of the query and key maps only.
         """
         B, T, C = x.shape
-        H, D = self.n_heads, self.d_head
+        H, G, D = self.n_heads, self.n_kv_heads, self.d_head
         if self.qkv_proj is None:
             v = x.view(B, T, H, D).transpose(1, 2)  # (B,T,C) -> (B,T,H,D) -> (B,H,T,D)
             if qk_pos is None:
                 return v, v, v
             qk = (x + qk_pos).view(B, T, H, D).transpose(1, 2)  # (B,T,C) -> (B,H,T,D)
             return qk, qk, v
-        qkv = self.qkv_proj(x)  # (B,T,C) -> (B,T,3C)
+        qkv = self.qkv_proj(x)  # (B,T,C) -> (B,T,C+2GD)
+        qk = C + G * D  # query and key rows of the fused map
         if qk_pos is not None:  # Ω_q(X+Π) = Ω_q X + Ω_q Π, keys likewise; values see X only
-            pos = F.linear(qk_pos, self.qkv_proj.weight[: 2 * C])  # (…,T,C) -> (…,T,2C)
-            qkv = _cat_last(qkv[..., : 2 * C] + pos, qkv[..., 2 * C :])  # (B,T,3C)
-        # split on the (B,T,3,H,D) view, then transpose each: the backward stacks the three
-        # gradients in place of (B,T,3C) in one contiguous copy (a permuted stack costs two)
-        parts = qkv.view(B, T, 3, H, D).unbind(2)  # (B,T,3C) -> 3 × (B,T,H,D)
-        q, k, v = (t.transpose(1, 2) for t in parts)  # 3 × (B,H,T,D)
+            pos = F.linear(qk_pos, self.qkv_proj.weight[:qk])  # (…,T,C) -> (…,T,C+GD)
+            qkv = _cat_last(qkv[..., :qk] + pos, qkv[..., qk:])  # (B,T,C+2GD)
+        if G == H:
+            # split on the (B,T,3,H,D) view, then transpose each: the backward stacks the three
+            # gradients in place of (B,T,3C) in one contiguous copy (a permuted stack costs two)
+            parts = qkv.view(B, T, 3, H, D).unbind(2)  # (B,T,3C) -> 3 × (B,T,H,D)
+        else:
+            q, k, v = qkv.split([C, G * D, G * D], dim=-1)  # (B,T,C+2GD) -> (B,T,C), 2 × (B,T,GD)
+            parts = (q.unflatten(-1, (H, D)), k.unflatten(-1, (G, D)), v.unflatten(-1, (G, D)))  # (B,T,H|G,D)
+        q, k, v = (t.transpose(1, 2) for t in parts)  # (B,H,T,D), 2 × (B,G,T,D)
         return q, k, v
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
                 need_weights: bool, weights_out: Tensor | None = None):
-        """Position transform and score bias, then :func:`attend`: ``(B,H,T,D)`` → ``AttendOutput``."""
+        """qk-norm, position transform and score bias, then :func:`attend`: ``(B,H,T,D)`` → ``AttendOutput``."""
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)  # (B,H,T,D), (B,G,S,D) over D
         if self.qk_transform is not None:
             q, k = self.qk_transform(q, k)
         bias = self.score_bias(q.shape[2], k.shape[2]) if self.score_bias is not None else None
-        return attend(q, k, v, similarity=self.similarity, bias=bias, mask=mask, causal=causal,
+        return attend(q, k, v, similarity=self.similarity, bias=bias, mask=mask, causal=causal, window=self.window,
                       dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
                       backend=self.backend, chunk_size=self.chunk_size, weights_out=weights_out)
 
@@ -137,7 +158,7 @@ class MultiHeadAttention(nn.Module):
         mask = None if padding_mask is None else key_padding_mask(padding_mask, batch=B, length=T)
         if need_weights and B * T > 0:
             return self._forward_with_weights(x, mask, causal, qk_pos)
-        q, k, v = self.project(x, qk_pos)  # 3 × (B,H,T,D)
+        q, k, v = self.project(x, qk_pos)  # (B,H,T,D), 2 × (B,G,T,D)
         res = self._attend(q, k, v, mask, causal, need_weights)
         return AttentionOutput(self._out(res.output), res.weights)
 
@@ -150,7 +171,7 @@ class MultiHeadAttention(nn.Module):
         weights = out = None
         for i in range(B):
             pos = qk_pos if qk_pos is None or qk_pos.dim() == 2 else qk_pos[i : i + 1]  # (T,C) | (1,T,C)
-            q, k, v = self.project(x[i : i + 1], pos)  # 3 × (1,H,T,D)
+            q, k, v = self.project(x[i : i + 1], pos)  # (1,H,T,D), 2 × (1,G,T,D)
             if weights is None:
                 weights = q.new_empty(B, self.n_heads, T, T)  # (B,H,T,T), in q's dtype
             m = None if mask is None else mask[i : i + 1]  # (1,1,1,T)
@@ -181,11 +202,11 @@ class MultiHeadAttention(nn.Module):
         if sum(lengths) != N:
             raise ValueError(f"lengths sum to {sum(lengths)}, but x has {N} rows")
         pos = None if qk_pos is None else torch.cat([qk_pos[:n] for n in lengths])[None]  # (1,N,C)
-        q, k, v = (t[0] for t in self.project(x[None], pos))  # 3 × (H,N,D)
+        q, k, v = (t[0] for t in self.project(x[None], pos))  # (H,N,D), 2 × (G,N,D)
         H, D = self.n_heads, self.d_head
         o = q.new_empty(N, H, D)  # merged-heads layout: o.view(N,C) is the concatenation of the heads
         for start, m, n in _runs_by_length(lengths):  # m consecutive sequences of length n
-            qs, ks, vs = (_run_view(t, start, m, n) for t in (q, k, v))  # 3 × (m,H,n,D) views
+            qs, ks, vs = (_run_view(t, start, m, n) for t in (q, k, v))  # (m,H,n,D), 2 × (m,G,n,D) views
             out = self._attend(qs, ks, vs, None, False, False).output  # (m,H,n,D)
             o[start : start + m * n].view(m, n, H, D).copy_(out.transpose(1, 2))  # (m,n,H,D) rows of o
         merged = o.view(N, H * D)  # (N,H,D) -> (N,C), no copy
@@ -202,7 +223,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"qk_pos must be (T,C) = ({T},{C}) or (B,T,C), got {tuple(qk_pos.shape)}")
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, backend={self.backend!r}"
+        kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
+        window = f", window={self.window}" if self.window is not None else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{window}, backend={self.backend!r}"
 
 
 def check_heads(d_model: int, n_heads: int) -> None:
@@ -217,9 +240,17 @@ def check_heads(d_model: int, n_heads: int) -> None:
             f"the divisors of d_model: {[h for h in range(1, d_model + 1) if d_model % h == 0]}")
 
 
-def _check_sizes(d_model: int, n_heads: int, qkv_proj, out_proj) -> None:
+def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj) -> None:
     check_heads(d_model, n_heads)
-    for name, lin, shape in (("qkv_proj", qkv_proj, (3 * d_model, d_model)), ("out_proj", out_proj, (d_model, d_model))):
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing n_heads={n_heads}; allowed: "
+                         f"{[g for g in range(1, n_heads + 1) if n_heads % g == 0]} (1 = multi-query attention)")
+    if qkv_proj is None and n_kv_heads != n_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads} < n_heads={n_heads} needs a qkv_proj (without one queries, "
+                         "keys and values are the embeddings themselves, H heads each)")
+    qkv_rows = d_model + 2 * n_kv_heads * (d_model // n_heads)  # C + 2·G·D
+    for name, lin, shape in (("qkv_proj", qkv_proj, (qkv_rows, d_model)),
+                             ("out_proj", out_proj, (d_model, d_model))):
         if lin is not None and (not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != shape):
             got = tuple(lin.weight.shape) if isinstance(lin, nn.Linear) else type(lin).__name__
             raise ValueError(f"{name} must be an nn.Linear with weight {shape} or None, got {got}")

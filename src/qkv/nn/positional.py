@@ -23,6 +23,7 @@ slot with :func:`register_position`. See docs/positions.md for the formulas and 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -306,7 +307,8 @@ class PositionSlots:
             given to every layer's attention as ``qk_pos`` (added to the inputs of the query and
             key maps, not the values) — or ``None``.
         qk_only: see ``input``.
-        qk_transform_factory: makes one q/k transform (``None``: no transform).
+        qk_transform_factory: makes one q/k transform (``None``: no transform); called with
+            ``rope_base=`` for a layer with its own rotary base.
         score_bias_factory: makes one score-bias module (``None``: no bias).
     """
 
@@ -315,9 +317,19 @@ class PositionSlots:
     qk_transform_factory: Callable[[], nn.Module] | None = None
     score_bias_factory: Callable[[], nn.Module] | None = None
 
-    def make_qk_transform(self) -> nn.Module | None:
-        """A new module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors for one layer, or ``None``."""
-        return self.qk_transform_factory() if self.qk_transform_factory is not None else None
+    def make_qk_transform(self, *, rope_base: float | None = None) -> nn.Module | None:
+        """A new module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors for one layer, or ``None``.
+
+        Args:
+            rope_base: this layer's own rotary base (e.g. the local layers' of a local/global
+                encoder); ``None`` = the base the slots were built with. Ignored without a rotary
+                transform.
+        """
+        if self.qk_transform_factory is None:
+            return None
+        if rope_base is None:
+            return self.qk_transform_factory()
+        return self.qk_transform_factory(rope_base=rope_base)
 
     def make_score_bias(self) -> nn.Module | None:
         """A new module ``(T, S) -> bias`` (an :class:`OffsetBias`) for one layer, or ``None``."""
@@ -437,10 +449,13 @@ def build_positions(
     if scheme.slot == "input":
         return PositionSlots(scheme.factory(sizes), qk_only)
     scheme.factory(sizes)  # validate now, not at the first layer
-    make = functools.partial(scheme.factory, sizes)
     if scheme.slot == "qk_transform":
-        return PositionSlots(None, False, qk_transform_factory=make)
-    return PositionSlots(None, False, score_bias_factory=make)
+        def make_transform(*, rope_base: float | None = None) -> nn.Module:
+            """A layer's q/k transform; ``rope_base``: that layer's own rotary base (local layers)."""
+            return scheme.factory(sizes if rope_base is None else dataclasses.replace(sizes, rope_base=rope_base))
+
+        return PositionSlots(None, False, qk_transform_factory=make_transform)
+    return PositionSlots(None, False, score_bias_factory=functools.partial(scheme.factory, sizes))
 
 
 # the built-in schemes, registered as a plugin's would be (in the order of POSITIONS)

@@ -45,6 +45,18 @@ TABLE = [  # (requested, features, chosen)
     ("explicit", F_(), "explicit"),
     ("chunked", F_(need_weights=True), "chunked"),
     ("inplace", F_(), "inplace"),
+    # a sliding window: a band in the mask while the scores fit, else the chunked band blocks
+    ("auto", F_(window=True), "sdpa"),
+    ("auto", F_(window=True, need_weights=True), "inplace"),
+    ("auto", F_(window=True, need_weights=True, grad=True), "explicit"),
+    ("auto", F_(window=True, has_dot=False), "explicit"),
+    ("auto", F_(window=True, small=False), "chunked"),
+    ("auto", F_(window=True, small=False, need_weights=True), "chunked"),
+    ("auto", F_(window=True, small=False, offset_bias=True, bias_large=True), "chunked"),
+    ("auto", F_(window=True, offset_bias=True), "sdpa"),  # offset_kernel_ok is False with a window
+    ("auto", F_(window=True, band_narrow=True), "chunked"),  # S > 8·W: the band is less work
+    ("auto", F_(window=True, band_narrow=True, need_weights=True), "chunked"),
+    ("sdpa", F_(window=True, small=False), "sdpa"),  # a named backend runs (a dense band)
 ]
 
 
@@ -114,3 +126,18 @@ def test_a_new_backend_is_used_by_name_by_auto_and_from_a_config(math_backend):
     cfg = ModelConfig.preset("tiny", attention_path="math_sdpa")
     build_encoder(cfg).eval()(torch.randint(1, 97, (2, 6)))
     assert MathSdpa.runs == 3 + cfg.n_layers
+
+
+def test_a_backend_of_your_own_gets_expanded_kv_and_no_window(math_backend):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 7, 8, generator=g)
+    k, v = (torch.randn(2, 2, 7, 8, generator=g) for _ in range(2))  # 2 key/value heads for 6 query heads
+    sim = build_similarity("scaled_dot", n_heads=6, d_head=8)
+    want = attend(q, k, v, similarity=sim, backend="explicit").output
+    got = attend(q, k, v, similarity=sim, backend="math_sdpa").output  # written for H heads: gets k, v expanded
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="does not run a sliding window"):
+        attend(q, k, v, similarity=sim, backend="math_sdpa", window=3)
+    runs = MathSdpa.runs
+    attend(q, k, v, similarity=sim, dropout_p=0.1, window=3)  # it would claim this call; a window passes it over
+    assert MathSdpa.runs == runs

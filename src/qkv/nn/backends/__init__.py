@@ -1,6 +1,7 @@
 """Execution paths of attention behind one interface (:class:`Backend`), and their registry.
 
-Legend: B batch, H heads, T query length, S key length, D head dim, E value head dim.
+Legend: B batch, H heads, T query length, S key length, D head dim, E value head dim, G key/value
+heads (G divides H; query head h reads key/value head h // (H/G)).
 
 A backend is one way to execute the staged core of :func:`qkv.nn.attend.attend` — the same numbers
 by another route. Built in: ``sdpa`` (torch's fused kernel), ``explicit`` (materialised scores;
@@ -41,7 +42,8 @@ class AttendCall:
     """One call of attention, as :func:`qkv.nn.attend.attend` hands it to a backend.
 
     Attributes:
-        q: ``(B,H,T,D)``. k: ``(B,H,S,D)``. v: ``(B,H,S,E)``.
+        q: ``(B,H,T,D)``. k: ``(B,G,S,D)``. v: ``(B,G,S,E)`` (G = H, or fewer key/value heads:
+            grouped-query attention; every backend runs G < H).
         similarity: the similarity module.
         bias: ``None``, a float tensor of 4 dims broadcastable to ``(B,H,T,S)``, or a row-block
             function ``(start, stop) -> (B?,H?,stop-start,S)`` (e.g. an
@@ -53,6 +55,7 @@ class AttendCall:
         chunk_size: queries per block for blockwise backends, or ``None`` (sized from ``budget``).
         budget: elements of score work memory one block may use.
         weights_out: a ``(B,H,T,S)`` tensor to write the weights into (and return), or ``None``.
+        window: ``None``, or a sliding window W: query i sees key j iff ``|i + (S-T) - j| ≤ W // 2``.
     """
 
     q: Tensor
@@ -67,6 +70,7 @@ class AttendCall:
     chunk_size: int | None
     budget: int
     weights_out: Tensor | None = None
+    window: int | None = None
 
     def put_weights(self, weights: Tensor | None) -> Tensor | None:
         """``weights`` written into :attr:`weights_out` when one was given (autograd follows the copy)."""
@@ -122,6 +126,10 @@ class Features:
         small: the ``(B,H,T,S)`` scores fit the budget.
         bias_large: a dense ``(H,T,S)`` bias would exceed the budget.
         empty: no query (B·T = 0).
+        window: a sliding window restricts the keys (the chunked backend then visits only each
+            block's band, memory linear in T).
+        band_narrow: that window covers under an eighth of the keys (S > 8·W): visiting only the
+            band is less work than a dense band mask on the fused kernel.
     """
 
     has_dot: bool = True
@@ -134,13 +142,24 @@ class Features:
     small: bool = True
     bias_large: bool = False
     empty: bool = False
+    window: bool = False
+    band_narrow: bool = False
 
 
 class Backend(ABC):
-    """One execution path of attention (see the module docstring)."""
+    """One execution path of attention (see the module docstring).
+
+    Attributes:
+        window_ok: the backend reads ``call.window``; one that does not is never given a windowed
+            call (``auto`` passes it over; naming it is refused with a message).
+        grouped_kv_ok: the backend takes keys/values with fewer heads than the queries; one that
+            does not gets them expanded to H heads (transformers' ``repeat_kv``) before ``run``.
+    """
 
     name: str = ""
     builtin: bool = False
+    window_ok: bool = False
+    grouped_kv_ok: bool = False
 
     def refuse(self, call: AttendCall) -> str | None:
         """``None`` when this backend can run ``call``, else a one-line reason naming what to use."""

@@ -1,6 +1,8 @@
 """The explicit backend: the staged core on materialised ``(B,H,T,S)`` scores; returns the weights.
 
-Legend: B batch, H heads, T query length, S key length.
+Legend: B batch, H heads, T query length, S key length. Keys and values may have fewer heads
+(grouped-query attention, see :func:`~qkv.nn.stages.staged_attention`); a sliding window is a
+``(T,S)`` band in the mask.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ __all__ = ["ExplicitBackend"]
 class ExplicitBackend(Backend):
     """:func:`~qkv.nn.stages.staged_attention` over all queries at once."""
 
+    window_ok = grouped_kv_ok = True
+
     def run(self, call: AttendCall) -> AttendOutput:
         _, _, T, S = call.shape
-        m = block_mask(call.mask, call.causal, 0, T, T, S, call.q.device)  # (B?,H?,T?,S)
+        m = block_mask(call.mask, call.causal, 0, T, T, S, call.q.device, window=call.window)  # (B?,H?,T?,S)
         out, w = staged_attention(call.q, call.k, call.v, call.similarity, bias_rows(call.bias, 0, T), m,
                                   call.dropout_p)
         return AttendOutput(out, call.put_weights(w))

@@ -22,7 +22,8 @@ in T):
 
 Nothing of size ``(T,S)`` is kept between forward and backward: q, k, v, outputs and log-sum-exps
 only. :func:`offset_fast_ok` says when this backend applies (CPU, no dropout, no causal mask, a
-mask over keys only, equal q and v head sizes); otherwise the chunked backend runs the bias.
+mask over keys only, equal q and v head sizes, no sliding window); otherwise the chunked backend
+runs the bias. Grouped-query keys and values (G < H heads) are expanded to H heads first (a copy).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch import Tensor
 from qkv.nn.backends import AttendCall, Backend, register_backend
 from qkv.nn.backends.offset_grad import table_grad
 from qkv.nn.offset_bias import OffsetBias
-from qkv.nn.stages import AttendOutput
+from qkv.nn.stages import AttendOutput, expand_kv
 
 __all__ = ["OffsetFlashBackend", "offset_attention", "offset_fast_ok"]
 
@@ -292,15 +293,20 @@ class _OffsetAttention(torch.autograd.Function):
 class OffsetFlashBackend(Backend):
     """:func:`offset_attention` behind the backend interface."""
 
+
+    window_ok = grouped_kv_ok = True  # refuses a window with a message; expands grouped k, v itself
     def refuse(self, call: AttendCall) -> str | None:
         if not isinstance(call.bias, OffsetBias) or not call.has_dot or call.need_weights:
             return ("the offset_flash backend runs an OffsetBias (relative, t5, alibi positions) with a "
                     "dot-product similarity and no weights; use backend 'auto'")
-        if not offset_fast_ok(call.q, call.v, call.bias, call.mask, call.causal, call.dropout_p):
-            return ("the offset_flash backend needs a CPU tensor, no causal mask, a mask over keys only and "
-                    "no dropout; use backend 'chunked'")
+        kernel_ok = offset_fast_ok(call.q, call.v, call.bias, call.mask, call.causal, call.dropout_p)
+        if not kernel_ok or call.window is not None:
+            return ("the offset_flash backend needs a CPU tensor, no causal mask, no sliding window, a mask over "
+                    "keys only and no dropout; use backend 'chunked'")
         return None
 
     def run(self, call: AttendCall) -> AttendOutput:
-        return AttendOutput(offset_attention(call.q, call.k, call.v, similarity=call.similarity, bias=call.bias,
+        H = call.q.shape[1]
+        k, v = expand_kv(call.k, H), expand_kv(call.v, H)  # grouped-query k/v: (B,G,S,D) -> (B,H,S,D), a copy
+        return AttendOutput(offset_attention(call.q, k, v, similarity=call.similarity, bias=call.bias,
                                              mask=call.mask, budget=call.budget))

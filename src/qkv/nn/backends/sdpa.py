@@ -5,23 +5,41 @@ Legend: B batch, H heads, T query length, S key length, E value head dim.
 
 Additive score biases go in as the kernel's float ``attn_mask``; on CPU torch runs a flash kernel
 here whose memory is linear in T (any dropout drops it to the quadratic math path). It cannot
-return weights. A query whose keys are all masked attends everywhere inside the kernel and gets
+return weights. Fewer key/value heads than query heads (grouped-query attention) run with the
+kernel's ``enable_gqa`` (no copy of k or v; torch < 2.5, which lacks it, gets them expanded); a sliding window goes in as a ``(T,S)`` band in the
+boolean mask (quadratic in T: :func:`~qkv.nn.attend.choose_backend` sends long windowed calls to
+the chunked backend). A query whose keys are all masked attends everywhere inside the kernel and gets
 its output zeroed afterwards, as on every backend.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from qkv.nn.backends import AttendCall, Backend, register_backend
-from qkv.nn.stages import AttendOutput, bias_rows, block_mask
+from qkv.nn.stages import AttendOutput, bias_rows, block_mask, expand_kv
 
 __all__ = ["SdpaBackend"]
+
+#: torch ≥ 2.5 runs grouped keys/values inside the kernel (``enable_gqa``).
+KERNEL_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+
+def _grouped(kd, v, n_heads: int):
+    """``(k, v, kernel kwargs)`` for G key/value heads: the kernel's ``enable_gqa``, or k, v expanded."""
+    if kd.shape[1] == n_heads:
+        return kd, v, {}
+    if KERNEL_GQA:
+        return kd, v, {"enable_gqa": True}  # query head i reads k/v head i // (H/G)
+    return expand_kv(kd, n_heads), expand_kv(v, n_heads), {}  # (B,G,S,·) -> (B,H,S,·)
 
 
 @register_backend("sdpa", builtin=True)
 class SdpaBackend(Backend):
     """torch's fused kernel (see the module docstring)."""
+
+    window_ok = grouped_kv_ok = True
 
     def refuse(self, call: AttendCall) -> str | None:
         if not call.has_dot:
@@ -33,11 +51,12 @@ class SdpaBackend(Backend):
     def run(self, call: AttendCall) -> AttendOutput:
         q, k, v, bias, mask = call.q, call.k, call.v, call.bias, call.mask
         qd, kd, scale = call.similarity.as_dot(q, k)  # (B,H,T,D'), (B,H,S,D')
-        _, _, t, s = call.shape
-        if call.causal and mask is None and bias is None and t == s:
+        _, h, t, s = call.shape
+        kd, v, gqa = _grouped(kd, v, h)
+        if call.causal and mask is None and bias is None and t == s and call.window is None:
             return AttendOutput(F.scaled_dot_product_attention(qd, kd, v, dropout_p=call.dropout_p,
-                                                               is_causal=True, scale=scale))
-        m = block_mask(mask, call.causal, 0, t, t, s, q.device)
+                                                               is_causal=True, scale=scale, **gqa))
+        m = block_mask(mask, call.causal, 0, t, t, s, q.device, window=call.window)
         row_ok = None
         if m is not None:
             row_ok = m.any(dim=-1, keepdim=True)  # (B?,H?,T?,1)
@@ -47,7 +66,7 @@ class SdpaBackend(Backend):
             b = bias_rows(bias, 0, t).to(qd.dtype)  # (B?,H?,T,S)
             attn_mask = b if m is None else b.masked_fill(~m, float("-inf"))
         out = F.scaled_dot_product_attention(qd, kd, v, attn_mask=attn_mask, dropout_p=call.dropout_p,
-                                             scale=scale)  # (B,H,T,E)
+                                             scale=scale, **gqa)  # (B,H,T,E)
         if row_ok is not None:
             out = out * row_ok  # (B,H,T,E) * (B?,H?,T?,1)
         return AttendOutput(out)
