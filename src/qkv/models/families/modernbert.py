@@ -109,9 +109,9 @@ def _layer_pattern(hf: dict[str, Any], source: str) -> tuple[bool, int]:
                               f"'sliding_attention' for each of the {n} layers")
     if "sliding_attention" not in types:
         return False, 1
-    local = [i for i, t in enumerate(types) if t == "sliding_attention"]
-    every = local[0] if local[0] > 0 else 0
-    if every == 0 or any((i % every == 0) != (t == "full_attention") for i, t in enumerate(types)):
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    every = full[1] if len(full) > 1 else n  # the second global layer, or only layer 0 global
+    if not full or full[0] != 0 or any((i % every == 0) != (t == "full_attention") for i, t in enumerate(types)):
         raise CheckpointError(f"{source}: layer_types={types!r} is not 'a global layer every k layers, "
                               "starting with layer 0', the only pattern qkv builds")
     return True, every
