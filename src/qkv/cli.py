@@ -89,7 +89,7 @@ def _load_plugins(modules: list[str]) -> None:
 def _add_convert(sub) -> None:
     convert = sub.add_parser(
         "convert",
-        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA) <-> qkv, "
+        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT) <-> qkv, "
         "or -> sentence-transformers",
         description="Convert a model folder. A Hugging Face folder (config.json with model_type "
         "bert, roberta, distilbert or electra + model.safetensors or pytorch_model.bin) becomes a "

@@ -8,7 +8,7 @@ Two folder formats:
   whose task says so; plus ``"plugins": [{"kind", "name", "module"}]`` when the config uses parts
   registered outside qkv, :func:`qkv.plugins.plugins_needed`) and ``model.safetensors`` with qkv
   tensor names.
-* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA): ``config.json`` with its ``model_type``
+* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT): ``config.json`` with its ``model_type``
   and ``model.safetensors`` or ``pytorch_model.bin``; the latter is read only with
   ``torch.load(weights_only=True)``, which refuses any pickle that would run code. The family's
   converter in :mod:`qkv.models.families` maps the names and says what is kept (the encoder, a
@@ -146,7 +146,7 @@ _kind = families.kind_of
 
 def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
          **overrides: Any) -> Pretrained:
-    """Load a qkv model folder or a Hugging Face BERT, RoBERTa, DistilBERT or ELECTRA folder:
+    """Load a qkv model folder or a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA or ModernBERT folder:
     ``model, tokenizer = qkv.load(path)``.
 
     Args:
@@ -338,7 +338,7 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None, options=None) -> Path:
-    """Convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA) → qkv, qkv →
+    """Convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT) → qkv, qkv →
     Hugging Face as the family the model came from (BERT for a qkv model; see :func:`export_hf`),
     or either → sentence-transformers.
 
