@@ -60,6 +60,34 @@ def _bias_block(bias, start: int, stop: int, keys: tuple[int, int] | None):
     return b[..., keys[0] : keys[1]]  # (B?,H?,t,S) -> (B?,H?,t,s')
 
 
+class _Parts:
+    """q, k, v cut once into pieces of ``chunk`` rows (``torch.split``) for the blocks under autograd.
+
+    A plain slice ``x[:, :, a:b]`` backpropagates through a zero-filled tensor of x's full size, once
+    per block — O(T) per block, O(T²) in all. Split pieces get their gradients accumulated piece
+    by piece and joined once, so the backward stays linear in T; a block's band of keys is the
+    concatenation of the pieces it touches, cut to ``[lo, hi)`` (a slice of a small tensor).
+    """
+
+    def __init__(self, call: AttendCall, chunk: int):
+        self.chunk = chunk
+        self.q = call.q.split(chunk, dim=2)  # pieces (B,H,≤chunk,D)
+        self.whole = (call.k, call.v) if call.window is None else None  # every block sees all keys
+        self.k, self.v = call.k.split(chunk, dim=2), call.v.split(chunk, dim=2)  # pieces (B,G,≤chunk,·)
+
+    def block(self, start: int, lo: int, hi: int):
+        q = self.q[start // self.chunk]
+        if self.whole is not None:
+            return q, *self.whole  # (B,G,S,·), not cut
+        a, b = lo // self.chunk, (hi - 1) // self.chunk + 1  # the pieces band [lo, hi) touches
+        off = a * self.chunk
+
+        def band(pieces):
+            return torch.cat(pieces[a:b], dim=2)[:, :, lo - off : hi - off]  # (B,G,s',·)
+
+        return q, band(self.k), band(self.v)
+
+
 @register_backend("chunked", builtin=True)
 class ChunkedBackend(Backend):
     """The explicit computation one block of queries at a time (see the module docstring)."""
@@ -78,11 +106,15 @@ class ChunkedBackend(Backend):
             if call.window is not None:
                 weights.zero_()  # zeros outside each block's band
         weight_blocks: list[Tensor] = []
+        parts = _Parts(call, chunk) if grad else None
         for start in range(0, T, chunk):
             stop = min(T, start + chunk)
             keys = None if call.window is None else window_keys(start, stop, T, S, call.window)
             lo, hi = keys if keys is not None else (0, S)
-            qc, k, v = q[:, :, start:stop], call.k[:, :, lo:hi], call.v[:, :, lo:hi]  # (B,H,t,D), (B,G,s',·)
+            if parts is not None:
+                qc, k, v = parts.block(start, lo, hi)  # (B,H,t,D), (B,G,s',·)
+            else:
+                qc, k, v = q[:, :, start:stop], call.k[:, :, lo:hi], call.v[:, :, lo:hi]  # views
             m = block_mask(call.mask, call.causal, start, stop, T, S, q.device, window=call.window, keys=keys)
             if grad and not need:
                 out, _ = checkpoint(_checkpointed_block, qc, k, v, call.similarity, call.bias, start, stop, keys, m,
