@@ -18,12 +18,10 @@ from typing import Any
 
 from qkv.validation import check_bool, check_choice, check_int, check_positive, check_range
 
-__all__ = ["ModelConfig", "PRESETS", "NORMS", "QK_NORMS"]
+__all__ = ["ModelConfig", "PRESETS", "NORMS"]
 
 #: Where the LayerNorm sits: after each residual sum (BERT, the textbook) or before each sublayer.
 NORMS = ("post", "pre")
-#: Normalisation of each head's queries and keys before the similarity (qk-norm).
-QK_NORMS = ("none", "layernorm", "rmsnorm")
 _BERT_VOCAB = 30522
 
 #: Named sizes. ``tiny`` uses small *distinct* sizes so that a swapped axis fails a test.
@@ -185,8 +183,9 @@ class ModelConfig:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}; "
                              f"allowed: {divisors} (1 = multi-query attention)")
         from qkv.nn.layer import ACTIVATIONS, FEED_FORWARDS
+        from qkv.nn.qk_norm import QK_NORM_TYPES
 
-        for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS), ("qk_norm", QK_NORMS),
+        for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS), ("qk_norm", QK_NORM_TYPES),
                               ("feed_forward", tuple(FEED_FORWARDS))):
             check_choice(name, getattr(self, name), allowed)
         _check_registered(self)
