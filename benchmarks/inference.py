@@ -44,7 +44,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
-from qkv.models.hf import config_from_hf, config_to_hf, state_dict_from_hf
+from qkv.models.families import bert as bert_family
 from qkv.nn.packed import PackedBatch
 
 CASES = ("equal", "mixed/mask", "mixed/packed")
@@ -60,12 +60,13 @@ def build_pair(preset: str, *, seed: int = 0, vocab_size: int | None = None, max
     if max_len:
         overrides["max_len"] = max_len
     base = ModelConfig.preset(preset, **overrides)
-    hf_cfg = transformers.BertConfig(**config_to_hf(base, masked_lm=False))
+    hf_cfg = transformers.BertConfig(**bert_family.config_to_hf(base, "encoder"))
     torch.manual_seed(seed)
     hf = transformers.BertModel._from_config(hf_cfg, attn_implementation="sdpa", add_pooling_layer=False)
-    cfg = config_from_hf(hf.config.to_dict())
+    imported = bert_family.read(hf.config.to_dict(), hf.state_dict(), config_source="config", weights_source="weights")
+    cfg = imported.config
     enc = build_encoder(cfg, init=False)
-    enc.load_state_dict(state_dict_from_hf(hf.state_dict(), cfg, masked_lm=False))
+    enc.load_state_dict(imported.state)
     return enc.eval(), hf.eval(), cfg
 
 

