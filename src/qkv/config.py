@@ -40,7 +40,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                        pad_token_id=50283, position="rope", rope_base=160000.0, local_rope_base=10000.0,
                        local_window=128, global_every=3, feed_forward="glu", activation="gelu",
                        attention_bias=False, norm_bias=False, mlp_bias=False, head_bias=False,
-                       first_attention_norm=False),
+                       first_attention_norm=False, family="modernbert"),
 }
 
 
@@ -111,9 +111,9 @@ class ModelConfig:
             Set on import when a Hugging Face checkpoint has one (so that it is kept and exported
             again), and by the task-model builders for sequence tasks that pool with it.
         family: the Hugging Face model family the model was imported from and is exported to
-            again (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"electra"``: the keys of
-            :data:`qkv.models.families.FAMILIES`); ``None`` = a qkv model, exported as BERT.
-            Set on import; it builds nothing.
+            again (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"electra"``, ``"modernbert"``: the
+            keys of :data:`qkv.models.families.FAMILIES`); ``None`` = a qkv model, exported as BERT.
+            Set on import and by the ``modernbert`` preset; it builds nothing.
     """
 
     vocab_size: int = _BERT_VOCAB

@@ -257,3 +257,25 @@ def test_train_embeddings_output_loads_in_sentence_transformers(tiny_model, tmp_
         train_embeddings(tiny_model, texts, tmp_path / "t2", ContrastiveConfig(steps=1, layers=(-2, -1)))
     assert not (tmp_path / "t2").exists()
     shutil.rmtree(out)
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert", "electra", "modernbert"])
+def test_round_trip_of_other_families(tiny_model, tmp_path, family):
+    """An encoder of each family (the tiny model's tokenizer) written as a sentence-transformers
+    folder: sentence-transformers builds that family's model from it, with qkv's vectors."""
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_encoder
+
+    tok = qkv.load(tiny_model).tokenizer
+    sizes = dict(vocab_size=tok.get_vocab_size(), d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=32)
+    config = {"roberta": lambda: ModelConfig(**sizes, family="roberta", position_offset=1),
+              "distilbert": lambda: ModelConfig(**sizes, family="distilbert", type_vocab_size=0),
+              "electra": lambda: ModelConfig(**sizes, family="electra", embedding_size=16),
+              "modernbert": lambda: ModelConfig.preset("modernbert", **{**sizes, "n_layers": 4}, pad_token_id=0,
+                                                       local_window=4)}[family]()
+    torch.manual_seed(0)
+    qkv.save(build_encoder(config), tmp_path / "qkv", tokenizer=tok)
+    out = convert(tmp_path / "qkv", tmp_path / "st", to="sentence-transformers")
+    assert json.loads((out / "config.json").read_text())["model_type"] == family
+    want = qkv.embed(tmp_path / "qkv", TEXTS, device="cpu")
+    np.testing.assert_allclose(_encode(out), want, atol=1e-5, rtol=0)

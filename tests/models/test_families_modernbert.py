@@ -127,7 +127,7 @@ def test_a_qkv_built_modernbert_exports_and_transformers_agrees(tmp_path):
                                 max_len=16, pad_token_id=0, local_window=4)
     torch.manual_seed(1)
     model = perturb(build_masked_lm(config))
-    qkv.export_hf(model, tmp_path / "hf", family="modernbert")
+    qkv.export_hf(model, tmp_path / "hf")  # the preset says family="modernbert"
     theirs = _reload(tmp_path / "hf", "masked_lm")
     ids, mask, _ = batch(97, 0)
     _compare(model, theirs, ids, mask, logits=True)

@@ -223,10 +223,16 @@ class TokenizerView:
         return tok if tok is not None else f"<{i}>"
 
 
+#: ``tokenizer_config.json`` special-token keys and the token texts looked for (BERT's, then RoBERTa's).
+_SPECIAL_NAMES = {"unk_token": ("[UNK]", "<unk>"), "sep_token": ("[SEP]", "</s>"), "pad_token": ("[PAD]", "<pad>"),
+                  "cls_token": ("[CLS]", "<s>"), "mask_token": ("[MASK]", "<mask>")}
+
+
 def write_tokenizer(tokenizer, folder: str | os.PathLike, *, hf_config: bool, max_len: int) -> None:
     """Write a model folder's tokenizer files into ``folder`` (nothing for ``None``):
     ``tokenizer.json``, ``vocab.txt`` for a WordPiece tokenizer, and with ``hf_config`` a
-    ``tokenizer_config.json`` for ``transformers`` (``BertTokenizer``, lower-casing, ``max_len``).
+    ``tokenizer_config.json`` for ``transformers`` (``BertTokenizer``, lower-casing, ``max_len``, the
+    special tokens the vocabulary has).
     The caller makes the folder appear atomically."""
     if tokenizer is None:
         return
@@ -240,6 +246,10 @@ def write_tokenizer(tokenizer, folder: str | os.PathLike, *, hf_config: bool, ma
     if hf_config:
         lower = bool((state.get("normalizer") or {}).get("lowercase", True))
         settings = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower, "model_max_length": max_len}
+        for key, candidates in _SPECIAL_NAMES.items():  # named, so no family's defaults are guessed
+            found = next((t for t in candidates if tokenizer.token_to_id(t) is not None), None)
+            if found is not None:
+                settings[key] = found
         (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 

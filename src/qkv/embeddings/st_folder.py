@@ -258,7 +258,11 @@ def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None,
                         "type": "sentence_transformers.models.Normalize"})
     from qkv import __version__
 
-    no_pooler = {} if encoder.config.pooler else {"model_args": {"add_pooling_layer": False}}
+    from qkv.models import families
+
+    # BERT and RoBERTa build a pooler unless told not to; the other families have none to skip
+    has_pooler_arg = families.for_export(encoder.config).MODEL_TYPE in ("bert", "roberta")
+    no_pooler = {"model_args": {"add_pooling_layer": False}} if has_pooler_arg and not encoder.config.pooler else {}
     files = {MODULES_JSON: modules,
              f"{_POOLING_DIR}/config.json": {"embedding_dimension": width,
                                              "pooling_mode": st_modes[0] if len(st_modes) == 1 else st_modes,
