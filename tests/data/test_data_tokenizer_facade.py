@@ -118,7 +118,9 @@ def test_write_tokenizer_files(pydoc_tokenizer, tmp_path):
     (tmp_path / "h").mkdir()
     write_tokenizer(pydoc_tokenizer.backend, tmp_path / "h", hf_config=True, max_len=64)
     settings = json.loads((tmp_path / "h" / "tokenizer_config.json").read_text())
-    assert settings == {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 64}
+    assert settings == {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 64,
+                        "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                        "mask_token": "[MASK]"}
     write_tokenizer(None, tmp_path / "h", hf_config=True, max_len=64)  # nothing to write: nothing changes
     (tmp_path / "f").mkdir()
     TokenizerFile(pydoc_tokenizer).save(tmp_path / "f")
