@@ -198,5 +198,6 @@ def check_recorded(recorded, source: str) -> None:
 
 def unknown_part(kind: str, name: str, allowed: Iterable[str]) -> str:
     """The message for a ``kind`` named ``name`` that nothing registered (``allowed``: the names that are)."""
-    return (f"unknown {kind} {name!r}; allowed: {', '.join(map(str, allowed))}. A {kind} from a plugin: "
+    article = "An" if kind[:1] in "aeiou" else "A"
+    return (f"unknown {kind} {name!r}; allowed: {', '.join(map(str, allowed))}. {article} {kind} from a plugin: "
             + how_to_load())

@@ -25,7 +25,7 @@ from qkv.nn.norms import RMSNorm, build_norm
 from qkv.nn.pooler import Pooler
 from qkv.nn.qk_norm import build_qk_norm
 from qkv.nn.positional import build_positions
-from qkv.nn.similarity import SIMILARITIES, build_similarity
+from qkv.nn.similarity import build_similarity
 
 __all__ = ["build_attention", "build_layer", "is_local_layer", "build_norm_for", "build_encoder",
            "build_masked_lm", "build_model", "build_task_model", "attach_task_head", "build_discriminator",
@@ -60,8 +60,6 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
         window: sliding-window width W (keys within ``W // 2`` either side), ``None`` = global.
     """
     check_heads(d_model, n_heads)
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"unknown similarity {similarity!r}; allowed: {', '.join(sorted(SIMILARITIES))}")
     d_head = d_model // n_heads
     kv_width = (n_heads if n_kv_heads is None else n_kv_heads) * d_head  # G·D
     return MultiHeadAttention(

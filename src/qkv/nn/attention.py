@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv import plugins
 from qkv.nn.attend import attend
 from qkv.nn.backends import backend_names
 from qkv.nn.masks import key_padding_mask
@@ -83,7 +84,9 @@ class MultiHeadAttention(nn.Module):
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None (global attention), got {window!r}")
         if backend not in backend_names():
-            raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(backend_names())}")
+            plugins.load_plugins()  # a miss: the installed plugins may register it
+        if backend not in backend_names():
+            raise ValueError(plugins.unknown_part("attention backend", backend, backend_names()))
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
