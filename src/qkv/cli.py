@@ -92,7 +92,7 @@ def _add_convert(sub) -> None:
         help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT) <-> qkv, "
         "or -> sentence-transformers",
         description="Convert a model folder. A Hugging Face folder (config.json with model_type "
-        "bert, roberta, distilbert or electra + model.safetensors or pytorch_model.bin) becomes a "
+        "bert, roberta, distilbert, electra or modernbert + model.safetensors or pytorch_model.bin) becomes a "
         "qkv folder; a qkv folder (qkv.json + model.safetensors) becomes a folder that "
         "transformers' from_pretrained loads, of the family the model came from (BERT for a "
         "model trained in qkv); with --to sentence-transformers either becomes a folder that "

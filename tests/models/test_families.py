@@ -77,7 +77,7 @@ def test_convert_help_names_the_families(capsys):
     with pytest.raises(SystemExit):
         main(["convert", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "model_type bert, roberta, distilbert or electra" in text and "of the family the model came from" in text
+    assert "model_type bert, roberta, distilbert, electra or modernbert" in text and "of the family the model came from" in text
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
