@@ -12,8 +12,9 @@ Self-attention is permutation-equivariant; these modules tell it word order thro
   angle proportional to their position, so that qᵀk depends on the offset only;
 * **an additive score bias** of the offset ``d = j - i`` — ``relative`` (a learned scalar per
   head and clipped offset; ``relative-alibi``: the same table started at ALiBi's penalties), ``t5`` (T5's log-spaced buckets), ``alibi`` (a fixed linear penalty
-  with geometric head slopes). They return an :class:`~qkv.nn.offset_bias.OffsetBias`, which
-  :func:`~qkv.nn.attend.attend` runs on the fused kernel without an ``(H,T,S)`` tensor.
+  with geometric head slopes); these live in :mod:`qkv.nn.position_bias` (names re-exported here)
+  and return an :class:`~qkv.nn.offset_bias.OffsetBias`, which :func:`~qkv.nn.attend.attend`
+  runs on the fused kernel without an ``(H,T,S)`` tensor.
 
 :func:`build_positions` turns a name into :class:`PositionSlots`; an encoder adds ``input`` to its
 embeddings (or passes it to each layer as ``qk_pos``) and asks the slots for a new q/k transform
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from qkv import plugins
-from qkv.nn.offset_bias import OffsetBias
+from qkv.nn.position_bias import (ALiBiBias, RelativePositionBias, T5RelativeBias, alibi_slopes, check_sizes,
+                                  offsets, t5_buckets)
 
 __all__ = [
     "POSITIONS",
@@ -58,11 +59,6 @@ __all__ = [
 
 
 
-def offsets(q_len: int, k_len: int, device=None) -> Tensor:
-    """``(T+S-1,)`` every offset ``d = j - i`` of key j from query i, from ``-(T-1)`` to ``S-1``."""
-    return torch.arange(-(q_len - 1), k_len, device=device)
-
-
 # ---------------------------------------------------------------- added to the input
 
 
@@ -84,7 +80,7 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, max_len: int, d_model: int, base: float = 10000.0):
         super().__init__()
-        _check_positive(max_len=max_len, d_model=d_model)
+        check_sizes(max_len=max_len, d_model=d_model)
         self.max_len, self.d_model, self.base = max_len, d_model, base
         self.register_buffer("table", sinusoid_table(max_len, d_model, base).float(), persistent=False)
         self._made_for = (self.table.dtype, self.table.device)
@@ -113,7 +109,7 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, max_len: int, d_model: int, *, offset: int = 0):
         super().__init__()
-        _check_positive(max_len=max_len, d_model=d_model)
+        check_sizes(max_len=max_len, d_model=d_model)
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
         self.offset = offset
@@ -131,121 +127,6 @@ class LearnedPositions(nn.Module):
         return self.weight[self.offset:self.offset + length]
 
 
-# ---------------------------------------------------------------- additive score biases
-
-
-class RelativePositionBias(nn.Module):
-    """A learned scalar per head for each offset, clipped at ±``max_distance`` (Shaw et al. 2018;
-    the textbook's π per offset): ``bias[h,i,j] = weight[clip(j-i, -M, M) + M, h]``.
-
-    ``weight`` is ``(2M+1, H)``. ``forward(T, S)`` returns an :class:`OffsetBias`.
-
-    ``init="normal"`` starts the table at N(0, 0.02²) — attention starts (and, measured, stays for
-    minutes) position-blind. ``init="alibi"`` (position ``relative-alibi``) starts it at ALiBi's
-    ``-slope_h · |d|``: every head local from step 0 with the prior of :class:`ALiBiBias`, yet free
-    to become asymmetric (a previous-token or next-token head) or to reshape its window.
-    """
-
-    def __init__(self, n_heads: int, max_distance: int = 128, *, init: str = "normal"):
-        super().__init__()
-        _check_positive(n_heads=n_heads, max_distance=max_distance)
-        if init not in ("normal", "alibi"):
-            raise ValueError(f"unknown relative bias init {init!r}; allowed: normal, alibi")
-        self.max_distance, self.init = max_distance, init
-        if init == "alibi":
-            d = torch.arange(-max_distance, max_distance + 1, dtype=torch.float64)  # (2M+1,)
-            table = -d.abs()[:, None] * alibi_slopes(n_heads)[None, :]  # (2M+1,1)*(1,H) -> (2M+1,H)
-            self.weight = nn.Parameter(table.float())
-        else:
-            self.weight = nn.Parameter(torch.empty(2 * max_distance + 1, n_heads).normal_(std=0.02))
-
-    def forward(self, q_len: int, k_len: int) -> OffsetBias:
-        m = self.max_distance
-        index = offsets(q_len, k_len, self.weight.device).clamp(-m, m) + m  # (L,)
-        return OffsetBias(self.weight.t(), index, q_len, k_len)  # table (H, 2M+1)
-
-    def extra_repr(self) -> str:
-        return f"n_heads={self.weight.shape[1]}, max_distance={self.max_distance}, init={self.init}"
-
-
-def t5_buckets(offset: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
-    """T5's bidirectional bucket of each ``offset = key - query`` (Raffel et al. 2020).
-
-    Half the buckets for each sign (positive offsets get ``+num_buckets/2``); within a half, the
-    first ``num_buckets/4`` distances have a bucket each, larger ones share log-spaced buckets up
-    to ``max_distance``, and everything beyond shares the last bucket.
-    """
-    n = num_buckets // 2
-    exact = n // 2
-    sign = (offset > 0).long() * n
-    dist = offset.abs()
-    log_ratio = torch.log(dist.clamp(min=1).double() / exact) / math.log(max_distance / exact)
-    large = (exact + (log_ratio * (n - exact)).long()).clamp(max=n - 1)
-    return sign + torch.where(dist < exact, dist, large)
-
-
-class T5RelativeBias(nn.Module):
-    """T5's bucketed relative bias: a learned scalar per head and bucket, ``weight (buckets, H)``.
-
-    ``forward(T, S)`` returns an :class:`OffsetBias`.
-    """
-
-    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128):
-        super().__init__()
-        _check_positive(n_heads=n_heads, max_distance=max_distance)
-        if num_buckets < 4 or num_buckets % 2:
-            raise ValueError(f"num_buckets must be an even number ≥ 4, got {num_buckets}")
-        if max_distance <= num_buckets // 4:
-            raise ValueError(
-                f"max_distance={max_distance} must exceed the exact range num_buckets/4={num_buckets // 4}"
-            )
-        self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.weight = nn.Parameter(torch.empty(num_buckets, n_heads).normal_(std=0.02))
-
-    def forward(self, q_len: int, k_len: int) -> OffsetBias:
-        index = t5_buckets(offsets(q_len, k_len, self.weight.device), self.num_buckets, self.max_distance)
-        return OffsetBias(self.weight.t(), index, q_len, k_len)  # table (H, buckets)
-
-    def extra_repr(self) -> str:
-        heads = self.weight.shape[1]
-        return f"n_heads={heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
-
-
-def alibi_slopes(n_heads: int) -> Tensor:
-    """ALiBi's head slopes (Press et al. 2022), float64 ``(H,)``.
-
-    For ``n`` a power of two: ``2^(-8/n)``, ``2^(-16/n)``, …, ``2^(-8)``. Otherwise the paper's
-    rule: the slopes of the largest power of two ``m < n``, then every other slope of ``2m``.
-    """
-    _check_positive(n_heads=n_heads)
-
-    def powers(n: int) -> list[float]:
-        return [2.0 ** (-8.0 * (k + 1) / n) for k in range(n)]
-
-    m = 2 ** int(math.floor(math.log2(n_heads)))
-    slopes = powers(m) if m == n_heads else powers(m) + powers(2 * m)[0::2][: n_heads - m]
-    return torch.tensor(slopes, dtype=torch.float64)
-
-
-class ALiBiBias(nn.Module):
-    """ALiBi, bidirectional: a fixed ``bias[h,i,j] = -slope_h · |j - i|`` (no parameters).
-
-    ``forward(T, S)`` returns an :class:`OffsetBias`.
-    """
-
-    def __init__(self, n_heads: int):
-        super().__init__()
-        self.register_buffer("slopes", alibi_slopes(n_heads).float(), persistent=False)  # (H,)
-
-    def forward(self, q_len: int, k_len: int) -> OffsetBias:
-        d = offsets(q_len, k_len, self.slopes.device)  # (L,)
-        values = -self.slopes[:, None] * d.abs().to(self.slopes.dtype)  # (H,1)*(L,) -> (H,L)
-        return OffsetBias(values, torch.arange(d.numel(), device=d.device), q_len, k_len)
-
-    def extra_repr(self) -> str:
-        return f"n_heads={self.slopes.numel()}"
-
-
 # ---------------------------------------------------------------- transform of q and k
 
 
@@ -260,7 +141,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, d_head: int, base: float = 10000.0):
         super().__init__()
-        _check_positive(d_head=d_head)
+        check_sizes(d_head=d_head)
         if d_head % 2:
             raise ValueError(f"rope needs an even head dim, got d_head={d_head}")
         if not base > 0:
@@ -437,7 +318,7 @@ def build_positions(
             f"qk_only=True adds an absolute encoding to the query/key inputs; it needs one of "
             f"{', '.join(absolute)}, got {name!r} (relative encodings act on q, k or scores already)"
         )
-    _check_positive(d_model=d_model, n_heads=n_heads, max_len=max_len)
+    check_sizes(d_model=d_model, n_heads=n_heads, max_len=max_len)
     if d_model % n_heads:
         raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
     if offset and name != "learned":
@@ -470,9 +351,3 @@ register_position("alibi", slot="score_bias")(lambda s: ALiBiBias(s.n_heads))
 register_position("rope", slot="qk_transform")(lambda s: RotaryEmbedding(s.d_head, s.rope_base))
 #: The built-in position schemes' names.
 POSITIONS = tuple(POSITION_SCHEMES)
-
-
-def _check_positive(**values) -> None:
-    for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{key} must be a positive int, got {value!r}")
