@@ -65,13 +65,9 @@ _SUPPORTED = "qkv runs Transformer → Pooling → optional Normalize"
 
 
 def _json(path: Path, kind: type = dict):
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise EmbeddingError(f"{path}: not readable JSON ({e})") from e
-    if not isinstance(data, kind):
-        raise EmbeddingError(f"{path}: expected a JSON {kind.__name__}, found {type(data).__name__}")
-    return data
+    from qkv.models.io import read_json
+
+    return read_json(path, kind=kind, error=EmbeddingError)
 
 
 # -- reading ----------------------------------------------------------------------------------------

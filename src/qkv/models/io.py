@@ -50,7 +50,7 @@ from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 from qkv.validation import check_choice
 
-__all__ = ["Pretrained", "load", "save", "export_hf", "convert", "unpack", "read_weights", "CheckpointError"]
+__all__ = ["Pretrained", "load", "save", "export_hf", "convert", "unpack", "read_weights", "read_json", "CheckpointError"]
 
 QKV_CONFIG = "qkv.json"
 HF_CONFIG = "config.json"
@@ -109,13 +109,16 @@ def read_weights(path: str | os.PathLike) -> dict[str, Tensor]:
     return data
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path, *, kind: type = dict, error: type[Exception] = CheckpointError):
+    """A model folder's JSON file, which must hold a ``kind`` (a JSON object by default); anything
+    else raises ``error`` in one line naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+        raise error(f"{path}: not readable JSON ({e})") from e
+    if not isinstance(data, kind):
+        what = "object" if kind is dict else kind.__name__
+        raise error(f"{path}: expected a JSON {what}, found {type(data).__name__}")
     return data
 
 
@@ -181,7 +184,7 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a folder")
     if (folder / QKV_CONFIG).is_file():
-        meta = _read_json(folder / QKV_CONFIG)
+        meta = read_json(folder / QKV_CONFIG)
         if meta.get("format") != "qkv" or meta.get("kind") not in KINDS:
             raise CheckpointError(f"{folder / QKV_CONFIG}: expected format 'qkv' and kind one of "
                                   f"{', '.join(KINDS)}; found {meta.get('format')!r} / {meta.get('kind')!r}")
@@ -209,7 +212,7 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
         model = _build(config, kind, task)
         _check_state(state, model, source)
     elif (folder / HF_CONFIG).is_file():
-        hf_config = _read_json(folder / HF_CONFIG)
+        hf_config = read_json(folder / HF_CONFIG)
         family = families.for_checkpoint(hf_config, str(folder / HF_CONFIG))
         source = next((folder / n for n in (WEIGHTS, HF_PICKLE) if (folder / n).is_file()), None)
         if source is None:
