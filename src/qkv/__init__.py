@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "load", "Pretrained", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
-           "build_masked_lm", "embed", "TaskConfig", "SequenceClassifier", "TokenClassifier",
+           "build_masked_lm", "build_causal_lm", "embed", "TaskConfig", "SequenceClassifier", "TokenClassifier",
            "attach_task_head"]
 
 # Public names imported on first use, so that ``import qkv`` stays light (no torch until needed).
@@ -16,6 +16,7 @@ _LAZY = {
     "ModelConfig": "qkv.config",
     "build_encoder": "qkv.models.builders",
     "build_masked_lm": "qkv.models.builders",
+    "build_causal_lm": "qkv.models.builders",
     "embed": "qkv.embeddings.embedder",
     "TaskConfig": "qkv.models.heads",
     "SequenceClassifier": "qkv.models.heads",

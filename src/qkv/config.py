@@ -78,7 +78,8 @@ class ModelConfig:
         num_buckets: number of T5 relative-position buckets.
         rope_base: base of the rotary frequencies.
         layer_norm_eps: LayerNorm epsilon (BERT: 1e-12).
-        pad_token_id: id of the padding token (its embedding row starts at zero, gets no grad).
+        pad_token_id: id of the padding token (its embedding row starts at zero, gets no grad);
+            ``None`` = no padding row (GPT-2, whose every row is a real token).
         initializer_range: standard deviation of the normal weight initialisation.
         n_kv_heads: key/value heads for grouped-query attention (GQA; 1 = multi-query, MQA);
             ``None`` = ``n_heads`` (plain multi-head). Must divide ``n_heads``.
@@ -105,6 +106,8 @@ class ModelConfig:
             the table has ``max_len + position_offset`` rows.
         first_attention_norm: pre-LN only: ``False`` = the first layer's attention takes the
             (already normalised) embeddings without its own norm (ModernBERT).
+        embedding_norm: normalise the sum of the embeddings (BERT); ``False`` = no norm there
+            (GPT-2: token + position embeddings go straight into the first pre-LN layer).
         head_bias: a bias in the masked-LM head's dense transform (BERT: yes; ModernBERT's
             ``classifier_bias``: no). The decoder's per-token bias is always there.
         pooler: give the encoder BERT's pooler (``tanh(dense(h[:, 0]))``, its ``pooler_output``).
@@ -140,7 +143,7 @@ class ModelConfig:
     num_buckets: int = 32
     rope_base: float = 10000.0
     layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
+    pad_token_id: int | None = 0
     initializer_range: float = 0.02
     pooler: bool = False
     n_kv_heads: int | None = None
@@ -158,6 +161,7 @@ class ModelConfig:
     position_offset: int = 0
     first_attention_norm: bool = True
     head_bias: bool = True
+    embedding_norm: bool = True
     family: str | None = None
 
     def __post_init__(self) -> None:
@@ -165,13 +169,13 @@ class ModelConfig:
                      "max_distance", "num_buckets"):
             check_int(name, getattr(self, name), low=1)
         check_int("type_vocab_size", self.type_vocab_size, low=0)
-        check_int("pad_token_id", self.pad_token_id, low=0)
+        check_int("pad_token_id", self.pad_token_id, low=0, optional=True)
         check_int("chunk_size", self.chunk_size, low=1, optional=True)
         for name in ("n_kv_heads", "local_window", "embedding_size"):
             check_int(name, getattr(self, name), low=1, optional=True)
         check_int("global_every", self.global_every, low=1)
         check_int("position_offset", self.position_offset, low=0)
-        if self.pad_token_id >= self.vocab_size:
+        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
             raise ValueError(f"pad_token_id={self.pad_token_id} must be < vocab_size={self.vocab_size}")
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
@@ -200,7 +204,7 @@ class ModelConfig:
         if self.local_rope_base is not None:
             check_positive("local_rope_base", self.local_rope_base)
         for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only", "pooler", "qk_norm_scale",
-                     "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm", "head_bias"):
+                     "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm", "head_bias", "embedding_norm"):
             check_bool(name, getattr(self, name))
         if not self.first_attention_norm and self.norm != "pre":
             raise ValueError(f"first_attention_norm=False needs norm='pre' (got norm={self.norm!r}): a "

@@ -2,18 +2,22 @@
 (sequence classification, regression, token classification), ELECTRA's discriminator, checkpoint
 folders in and out (qkv and Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA: :mod:`qkv.models.families`)."""
 
-from qkv.models.builders import (attach_task_head, build_discriminator, build_encoder, build_masked_lm,
+from qkv.models.builders import (attach_task_head, build_causal_lm, build_discriminator, build_encoder, build_masked_lm,
                                  build_model, build_task_model, init_weights)
 from qkv.models.discriminator import Discriminator, DiscriminatorOutput
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import (POOLINGS, TASKS, SequenceClassifier, TaskConfig, TaskModel, TaskOutput,
                               TokenClassifier)
 from qkv.models.io import Pretrained, convert, export_hf, load, save
+from qkv.models.causal_lm import CausalLM, CausalLMOutput
 from qkv.models.mlm import MaskedLM, MaskedLMHead, MaskedLMOutput
 
 __all__ = [
     "build_encoder",
     "build_masked_lm",
+    "build_causal_lm",
+    "CausalLM",
+    "CausalLMOutput",
     "build_model",
     "build_task_model",
     "build_discriminator",

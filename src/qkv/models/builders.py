@@ -1,7 +1,7 @@
 """Builders: the only code that reads a :class:`~qkv.config.ModelConfig` and makes modules.
 
-``build_encoder(config)``, ``build_masked_lm(config)``, ``build_discriminator(config)`` and
-``build_task_model(config, task)``
+``build_encoder(config)``, ``build_masked_lm(config)``, ``build_causal_lm(config)``,
+``build_discriminator(config)`` and ``build_task_model(config, task)``
 assemble plain-argument modules from :mod:`qkv.nn` and :mod:`qkv.models` and initialise them as
 BERT does (normal(0, ``initializer_range``) for linear and embedding weights, zero biases, unit
 norm scales γ and zero β, a zero padding row). ``attach_task_head(model, task)`` puts a task head on a loaded
@@ -28,7 +28,7 @@ from qkv.nn.positional import build_positions
 from qkv.nn.similarity import build_similarity
 
 __all__ = ["build_attention", "build_layer", "is_local_layer", "build_norm_for", "build_encoder",
-           "build_masked_lm", "build_model", "build_task_model", "attach_task_head", "build_discriminator",
+           "build_masked_lm", "build_causal_lm", "build_model", "build_task_model", "attach_task_head", "build_discriminator",
            "init_weights"]
 
 
@@ -135,8 +135,9 @@ def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLay
     )
 
 
-def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
-    """The encoder described by ``config`` (BERT-initialised unless ``init=False``).
+def build_encoder(config: ModelConfig, *, init: bool = True, causal: bool = False) -> Encoder:
+    """The encoder described by ``config`` (BERT-initialised unless ``init=False``); with
+    ``causal`` every layer's attention is causal (the stack of a decoder).
 
     With ``config.embedding_size`` E ≠ C the embeddings (their positions and LayerNorm too) are E
     wide and a ``Linear(E, C)`` follows them (ELECTRA); ``config.position_offset`` shifts the
@@ -158,7 +159,7 @@ def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
         type_vocab_size=config.type_vocab_size,
         positions=None if slots.qk_only else inputs,
         pad_token_id=config.pad_token_id,
-        norm=build_norm_for(config, width),
+        norm=build_norm_for(config, width) if config.embedding_norm else nn.Identity(),
         dropout=config.dropout,
         token_scale=math.sqrt(config.d_model) if config.embed_scale else 1.0,
     )
@@ -170,6 +171,7 @@ def build_encoder(config: ModelConfig, *, init: bool = True) -> Encoder:
         qk_positions=slots.input if slots.qk_only else None,
         pooler=Pooler(config.d_model) if config.pooler else None,
         embed_proj=nn.Linear(width, config.d_model) if width != config.d_model else None,
+        causal=causal,
         config=config,
     )
     if init:
@@ -218,6 +220,28 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
         init_weights(model, config.initializer_range)
     if encoder.pooler is not None:
         encoder.pooler.requires_grad_(False)
+    return model
+
+
+def build_causal_lm(config: ModelConfig, *, init: bool = True):
+    """The causal language model (a causal stack + the LM head tied to the word embeddings, GPT-2's)
+    described by ``config``; see :class:`qkv.models.causal_lm.CausalLM`.
+
+    Every similarity, position scheme, norm, feed-forward and backend works causally. Refused: a
+    pooler (it reads the first token, which sees only itself in a causal stack) and an
+    ``embedding_size`` other than C (the head is tied to C-wide token embeddings).
+    """
+    from qkv.models.causal_lm import CausalLM
+
+    if config.pooler:
+        raise ValueError("pooler=True: BERT's pooler reads the first token, which a causal model lets see only "
+                         "itself; build the causal LM without a pooler")
+    if config.embedding_size not in (None, config.d_model):
+        raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the LM head "
+                         "ties its output map to C-wide token embeddings")
+    model = CausalLM(build_encoder(config, init=False, causal=True), config=config)
+    if init:
+        init_weights(model, config.initializer_range)
     return model
 
 

@@ -3,7 +3,7 @@
 Two folder formats:
 
 * **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder" |
-  "sequence_classification" | "token_classification" | "discriminator", "config": {…ModelConfig…}}``, plus
+  "sequence_classification" | "token_classification" | "discriminator" | "causal_lm", "config": {…ModelConfig…}}``, plus
   ``"task": {…TaskConfig…}`` for the two task kinds; regression is a ``sequence_classification``
   whose task says so; plus ``"plugins": [{"kind", "name", "module"}]`` when the config uses parts
   registered outside qkv, :func:`qkv.plugins.plugins_needed`) and ``model.safetensors`` with qkv
@@ -45,7 +45,7 @@ from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
 from qkv.models import families
-from qkv.models.builders import build_discriminator, build_model, build_task_model
+from qkv.models.builders import build_causal_lm, build_discriminator, build_model, build_task_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 from qkv.validation import check_choice
@@ -141,6 +141,8 @@ def _build(config: ModelConfig, kind: str, task: TaskConfig | None) -> nn.Module
         return build_task_model(config, task, init=False)
     if kind == "discriminator":
         return build_discriminator(config, init=False)
+    if kind == "causal_lm":
+        return build_causal_lm(config, init=False)
     return build_model(config, masked_lm=kind == "masked_lm", init=False)
 
 
@@ -258,19 +260,22 @@ def _write_folder(dest: Path, config_name: str, fill) -> None:
 
 def _model_parts(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]:
     """``(config, kind, task)`` of a qkv model."""
+    from qkv.models.causal_lm import CausalLM
     from qkv.models.discriminator import Discriminator
     from qkv.models.heads import TaskModel
     from qkv.models.mlm import MaskedLM
     from qkv.nn.encoder import Encoder
 
     config = getattr(model, "config", None)
-    kinds = (MaskedLM, Encoder, TaskModel, Discriminator)
+    kinds = (MaskedLM, Encoder, TaskModel, Discriminator, CausalLM)
     if not isinstance(config, ModelConfig) or not isinstance(model, kinds):
-        raise ValueError("expected a qkv MaskedLM, Encoder, SequenceClassifier, TokenClassifier or "
+        raise ValueError("expected a qkv MaskedLM, CausalLM, Encoder, SequenceClassifier, TokenClassifier or "
                          "Discriminator with a .config (build it with qkv.models.builders or qkv.load), got "
                          f"{type(model).__name__}")
     if isinstance(model, Discriminator):
         return config, "discriminator", None
+    if isinstance(model, CausalLM):
+        return config, "causal_lm", None
     task = model.task if isinstance(model, TaskModel) else None
     return config, _kind(isinstance(model, MaskedLM), task), task
 

@@ -186,7 +186,8 @@ class MultiHeadAttention(nn.Module):
             out[i : i + 1] = row
         return AttentionOutput(out, weights)
 
-    def forward_packed(self, x: Tensor, lengths: list[int], qk_pos: Tensor | None = None) -> AttentionOutput:
+    def forward_packed(self, x: Tensor, lengths: list[int], qk_pos: Tensor | None = None, *,
+                       causal: bool = False) -> AttentionOutput:
         """Self-attention of packed sequences: no padded position is computed.
 
         The maps run once over all N real tokens; the attention core runs on each sequence on its
@@ -196,6 +197,7 @@ class MultiHeadAttention(nn.Module):
             x: ``(N,C)``, the tokens of several sequences back to back (N = Σ lengths).
             lengths: the length of each sequence; a token attends only within its own sequence.
             qk_pos: ``(T,C)`` query/key positions; sequence i uses rows ``[0, lengths[i])``.
+            causal: a token attends only to itself and the earlier tokens of its sequence.
 
         Returns:
             :class:`AttentionOutput` with ``output (N,C)``; what :meth:`forward` gives at the real
@@ -210,7 +212,7 @@ class MultiHeadAttention(nn.Module):
         o = q.new_empty(N, H, D)  # merged-heads layout: o.view(N,C) is the concatenation of the heads
         for start, m, n in _runs_by_length(lengths):  # m consecutive sequences of length n
             qs, ks, vs = (_run_view(t, start, m, n) for t in (q, k, v))  # (m,H,n,D), 2 × (m,G,n,D) views
-            out = self._attend(qs, ks, vs, None, False, False).output  # (m,H,n,D)
+            out = self._attend(qs, ks, vs, None, causal, False).output  # (m,H,n,D)
             o[start : start + m * n].view(m, n, H, D).copy_(out.transpose(1, 2))  # (m,n,H,D) rows of o
         merged = o.view(N, H * D)  # (N,H,D) -> (N,C), no copy
         return AttentionOutput(self.out_proj(merged) if self.out_proj is not None else merged)  # (N,C)

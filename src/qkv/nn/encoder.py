@@ -106,11 +106,19 @@ class Embeddings(nn.Module):
         x = self.tokens(input_ids)  # (…) -> (…,C)
         return x * self.token_scale if self.token_scale != 1.0 else x
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """``(B,T)`` ids (and optional ``(B,T)`` segment ids) → ``(B,T,C)``."""
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        """``(B,T)`` ids (and optional ``(B,T)`` segment ids) → ``(B,T,C)``.
+
+        ``position_ids``: ``(B,T)`` or ``(T,)`` position of each token (default ``0 … T-1``), e.g.
+        counted from each row's first real token in a left-padded batch, or continuing a prefix.
+        """
         x = self._tokens(input_ids)  # (B,T) -> (B,T,C)
         if self.positions is not None:
-            x = x + self.positions(input_ids.shape[1])  # (B,T,C) + (T,C)
+            if position_ids is None:
+                x = x + self.positions(input_ids.shape[1])  # (B,T,C) + (T,C)
+            elif position_ids.numel():
+                x = x + self.positions(int(position_ids.max()) + 1)[position_ids]  # (T',C)[(B,T)] -> (B,T,C)
         if self.segments is not None:
             if token_type_ids is None:
                 x = x + self.segments.weight[0]  # (B,T,C) + (C,): every token in segment 0
@@ -141,6 +149,7 @@ class Encoder(nn.Module):
             added to the query and key inputs only), or ``None``.
         pooler: module ``(B,T,C) -> (B,C)`` applied to the last hidden state, its result returned
             as ``pooler_output`` (BERT's: :class:`qkv.nn.pooler.Pooler`), or ``None``.
+        causal: every layer's attention is causal (a decoder: query i sees keys 0 … i only).
         embed_proj: ``nn.Linear(E, C)`` applied to the embeddings when they are E wide (ELECTRA's
             ``embeddings_project``), or ``None``; the first hidden state is its output.
         config: the :class:`~qkv.config.ModelConfig` the encoder was built from (kept as
@@ -157,10 +166,12 @@ class Encoder(nn.Module):
         qk_positions: nn.Module | None = None,
         pooler: nn.Module | None = None,
         embed_proj: nn.Module | None = None,
+        causal: bool = False,
         config=None,
     ):
         super().__init__()
         self.config = config
+        self.causal = bool(causal)
         self.embeddings = embeddings
         self.embed_proj = embed_proj
         self.layers = nn.ModuleList(layers)
@@ -213,6 +224,7 @@ class Encoder(nn.Module):
         token_type_ids: Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        position_ids: Tensor | None = None,
     ) -> EncoderOutput:
         """Encode a padded batch (see :meth:`forward_packed` for a padding-free one).
 
@@ -223,6 +235,10 @@ class Encoder(nn.Module):
             token_type_ids: ``(B,T)`` segment ids (default: all 0).
             output_hidden_states: return the embedding output and every layer's output.
             output_attentions: return every layer's exact ``(B,H,T,T)`` attention weights.
+            position_ids: ``(B,T)`` or ``(T,)`` position of each token for input (absolute)
+                position encodings (default ``0 … T-1``; a left-padded batch counts from each row's
+                first real token). Relative encodings (relative, T5, ALiBi, RoPE) read offsets
+                only and ignore it.
 
         Returns:
             :class:`EncoderOutput`.
@@ -238,14 +254,16 @@ class Encoder(nn.Module):
             if bool(padding_mask.all()):
                 padding_mask = None  # nothing to mask: keep the unmasked fused kernel
         T = input_ids.shape[1]
-        qk_pos = self.qk_positions(T) if self.qk_positions is not None else None  # (T,C)
-        x = self.embeddings(input_ids, token_type_ids)  # (B,T,E)
+        if position_ids is not None:
+            self._check_positions(position_ids, tuple(input_ids.shape))
+        qk_pos = self._qk_pos(T, position_ids)  # (T,C) | (B,T,C) | None
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B,T,E)
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (B,T,E) -> (B,T,C)
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for layer in self.layers:
-            out = layer(x, padding_mask, need_weights=output_attentions, qk_pos=qk_pos)
+            out = layer(x, padding_mask, need_weights=output_attentions, qk_pos=qk_pos, causal=self.causal)
             x = out.output
             if hidden is not None:
                 hidden.append(x)
@@ -261,6 +279,24 @@ class Encoder(nn.Module):
             attentions=tuple(attentions) if attentions is not None else None,
             pooler_output=self.pooler(x) if self.pooler is not None else None,  # (B,T,C) -> (B,C)
         )
+
+    def _qk_pos(self, T: int, position_ids: Tensor | None) -> Tensor | None:
+        """Query/key-only positions: ``(T,C)``, or ``(B,T,C)`` / ``(T,C)`` rows of ``position_ids``."""
+        if self.qk_positions is None:
+            return None
+        if position_ids is None:
+            return self.qk_positions(T)  # (T,C)
+        if not position_ids.numel():
+            return self.qk_positions(max(T, 1))[:T]
+        return self.qk_positions(int(position_ids.max()) + 1)[position_ids]  # (T',C)[(B,T)] -> (B,T,C)
+
+    def _check_positions(self, position_ids: Tensor, shape: tuple[int, int]) -> None:
+        if (not isinstance(position_ids, Tensor) or position_ids.is_floating_point()
+                or tuple(position_ids.shape) not in (shape, shape[1:])):
+            got = tuple(position_ids.shape) if isinstance(position_ids, Tensor) else type(position_ids).__name__
+            raise ValueError(f"position_ids must be an integer tensor (B, T) = {shape} or (T,), got {got}")
+        if position_ids.numel() and int(position_ids.min()) < 0:
+            raise ValueError(f"position_ids must be ≥ 0, found {int(position_ids.min())}")
 
     def forward_packed(self, batch: PackedBatch, output_hidden_states: bool = False) -> PackedEncoderOutput:
         """Encode sequences without padding: no padded position is computed anywhere.
@@ -285,7 +321,7 @@ class Encoder(nn.Module):
             x = self.embed_proj(x)  # (N,E) -> (N,C)
         hidden = [x] if output_hidden_states else None
         for layer in self.layers:
-            x = layer.forward_packed(x, lengths, qk_pos=qk_pos)  # (N,C)
+            x = layer.forward_packed(x, lengths, qk_pos=qk_pos, causal=self.causal)  # (N,C)
             if hidden is not None:
                 hidden.append(x)
         if self.final_norm is not None:

@@ -193,6 +193,7 @@ class TransformerLayer(nn.Module):
         *,
         need_weights: bool = False,
         qk_pos: Tensor | None = None,
+        causal: bool = False,
     ) -> LayerOutput:
         """Apply the layer.
 
@@ -201,6 +202,7 @@ class TransformerLayer(nn.Module):
             padding_mask: ``(B,T)`` boolean, True = real token.
             need_weights: also return the exact ``(B,H,T,T)`` attention weights.
             qk_pos: ``(T,C)`` positions added to the query and key inputs only.
+            causal: each query attends only to itself and earlier keys (a decoder layer).
 
         Returns:
             :class:`LayerOutput` with ``output (B,T,C)``.
@@ -208,12 +210,13 @@ class TransformerLayer(nn.Module):
         att: list = []
 
         def attend_fn(h: Tensor) -> Tensor:
-            att.append(self.attention(h, padding_mask, need_weights=need_weights, qk_pos=qk_pos))
+            att.append(self.attention(h, padding_mask, need_weights=need_weights, qk_pos=qk_pos, causal=causal))
             return att[0].output
 
         return LayerOutput(self._sublayers(x, attend_fn), att[0].weights)
 
-    def forward_packed(self, x: Tensor, lengths: list[int], *, qk_pos: Tensor | None = None) -> Tensor:
+    def forward_packed(self, x: Tensor, lengths: list[int], *, qk_pos: Tensor | None = None,
+                       causal: bool = False) -> Tensor:
         """The layer on packed sequences, without padding.
 
         Args:
@@ -221,12 +224,13 @@ class TransformerLayer(nn.Module):
             lengths: the length of each sequence; a token attends only within its own sequence.
             qk_pos: ``(T,C)`` positions added to the query and key inputs only; sequence i uses
                 rows ``[0, lengths[i])``.
+            causal: a token attends only to itself and the earlier tokens of its sequence.
 
         Returns:
             ``(N,C)``: for each sequence, what :meth:`forward` gives at its real positions when it
             is right-padded in a batch with a padding mask (up to float rounding).
         """
-        return self._sublayers(x, lambda h: self.attention.forward_packed(h, lengths, qk_pos).output)
+        return self._sublayers(x, lambda h: self.attention.forward_packed(h, lengths, qk_pos, causal=causal).output)
 
     def _post_ln(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
         """``h = Norm₁(x + Drop(Att(x)))``, ``y = Norm₂(h + Drop(FFN(h)))``."""
