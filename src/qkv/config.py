@@ -41,6 +41,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                        local_window=128, global_every=3, feed_forward="glu", activation="gelu",
                        attention_bias=False, norm_bias=False, mlp_bias=False, head_bias=False,
                        first_attention_norm=False, family="modernbert"),
+    # shaped like GPT-2 small, 124M (transformers' GPT2Config defaults): a causal LM (build_causal_lm)
+    "gpt2": dict(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024,
+                 type_vocab_size=0, norm="pre", activation="gelu_tanh", dropout=0.1,
+                 layer_norm_eps=1e-5, pad_token_id=None, embedding_norm=False, family="gpt2"),
 }
 
 
@@ -114,9 +118,10 @@ class ModelConfig:
             Set on import when a Hugging Face checkpoint has one (so that it is kept and exported
             again), and by the task-model builders for sequence tasks that pool with it.
         family: the Hugging Face model family the model was imported from and is exported to
-            again (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"electra"``, ``"modernbert"``: the
-            keys of :data:`qkv.models.families.FAMILIES`); ``None`` = a qkv model, exported as BERT.
-            Set on import and by the ``modernbert`` preset; it builds nothing.
+            again (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"electra"``, ``"modernbert"``,
+            ``"gpt2"``: the keys of :data:`qkv.models.families.FAMILIES`); ``None`` = a qkv model,
+            exported as BERT.
+            Set on import and by the ``modernbert`` and ``gpt2`` presets; it builds nothing.
     """
 
     vocab_size: int = _BERT_VOCAB
@@ -229,7 +234,7 @@ class ModelConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """The preset ``name`` (``tiny``, ``cpu-small``, ``mini``, ``small``, ``base``,
-        ``modernbert``) with fields overridden."""
+        ``modernbert``, ``gpt2``: a causal LM's shape) with fields overridden."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})

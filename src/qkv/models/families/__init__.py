@@ -1,7 +1,8 @@
 """Hugging Face model families ⇄ qkv: one converter module per family, chosen by ``model_type``.
 
 These modules are the only code that knows Hugging Face tensor and config names. Each family
-module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``) offers the same three things:
+module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``, ``gpt2``) offers the same
+three things:
 
 * ``read(hf_config, tensors, *, config_source, weights_source) -> Imported`` — qkv's config
   (with ``family`` set to the module's ``MODEL_TYPE``), kind, task and state dict, every tensor
@@ -33,6 +34,7 @@ FAMILIES: dict[str, str] = {
     "distilbert": "qkv.models.families.distilbert",
     "electra": "qkv.models.families.electra",
     "modernbert": "qkv.models.families.modernbert",
+    "gpt2": "qkv.models.families.gpt2",
 }
 DEFAULT = "bert"
 

@@ -210,8 +210,17 @@ _PLAIN = {"n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads),
           "feed_forward": "mlp", "embed_scale": False, "first_attention_norm": True,
           "position": "learned", "position_qk_only": False, "similarity": "scaled_dot",
           "similarity_kwargs": {}, "qkv_proj": True, "out_proj": True, "attention_bias": True,
-          "norm": "post",
+          "norm": "post", "embedding_norm": True,
           "activation": (lambda c: c.activation in ACT_TO_HF, f"one of {', '.join(ACT_TO_HF)}")}
+
+
+def refuse_causal_lm(kind: str, name: str) -> None:
+    """An encoder family refuses a causal language model in one line (GPT-2 writes those)."""
+    if kind == "causal_lm":
+        raise CheckpointError(f"a causal language model (kind 'causal_lm') cannot be exported as a Hugging "
+                              f"Face {name}, an encoder family; export it as GPT-2: "
+                              "qkv.export_hf(model, path, family='gpt2'), or build it with family='gpt2' "
+                              "(the gpt2 preset sets it)")
 
 
 def head_bias_reasons(config: ModelConfig, kind: str, name: str) -> list[str]:

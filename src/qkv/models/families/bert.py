@@ -31,8 +31,8 @@ from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, architectures,
                                          check_plan, check_tied, head_bias_reasons, kind_of, label_fields,
-                                         labels_from_hf, refuse_unexpressible, state_from_plan,
-                                         tensors_from_plan)
+                                         labels_from_hf, refuse_causal_lm, refuse_unexpressible,
+                                         state_from_plan, tensors_from_plan)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "bert"
@@ -259,6 +259,7 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
 def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None) -> dict[str, Any]:
     """The Hugging Face BERT ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option BERT cannot express."""
+    refuse_causal_lm(kind, NAME)
     extra = []
     if config.type_vocab_size < 1:
         extra.append("type_vocab_size=0 (BERT needs ≥ 1)")

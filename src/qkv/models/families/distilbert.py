@@ -30,7 +30,8 @@ from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
                                          check_tied, head_bias_reasons, kind_from_hf, label_fields,
-                                         refuse_unexpressible, state_from_plan, tensors_from_plan, token_task)
+                                         refuse_causal_lm, refuse_unexpressible, state_from_plan,
+                                         tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "distilbert"
@@ -128,6 +129,7 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
 def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None) -> dict[str, Any]:
     """The Hugging Face DistilBERT ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option DistilBERT cannot express."""
+    refuse_causal_lm(kind, NAME)
     extra = []
     extra += head_bias_reasons(config, kind, NAME)
     if kind not in ARCHITECTURES:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from qkv.config import ModelConfig
 from qkv.models.families import bert
-from qkv.models.families._common import (Imported, check_plan, kind_from_hf, label_fields,
+from qkv.models.families._common import (Imported, check_plan, kind_from_hf, label_fields, refuse_causal_lm,
                                          refuse_unexpressible, state_from_plan, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
@@ -82,6 +82,7 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
 def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None) -> dict[str, Any]:
     """The Hugging Face ELECTRA ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option ELECTRA cannot express."""
+    refuse_causal_lm(kind, NAME)
     extra = []
     if config.type_vocab_size < 1:
         extra.append("type_vocab_size=0 (ELECTRA needs ≥ 1)")

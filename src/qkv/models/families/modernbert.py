@@ -41,9 +41,9 @@ from torch import Tensor
 
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
-from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan, check_tied,
-                                         kind_from_hf, refuse_unexpressible, state_from_plan,
-                                         tensors_from_plan)
+from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
+                                         check_tied, kind_from_hf, refuse_causal_lm, refuse_unexpressible,
+                                         state_from_plan, tensors_from_plan)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "modernbert"
@@ -195,6 +195,7 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
 def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None) -> dict[str, Any]:
     """The Hugging Face ModernBERT ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option ModernBERT cannot express."""
+    refuse_causal_lm(kind, NAME)
     extra = []
     if kind not in ARCHITECTURES or task is not None:
         extra.append(f"kind {kind!r} (qkv writes ModernBERT as {', '.join(ARCHITECTURES.values())})")

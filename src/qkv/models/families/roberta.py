@@ -26,9 +26,9 @@ from torch import Tensor
 from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.families import bert
-from qkv.models.families._common import (Imported, check_plan, check_tied, head_bias_reasons,
-                                         kind_from_hf, label_fields, refuse_unexpressible, state_from_plan,
-                                         tensors_from_plan, token_task)
+from qkv.models.families._common import (Imported, check_plan, check_tied, head_bias_reasons, kind_from_hf,
+                                         label_fields, refuse_causal_lm, refuse_unexpressible,
+                                         state_from_plan, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "roberta"
@@ -92,6 +92,7 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
 def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None) -> dict[str, Any]:
     """The Hugging Face RoBERTa ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option RoBERTa cannot express."""
+    refuse_causal_lm(kind, NAME)
     extra = []
     if config.type_vocab_size < 1:
         extra.append("type_vocab_size=0 (RoBERTa needs ≥ 1)")
