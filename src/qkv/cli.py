@@ -89,13 +89,14 @@ def _load_plugins(modules: list[str]) -> None:
 def _add_convert(sub) -> None:
     convert = sub.add_parser(
         "convert",
-        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT) <-> qkv, "
-        "or -> sentence-transformers",
+        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, "
+        "GPT-2) <-> qkv, or -> sentence-transformers",
         description="Convert a model folder. A Hugging Face folder (config.json with model_type "
-        "bert, roberta, distilbert, electra or modernbert + model.safetensors or pytorch_model.bin) becomes a "
-        "qkv folder; a qkv folder (qkv.json + model.safetensors) becomes a folder that "
+        "bert, roberta, distilbert, electra, modernbert or gpt2 + model.safetensors or pytorch_model.bin) "
+        "becomes a qkv folder; a qkv folder (qkv.json + model.safetensors) becomes a folder that "
         "transformers' from_pretrained loads, of the family the model came from (BERT for a "
-        "model trained in qkv); with --to sentence-transformers either becomes a folder that "
+        "model trained in qkv; GPT-2 for a causal language model built from the gpt2 preset); with "
+        "--to sentence-transformers either becomes a folder that "
         "sentence_transformers.SentenceTransformer loads (pooling, normalisation and window from "
         "the flags, else from SRC). Options a family cannot express, and heads qkv cannot "
         "represent, are refused by name. The tokenizer travels along.",

@@ -13,11 +13,11 @@ from qkv.models.builders import build_encoder
 from qkv.models.errors import CheckpointError
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "t5", None])
+@pytest.mark.parametrize("model_type", ["llama", "t5", None])
 def test_unsupported_model_type_is_refused_with_the_supported_ones(tmp_path, model_type):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(CheckpointError, match=rf"config.json: not a BERT checkpoint \(model_type is {model_type!r}, "
-                                              r".*supported model_type values: bert, roberta, distilbert, electra, modernbert$"):
+                                              r".*supported model_type values: bert, roberta, distilbert, electra, modernbert, gpt2$"):
         qkv.load(tmp_path)
 
 
@@ -26,13 +26,14 @@ def test_dispatch_by_model_type_and_family():
     assert families.for_export(ModelConfig.preset("tiny")).NAME == "BERT"  # a qkv model
     assert families.for_export(ModelConfig.preset("tiny", family="distilbert")).NAME == "DistilBERT"
     assert families.for_export(ModelConfig.preset("tiny"), "roberta").NAME == "RoBERTa"
-    with pytest.raises(CheckpointError, match=r"unknown model family 'gpt2'; qkv converts: bert, roberta"):
-        families.get("gpt2")
+    assert families.for_checkpoint({"model_type": "gpt2"}, "x").NAME == "GPT-2"
+    with pytest.raises(CheckpointError, match=r"unknown model family 'llama'; qkv converts: bert, roberta"):
+        families.get("llama")
 
 
 def test_family_field_is_checked():
-    with pytest.raises(ValueError, match=r"family='gpt2' is not allowed; allowed: bert, roberta, distilbert, electra"):
-        ModelConfig.preset("tiny", family="gpt2")
+    with pytest.raises(ValueError, match=r"family='llama' is not allowed; allowed: bert, roberta, distilbert, electra"):
+        ModelConfig.preset("tiny", family="llama")
 
 
 VARIANTS = [  # (field overrides, the field named in the refusal)
@@ -47,6 +48,7 @@ VARIANTS = [  # (field overrides, the field named in the refusal)
     (dict(norm="pre", first_attention_norm=False), "first_attention_norm=False"),
     (dict(position="rope"), "position='rope'"),
     (dict(attention_bias=False), "attention_bias=False"),
+    (dict(embedding_norm=False), "embedding_norm=False"),
 ]
 BASES = {"bert": {}, "roberta": dict(pad_token_id=1, position_offset=2), "electra": {},
          "distilbert": dict(type_vocab_size=0)}
@@ -77,7 +79,7 @@ def test_convert_help_names_the_families(capsys):
     with pytest.raises(SystemExit):
         main(["convert", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "model_type bert, roberta, distilbert, electra or modernbert" in text and "of the family the model came from" in text
+    assert "model_type bert, roberta, distilbert, electra, modernbert or gpt2" in text and "of the family the model came from" in text
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])

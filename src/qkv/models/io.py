@@ -8,12 +8,12 @@ Two folder formats:
   whose task says so; plus ``"plugins": [{"kind", "name", "module"}]`` when the config uses parts
   registered outside qkv, :func:`qkv.plugins.plugins_needed`) and ``model.safetensors`` with qkv
   tensor names.
-* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT): ``config.json`` with its ``model_type``
-  and ``model.safetensors`` or ``pytorch_model.bin``; the latter is read only with
+* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2): ``config.json`` with its
+  ``model_type`` and ``model.safetensors`` or ``pytorch_model.bin``; the latter is read only with
   ``torch.load(weights_only=True)``, which refuses any pickle that would run code. The family's
   converter in :mod:`qkv.models.families` maps the names and says what is kept (the encoder, a
-  pooler, a masked-LM, discriminator or classifier head); a head qkv does not support is
-  refused, never dropped. The family is kept in ``ModelConfig.family``, and :func:`export_hf`
+  pooler, a masked-LM, discriminator or classifier head, GPT-2's causal LM); a head qkv does not
+  support is refused, never dropped. The family is kept in ``ModelConfig.family``, and :func:`export_hf`
   writes the model back as that family.
 
 Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` returns the model and that
@@ -151,8 +151,8 @@ _kind = families.kind_of
 
 def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
          **overrides: Any) -> Pretrained:
-    """Load a qkv model folder or a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA or ModernBERT folder:
-    ``model, tokenizer = qkv.load(path)``.
+    """Load a qkv model folder or a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT or GPT-2
+    folder: ``model, tokenizer = qkv.load(path)``.
 
     Args:
         path: the folder.
@@ -168,7 +168,8 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
         :class:`qkv.models.heads.TokenClassifier` when the checkpoint has a task head (its
         ``.task`` a :class:`~qkv.models.heads.TaskConfig`), a :class:`qkv.models.mlm.MaskedLM`
         when it has a masked-LM head, a :class:`qkv.models.discriminator.Discriminator` for
-        ELECTRA's discriminator, else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
+        ELECTRA's discriminator, a :class:`qkv.models.causal_lm.CausalLM` for a causal LM (GPT-2),
+        else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
         ``.config``. ``tokenizer``: the folder's ``tokenizers.Tokenizer``, ``None`` when it has none.
 
     Raises:
@@ -322,8 +323,8 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     (sequence classification, regression; ``AutoModelForSequenceClassification``),
     ``BertForTokenClassification`` or ``BertModel`` (encoder), the pooler's weights too when the
     model has one; the other families as :mod:`qkv.models.families` says (e.g.
-    ``ElectraForPreTraining`` for a discriminator). Atomic. Returns the folder. ``model`` and
-    ``tokenizer`` as in :func:`save`.
+    ``ElectraForPreTraining`` for a discriminator, ``GPT2LMHeadModel`` for a causal LM). Atomic.
+    Returns the folder. ``model`` and ``tokenizer`` as in :func:`save`.
 
     Raises:
         CheckpointError: the model uses options the family cannot express (every one named in the
@@ -346,9 +347,9 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None, options=None) -> Path:
-    """Convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT) → qkv, qkv →
-    Hugging Face as the family the model came from (BERT for a qkv model; see :func:`export_hf`),
-    or either → sentence-transformers.
+    """Convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2)
+    → qkv, qkv → Hugging Face as the family the model came from (BERT for a qkv model; see
+    :func:`export_hf`), or either → sentence-transformers.
 
     Args:
         src: a qkv or Hugging Face folder.
