@@ -333,7 +333,7 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     """
     model, tokenizer = unpack(model, tokenizer)
     config, kind, task = _model_parts(model)
-    converter = families.for_export(config, family)
+    converter = families.for_export(config, family, kind)
     converter.config_to_hf(config, kind, task)  # raises before anything is written
 
     def fill(tmp: Path) -> None:

@@ -13,7 +13,8 @@ three things:
 
 :data:`FAMILIES` maps ``model_type`` to the module; adding a family is one module and one entry.
 A model remembers the family it came from in ``ModelConfig.family`` (saved in ``qkv.json``), and
-:func:`for_export` writes it back as that family; a qkv model (``family=None``) exports as BERT.
+:func:`for_export` writes it back as that family; a qkv model (``family=None``) exports as BERT
+(a causal LM as GPT-2).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def for_checkpoint(hf_config: dict[str, Any], source: str) -> ModuleType:
     return get(model_type)
 
 
-def for_export(config, family: str | None = None) -> ModuleType:
-    """The converter a qkv model exports with: ``family`` if given, else ``config.family``, else BERT."""
-    return get(family or config.family or DEFAULT)
+def for_export(config, family: str | None = None, kind: str | None = None) -> ModuleType:
+    """The converter a qkv model exports with: ``family`` if given, else ``config.family``, else
+    GPT-2 for a causal LM (``kind="causal_lm"``) and BERT for the rest."""
+    return get(family or config.family or ("gpt2" if kind == "causal_lm" else DEFAULT))
