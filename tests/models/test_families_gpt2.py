@@ -330,13 +330,13 @@ def test_the_encoder_families_refuse_a_causal_lm_in_one_line(family):
     assert "family='gpt2'" in text and len(text.splitlines()) == 1
 
 
-def test_a_qkv_causal_lm_without_family_exports_as_gpt2_when_asked(tmp_path):
+def test_a_qkv_causal_lm_without_family_exports_as_gpt2(tmp_path):
     config = ModelConfig.preset("tiny", norm="pre", type_vocab_size=0, embedding_norm=False)
     torch.manual_seed(2)
-    model = perturb(build_causal_lm(config))  # a qkv model: family None, which exports as BERT
+    model = perturb(build_causal_lm(config))  # a qkv model: family None, a causal LM exports as GPT-2
     with pytest.raises(CheckpointError, match=r"cannot be exported as a Hugging Face BERT"):
-        qkv.export_hf(model, tmp_path / "x")
+        qkv.export_hf(model, tmp_path / "x", family="bert")
     assert not (tmp_path / "x").exists()
-    qkv.export_hf(model, tmp_path / "x", family="gpt2")
+    qkv.export_hf(model, tmp_path / "x")
     ids, mask, _ = batch(V, 10)
     compare(model, _reload(tmp_path / "x"), ids, mask)
