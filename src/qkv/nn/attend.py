@@ -23,7 +23,9 @@ a plugin backend          its ``claims(features)`` says so (asked first, in regi
 ``explicit``/``chunked``  no dot-product form (additive)
 ========================  =====================================================================
 
-Below that row a window is a ``(T,S)`` band in the boolean mask. Keys and values may have fewer
+A causal call with an offset bias and no other mask folds the causal mask into the bias
+(:meth:`~qkv.nn.offset_bias.OffsetBias.causal`: keys after the query read an entry of −∞), so
+it takes the offset-bias rows above. Below that row a window is a ``(T,S)`` band in the boolean mask. Keys and values may have fewer
 heads than the queries (grouped-query attention, G dividing H; query head h reads key/value head
 h // (H/G), as transformers' ``repeat_kv``); every built-in backend runs them, and a backend of
 your own that does not say so (``grouped_kv_ok``) gets them expanded to H heads. A backend that
@@ -178,6 +180,8 @@ def attend(
     if weights_out is not None and (not need_weights or tuple(weights_out.shape) != (B, H, T, S)):
         raise ValueError(f"weights_out must be a (B,H,T,S) = {(B, H, T, S)} tensor given with need_weights=True, "
                          f"got {tuple(weights_out.shape)}")
+    if causal and mask is None and window is None and isinstance(bias, OffsetBias) and S >= T:
+        bias, causal = bias.causal(), False  # one offset bias: the fused kernel can run it
     call = AttendCall(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget,
                       weights_out, window)
     plugins = [b for b in BACKENDS.values() if not b.builtin and (window is None or b.window_ok)]

@@ -74,6 +74,20 @@ class OffsetBias:
         """The whole bias, ``(1, H, T, S)``."""
         return self(0, self.q_len)
 
+    def causal(self) -> OffsetBias:
+        """This bias with the causal mask folded in: every offset ``d > S - T`` (a key after its
+        query, queries aligned with the last keys) reads one extra table entry of −∞.
+
+        The result is still an offset bias, so the fused kernel runs causal attention with a
+        relative, T5 or ALiBi bias (a causal mask beside a bias it cannot take); the learned
+        table's gradient is unchanged (the −∞ entry is a constant).
+        """
+        H, T, S = self.table.shape[0], self.q_len, self.k_len
+        d = torch.arange(-(T - 1), S, device=self.index.device)  # (L,) every offset
+        table = torch.cat([self.table, self.table.new_full((H, 1), float("-inf"))], 1)  # (H,n) -> (H,n+1)
+        index = torch.where(d > S - T, self.table.shape[1], self.index)  # (L,)
+        return OffsetBias(table, index, T, S)
+
     def radius(self) -> int:
         """Smallest R ≥ 1 such that ``index`` is constant for ``d ≤ -R`` and for ``d ≥ R``."""
         if self._radius is None:
