@@ -95,8 +95,13 @@ def generate_texts(model, tokenizer, prompts: Sequence[str], **options) -> list[
     _, eos, pad = special_ids(tokenizer)
     options.setdefault("eos_token_id", eos)
     options.setdefault("pad_token_id", pad if pad is not None else eos)
-    ids, mask = pad_prompts([prompt_ids(tokenizer, p) for p in prompts],
+    prefixes = [prompt_ids(tokenizer, p) for p in prompts]
+    ids, mask = pad_prompts(prefixes,
                             pad_token_id=options["pad_token_id"] if options["pad_token_id"] is not None else 0)
     out = generate(model, ids, attention_mask=mask, **options)  # (B,T+n)
+    from qkv.generation.streaming import continuation
+
     stop = options["eos_token_id"]
-    return [decode(tokenizer, row[ids.shape[1]:].tolist(), stop if isinstance(stop, int) else None) for row in out]
+    stop = stop if isinstance(stop, int) else None
+    return [continuation(tokenizer, prefix, row[ids.shape[1]:].tolist(), stop)
+            for prefix, row in zip(prefixes, out)]

@@ -21,12 +21,17 @@ class TextStreamer:
     Args:
         tokenizer: a ``tokenizers.Tokenizer``.
         eos_token_id: stop printing at this id.
+        prefix: the prompt's ids: the new text is what decoding prompt + new tokens adds to the
+            prompt's own decoding (so a WordPiece ``##`` piece joins the prompt's last word, and a
+            new word gets its space).
         out: where to write (default stdout).
     """
 
-    def __init__(self, tokenizer, *, eos_token_id: int | None = None, out: TextIO | None = None):
+    def __init__(self, tokenizer, *, eos_token_id: int | None = None, prefix: list[int] | None = None,
+                 out: TextIO | None = None):
         self.tokenizer, self.eos = tokenizer, eos_token_id
         self.out = out if out is not None else sys.stdout
+        self.prefix = list(prefix or [])
         self.ids: list[int] = []
         self.printed = ""
         self.done = False
@@ -40,7 +45,7 @@ class TextStreamer:
             self.done = True
             return
         self.ids.append(tok)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = self.text()
         if text.endswith("\ufffd") or not text.startswith(self.printed):
             return  # an incomplete character, or the decoder rewrote earlier text: wait
         self.out.write(text[len(self.printed):])
@@ -56,4 +61,17 @@ class TextStreamer:
 
     def text(self) -> str:
         """The whole continuation so far."""
-        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        return continuation(self.tokenizer, self.prefix, self.ids)
+
+
+def continuation(tokenizer, prefix: list[int], new: list[int], eos: int | None = None) -> str:
+    """The text ``new`` adds after ``prefix`` (up to ``eos``): ``decode(prefix + new)`` less ``decode(prefix)``."""
+    if eos is not None and eos in new:
+        new = new[: new.index(eos)]
+    if not new:
+        return ""
+    head = tokenizer.decode(list(prefix), skip_special_tokens=True)
+    whole = tokenizer.decode(list(prefix) + list(new), skip_special_tokens=True)
+    if whole.startswith(head):
+        return whole[len(head):]
+    return " " + tokenizer.decode(list(new), skip_special_tokens=True)
