@@ -113,3 +113,32 @@ def test_cache_refuses_bidirectional_stacks_and_too_long_input():
     enc = build_encoder(ModelConfig.preset("tiny")).eval()
     with pytest.raises(ValueError, match="causal"):
         enc(torch.randint(1, 97, (1, 3)), cache=KVCache())
+
+
+class _PlainTransform(torch.nn.Module):
+    """A qk transform qkv does not know (the generic cache path): rotary through forward only."""
+
+    def __init__(self, rope):
+        super().__init__()
+        self.rope = rope
+
+    def forward(self, q, k):
+        return self.rope(q, k)
+
+
+def test_an_unknown_qk_transform_gets_all_keys_each_step():
+    model = _model(position="rope")
+    for layer in model.decoder.layers:
+        layer.attention.qk_transform = _PlainTransform(layer.attention.qk_transform)
+    ids = torch.randint(1, 97, (2, 10))
+    cache = KVCache()
+    with torch.no_grad():
+        got = torch.cat([model(ids[:, :4], cache=cache).logits]
+                        + [model(ids[:, t : t + 1], cache=cache).logits for t in range(4, 10)], 1)
+    torch.testing.assert_close(got, _full(model, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_need_weights_with_a_cache_is_refused():
+    att = _model().decoder.layers[0].attention
+    with pytest.raises(ValueError, match="need_weights is not available with a cache"):
+        att(torch.randn(1, 2, 24), need_weights=True, cache=LayerCache())
