@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     prefixes = [int(x) for x in args.prefixes.split(",")]
-    model = build_model(args.size, max(prefixes) + args.steps + 1, position=args.position)
+    model = build_model(args.size, max(max(prefixes) + args.steps + 1, 16 + args.new_tokens), position=args.position)
     print(f"model {args.size} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), "
           f"position {args.position}, {torch.get_num_threads()} threads")
     print(f"{'prefix':>7} {'cache ms/tok':>13} {'no-cache ms/tok':>16} {'speed-up':>9}")
