@@ -75,3 +75,17 @@ def test_prompt_helpers_follow_the_tokenizer(lm_folder):
     assert ids[0] == bos == tok.token_to_id("[CLS]") and eos not in ids and eos == tok.token_to_id("[SEP]")
     with pytest.raises(ValueError, match="empty prompt"):
         prompt_ids(tok, "  ")
+
+
+def test_pad_prompts_takes_strings_with_a_tokenizer(lm_folder):
+    from qkv.generation import pad_prompts
+    from qkv.generation.prompts import prompt_ids
+
+    tok = _tokenizer(lm_folder)
+    ids, mask = pad_prompts(["the class", "a function is defined"], tokenizer=tok)
+    long = prompt_ids(tok, "a function is defined")
+    short = prompt_ids(tok, "the class")
+    assert ids[1].tolist() == long and ids[0, -len(short):].tolist() == short
+    assert mask[0].tolist() == [0] * (len(long) - len(short)) + [1] * len(short)
+    with pytest.raises(ValueError, match="tokenizer="):
+        pad_prompts(["the class"])

@@ -20,17 +20,25 @@ _EOS = ("[SEP]", "</s>", "<|endoftext|>", "<eos>", "[EOS]")
 _PAD = ("[PAD]", "<pad>")
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]] | Sequence[Tensor], *, pad_token_id: int = 0
-                ) -> tuple[Tensor, Tensor]:
+def pad_prompts(prompts: Sequence[Sequence[int]] | Sequence[Tensor] | Sequence[str], *, pad_token_id: int = 0,
+                tokenizer=None) -> tuple[Tensor, Tensor]:
     """Left-pad prompts of different lengths into one batch.
 
     Args:
-        prompts: lists of token ids (or 1-D tensors), each non-empty.
+        prompts: lists of token ids (or 1-D tensors), each non-empty; or strings, with ``tokenizer``
+            (encoded by :func:`prompt_ids`).
         pad_token_id: the id put in the padding slots.
+        tokenizer: a ``tokenizers.Tokenizer`` for string prompts.
 
     Returns:
         ``(input_ids, attention_mask)``, both ``(B, T_max)`` long; 0 in the mask on the left.
     """
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if any(isinstance(p, str) for p in prompts):
+        if tokenizer is None:
+            raise ValueError("string prompts need tokenizer=: pad_prompts(texts, tokenizer=tok)")
+        prompts = [prompt_ids(tokenizer, p) for p in prompts]
     rows = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
     if not rows:
         raise ValueError("no prompts given: pass at least one list of token ids")
