@@ -116,6 +116,7 @@ def test_sliding_keeps_the_last_window_and_matches_the_naive_loop():
     (dict(top_p=1.5, do_sample=True), r"top_p must be in \(0, 1\]"),
     (dict(attention_mask=torch.tensor([[0, 0, 0]])), "empty prompt"),
     (dict(max_new_tokens=40), "sliding=True"),
+    (dict(attention_mask=torch.tensor([[1, 1, 0]])), "left-padded"),
 ])
 def test_bad_inputs_are_one_line_value_errors(kwargs, match):
     model = _model()

@@ -59,6 +59,9 @@ def check_generate(model, input_ids, attention_mask, max_new_tokens, temperature
             attention_mask is not None and not bool((attention_mask != 0).any(-1).all())):
         raise ValueError("empty prompt: every row needs at least one real token (start from a BOS token to "
                          "generate from nothing)")
+    if attention_mask is not None and not bool((attention_mask[:, -1] != 0).all()):
+        raise ValueError("attention_mask ends in padding: prompts must be left-padded (the new tokens follow the "
+                         "last column); qkv.generation.pad_prompts pads on the left")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int ≥ 1, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p)
@@ -124,7 +127,7 @@ def generate(
     eos = _eos_ids(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
     device = model.decoder_weight.device
-    seqs = input_ids.to(device)  # (B,T)
+    seqs = input_ids.to(device, torch.long)  # (B,T)
     mask = None if attention_mask is None else (attention_mask.to(device) != 0)  # (B,T) bool
     if mask is not None and bool(mask.all()):
         mask = None  # no padding: nothing to mask, positions 0 … T-1
