@@ -142,3 +142,14 @@ def test_need_weights_with_a_cache_is_refused():
     att = _model().decoder.layers[0].attention
     with pytest.raises(ValueError, match="need_weights is not available with a cache"):
         att(torch.randn(1, 2, 24), need_weights=True, cache=LayerCache())
+
+
+def test_narrow_window_over_many_cached_keys():
+    """S > 8·window: the chunked backend's band path, one query over its band of the cache."""
+    model = _model(position="rope", local_window=2, max_len=64)
+    ids = torch.randint(1, 97, (2, 40))
+    cache = KVCache()
+    with torch.no_grad():
+        got = torch.cat([model(ids[:, :20], cache=cache).logits]
+                        + [model(ids[:, t : t + 1], cache=cache).logits for t in range(20, 40)], 1)
+    torch.testing.assert_close(got, _full(model, ids), rtol=1e-5, atol=1e-5)
