@@ -104,6 +104,14 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "eval-embeddings unknown dataset": ["eval-embeddings", str(model), "--dataset", "nope"],
         "ablate unknown grid": ["ablate", "--grid", "nope", "--corpus", "dataset:pydoc", "--out", str(tmp / "ab")],
         "ablate no corpus": ["ablate", "--grid", "heads"],
+        "generate missing model": ["generate", nowhere, "hello"],
+        "generate not a causal lm": ["generate", str(model), "hello", "--greedy"],
+        "generate --max-new-tokens 0": ["generate", str(model), "hello", "--max-new-tokens", "0"],
+        "generate --top-p 2": ["generate", str(model), "hello", "--top-p", "2"],
+        "generate --temperature 0": ["generate", str(model), "hello", "--temperature", "0"],
+        "generate --top-k 0": ["generate", str(model), "hello", "--top-k", "0"],
+        "generate --greedy --top-k": ["generate", str(model), "hello", "--greedy", "--top-k", "5"],
+        "generate no prompt": ["generate", str(model)],
     }
 
 
@@ -142,6 +150,10 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "finetune text file": "unknown format",
         "finetune --out user files": "not an empty folder",
         "predict no head": "no task head",
+        "generate not a causal lm": "not a causal LM",
+        "generate --top-p 2": "--top-p must be in (0, 1]",
+        "generate --temperature 0": "--temperature must be > 0",
+        "generate --max-new-tokens 0": "--max-new-tokens 0",
     }
     for name, fragment in expect.items():
         code, err = _run(cases[name], capsys)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.nn.encoder import Encoder
+from qkv.nn.kv_cache import KVCache
 
 __all__ = ["CausalLM", "CausalLMOutput", "IGNORE_INDEX", "shift_labels"]
 
@@ -38,6 +39,8 @@ class CausalLMOutput:
         last_hidden_state: ``(B,T,C)`` stack output (after the final norm, pre-LN).
         hidden_states: see :class:`qkv.nn.encoder.EncoderOutput`.
         attentions: see :class:`qkv.nn.encoder.EncoderOutput` (zero above the diagonal).
+        cache: the :class:`~qkv.nn.kv_cache.KVCache` holding every position so far (with
+            ``use_cache`` or ``cache=``), else ``None``.
     """
 
     loss: Tensor | None
@@ -45,6 +48,7 @@ class CausalLMOutput:
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
+    cache: KVCache | None = None
 
 
 def shift_labels(labels: Tensor) -> Tensor:
@@ -89,6 +93,8 @@ class CausalLM(nn.Module):
         position_ids: Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
     ) -> CausalLMOutput:
         """Predict each next token.
 
@@ -101,12 +107,22 @@ class CausalLM(nn.Module):
                 from each row's first real token); default ``0 … T-1``.
             output_hidden_states: also return every hidden state.
             output_attentions: also return every layer's attention weights.
+            cache: a :class:`~qkv.nn.kv_cache.KVCache` of the P earlier positions: ``input_ids``
+                are then the T new tokens and ``attention_mask`` is ``(B,P+T)`` (incremental
+                decoding; see :meth:`qkv.nn.encoder.Encoder.forward`).
+            use_cache: start a new cache when ``cache`` is ``None``, and return it.
 
         Returns:
             :class:`CausalLMOutput`.
         """
-        out = self.decoder(input_ids, attention_mask, output_hidden_states=output_hidden_states,
-                           output_attentions=output_attentions, position_ids=position_ids)
+        if cache is None and use_cache:
+            cache = KVCache(len(self.decoder.layers))
+        if cache is None:
+            out = self.decoder(input_ids, attention_mask, output_hidden_states=output_hidden_states,
+                               output_attentions=output_attentions, position_ids=position_ids)
+        else:
+            out = self.decoder(input_ids, attention_mask, output_hidden_states=output_hidden_states,
+                               output_attentions=output_attentions, position_ids=position_ids, cache=cache)
         h = out.last_hidden_state  # (B,T,C)
         loss = None
         if labels is None:
@@ -119,4 +135,19 @@ class CausalLM(nn.Module):
             picked = flat != IGNORE_INDEX  # (B·T,)
             logits = self.logits(h.reshape(-1, h.shape[-1])[picked])  # (B·T,C) -> (N,C) -> (N,V)
             loss = F.cross_entropy(logits, flat[picked])
-        return CausalLMOutput(loss, logits, h, out.hidden_states, out.attentions)
+        return CausalLMOutput(loss, logits, h, out.hidden_states, out.attentions, cache)
+
+    def generate(self, input_ids: Tensor, **options) -> Tensor:
+        """Continue each prompt: greedy or sampled decoding with a KV cache.
+
+        Hugging Face's ``generate`` arguments (``attention_mask``, ``max_new_tokens``,
+        ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``)
+        plus ``seed``, ``use_cache``, ``streamer`` and ``sliding``; see
+        :func:`qkv.generation.generate`.
+
+        Returns:
+            ``(B, T + n)`` long: the prompts as given, then the new tokens.
+        """
+        from qkv.generation.loop import generate
+
+        return generate(self, input_ids, **options)

@@ -30,7 +30,9 @@ from torch import Tensor, nn
 from qkv import plugins
 from qkv.nn.attend import attend
 from qkv.nn.backends import backend_names
+from qkv.nn.kv_cache import LayerCache, end_aligned_bias
 from qkv.nn.masks import key_padding_mask
+from qkv.nn.positional import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention", "AttentionOutput", "check_heads"]
 
@@ -142,7 +144,8 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out) if self.out_proj is not None else out  # (B,T,C) -> (B,T,C)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, causal: bool = False,
-                need_weights: bool = False, qk_pos: Tensor | None = None) -> AttentionOutput:
+                need_weights: bool = False, qk_pos: Tensor | None = None,
+                cache: LayerCache | None = None) -> AttentionOutput:
         """Self-attention of ``x``.
 
         Args:
@@ -152,11 +155,19 @@ class MultiHeadAttention(nn.Module):
             need_weights: also return the exact ``(B,H,T,T)`` weights.
             qk_pos: ``(T,C)`` or ``(B,T,C)`` positions added to the input of the query and key
                 maps only (the textbook's variant), never to the values.
+            cache: a :class:`~qkv.nn.kv_cache.LayerCache` holding the keys and values of the S-T
+                earlier positions (incremental decoding): only the T new tokens are projected,
+                their keys and values appended, and their queries attend over all S keys (causal
+                aligned at the end); ``padding_mask`` is then ``(B,S)``. No weights.
 
         Returns:
             :class:`AttentionOutput` with ``output (B,T,C)`` and ``weights (B,H,T,T) | None``.
         """
         self._check_x(x, qk_pos)
+        if cache is not None:
+            if need_weights:
+                raise ValueError("need_weights is not available with a cache; run without cache= to get weights")
+            return self._forward_cached(x, padding_mask, causal, qk_pos, cache)
         B, T, _ = x.shape
         mask = None if padding_mask is None else key_padding_mask(padding_mask, batch=B, length=T)
         if need_weights and B * T > 0:
@@ -164,6 +175,34 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x, qk_pos)  # (B,H,T,D), 2 × (B,G,T,D)
         res = self._attend(q, k, v, mask, causal, need_weights)
         return AttentionOutput(self._out(res.output), res.weights)
+
+    def _forward_cached(self, x: Tensor, padding_mask: Tensor | None, causal: bool, qk_pos: Tensor | None,
+                        cache: LayerCache) -> AttentionOutput:
+        """T new tokens after the cache's S-T: project them, append their keys and values, attend.
+
+        Positions: the built-in rotary embedding rotates the new q and k at their own positions
+        (the cache keeps rotated keys); another ``qk_transform`` gets (q, all S keys) each step,
+        the cache keeping keys before the transform; a score bias is the module's ``S × S`` bias
+        cut to the last T query rows (:func:`~qkv.nn.kv_cache.end_aligned_bias`).
+        """
+        B, T, _ = x.shape
+        start = cache.length
+        q, k, v = self.project(x, qk_pos)  # (B,H,T,D), 2 × (B,G,T,D)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)  # over D, position-free
+        rope = type(self.qk_transform) is RotaryEmbedding
+        if rope:
+            q, k = self.qk_transform.rotate(q, start), self.qk_transform.rotate(k, start)  # at start … start+T-1
+        k, v = cache.append(k, v)  # (B,G,S,D), (B,G,S,D) views of the cache
+        if self.qk_transform is not None and not rope:
+            q, k = self.qk_transform(q, k)  # queries aligned with the last keys
+        S = k.shape[2]
+        bias = None if self.score_bias is None else end_aligned_bias(self.score_bias(S, S), T, S)
+        mask = None if padding_mask is None else key_padding_mask(padding_mask, batch=B, length=S)  # (B,1,1,S)
+        res = attend(q, k, v, similarity=self.similarity, bias=bias, mask=mask, causal=causal and T > 1,
+                     window=self.window, dropout_p=self.dropout if self.training else 0.0,
+                     backend=self.backend, chunk_size=self.chunk_size)
+        return AttentionOutput(self._out(res.output))
 
     def _forward_with_weights(self, x: Tensor, mask: Tensor | None, causal: bool,
                               qk_pos: Tensor | None) -> AttentionOutput:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from qkv.nn.kv_cache import KVCache
 from qkv.nn.packed import PackedBatch
 
 __all__ = ["Embeddings", "Encoder", "EncoderOutput", "PackedEncoderOutput", "PackedBatch"]
@@ -37,12 +38,15 @@ class EncoderOutput:
             layer; else ``None``.
         pooler_output: ``(B,C)`` output of the encoder's pooler (BERT's ``tanh(dense(h[:, 0]))``)
             when it has one; else ``None``.
+        cache: the :class:`~qkv.nn.kv_cache.KVCache` given to :meth:`Encoder.forward`, now
+            holding these positions too; else ``None``.
     """
 
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
     pooler_output: Tensor | None = None
+    cache: KVCache | None = None
 
 
 @dataclass
@@ -225,6 +229,7 @@ class Encoder(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> EncoderOutput:
         """Encode a padded batch (see :meth:`forward_packed` for a padding-free one).
 
@@ -239,6 +244,12 @@ class Encoder(nn.Module):
                 position encodings (default ``0 … T-1``; a left-padded batch counts from each row's
                 first real token). Relative encodings (relative, T5, ALiBi, RoPE) read offsets
                 only and ignore it.
+            cache: a :class:`~qkv.nn.kv_cache.KVCache` of the P positions seen so far
+                (incremental decoding, causal stacks): ``input_ids`` are the T new tokens,
+                ``attention_mask`` is ``(B,P+T)`` over all of them, ``position_ids`` default to
+                ``mask.cumsum(-1) - 1`` (each row counted from its first real token) or
+                ``P … P+T-1``; the cache is extended in place and returned. Not with
+                ``output_attentions``.
 
         Returns:
             :class:`EncoderOutput`.
@@ -247,6 +258,9 @@ class Encoder(nn.Module):
             ValueError: ids outside the vocabulary, a sequence longer than ``max_len``, or
                 mis-shaped masks.
         """
+        if cache is not None:
+            return self._forward_cached(input_ids, attention_mask, token_type_ids, position_ids, cache,
+                                        output_hidden_states, output_attentions)
         self._check(input_ids, attention_mask, token_type_ids)
         padding_mask = None
         if attention_mask is not None:
@@ -279,6 +293,59 @@ class Encoder(nn.Module):
             attentions=tuple(attentions) if attentions is not None else None,
             pooler_output=self.pooler(x) if self.pooler is not None else None,  # (B,T,C) -> (B,C)
         )
+
+    def _forward_cached(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
+                        position_ids: Tensor | None, cache: KVCache, output_hidden_states: bool,
+                        output_attentions: bool) -> EncoderOutput:
+        """:meth:`forward` of T new tokens after the cache's P positions (see its ``cache``)."""
+        if not isinstance(cache, KVCache):
+            raise ValueError(f"cache must be a qkv.nn.kv_cache.KVCache, got {type(cache).__name__}")
+        if not self.causal:
+            raise ValueError("a KV cache needs a causal stack (Encoder(causal=True)): in a bidirectional one "
+                             "earlier positions change when a token is appended")
+        if output_attentions:
+            raise ValueError("output_attentions is not available with a cache; run without cache=")
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be an integer tensor (B, T), got {got}")
+        B, T = input_ids.shape
+        P = cache.seen
+        S = P + T
+        self._check_length(S)
+        if attention_mask is not None and tuple(attention_mask.shape) != (B, S):
+            raise ValueError(f"with a cache of {P} positions attention_mask must cover all of them and the new "
+                             f"tokens: (B, P+T) = ({B}, {S}), got {tuple(attention_mask.shape)}")
+        if token_type_ids is not None and tuple(token_type_ids.shape) != (B, T):
+            raise ValueError(f"token_type_ids must have shape (B, T) = ({B}, {T}), got {tuple(token_type_ids.shape)}")
+        self._check_values(input_ids, token_type_ids)
+        padding_mask = None
+        if attention_mask is not None:
+            padding_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+        if position_ids is None and (self.embeddings.positions is not None or self.qk_positions is not None):
+            if padding_mask is None:
+                position_ids = torch.arange(P, S, device=input_ids.device)  # (T,)
+            else:  # counted from each row's first real token (padding clamped to 0)
+                position_ids = (padding_mask.long().cumsum(-1) - 1).clamp(min=0)[:, P:]  # (B,S) -> (B,T)
+        elif position_ids is not None:
+            self._check_positions(position_ids, (B, T))
+        if padding_mask is not None and bool(padding_mask.all()):
+            padding_mask = None  # nothing to mask
+        qk_pos = self._qk_pos(T, position_ids)  # (T,C) | (B,T,C) | None
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B,T,E)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)  # (B,T,E) -> (B,T,C)
+        hidden = [x] if output_hidden_states else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, padding_mask, qk_pos=qk_pos, causal=True, cache=cache.layer(i)).output  # (B,T,C)
+            if hidden is not None:
+                hidden.append(x)
+        cache.seen = S
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden is not None:
+                hidden[-1] = x
+        return EncoderOutput(last_hidden_state=x, hidden_states=tuple(hidden) if hidden is not None else None,
+                             pooler_output=self.pooler(x) if self.pooler is not None else None, cache=cache)
 
     def _qk_pos(self, T: int, position_ids: Tensor | None) -> Tensor | None:
         """Query/key-only positions: ``(T,C)``, or ``(B,T,C)`` / ``(T,C)`` rows of ``position_ids``."""

@@ -194,6 +194,7 @@ class TransformerLayer(nn.Module):
         need_weights: bool = False,
         qk_pos: Tensor | None = None,
         causal: bool = False,
+        cache=None,
     ) -> LayerOutput:
         """Apply the layer.
 
@@ -203,15 +204,22 @@ class TransformerLayer(nn.Module):
             need_weights: also return the exact ``(B,H,T,T)`` attention weights.
             qk_pos: ``(T,C)`` positions added to the query and key inputs only.
             causal: each query attends only to itself and earlier keys (a decoder layer).
+            cache: the attention's :class:`~qkv.nn.kv_cache.LayerCache` (incremental decoding:
+                ``x`` holds the new positions only, ``padding_mask`` is ``(B,S)`` over all keys).
 
         Returns:
             :class:`LayerOutput` with ``output (B,T,C)``.
         """
         att: list = []
 
-        def attend_fn(h: Tensor) -> Tensor:
-            att.append(self.attention(h, padding_mask, need_weights=need_weights, qk_pos=qk_pos, causal=causal))
-            return att[0].output
+        if cache is None:
+            def attend_fn(h: Tensor) -> Tensor:
+                att.append(self.attention(h, padding_mask, need_weights=need_weights, qk_pos=qk_pos, causal=causal))
+                return att[0].output
+        else:
+            def attend_fn(h: Tensor) -> Tensor:
+                att.append(self.attention(h, padding_mask, qk_pos=qk_pos, causal=causal, cache=cache))
+                return att[0].output
 
         return LayerOutput(self._sublayers(x, attend_fn), att[0].weights)
 

@@ -1,0 +1,190 @@
+"""Generation speed: per-token latency with and without the KV cache, and qkv vs transformers.
+
+Legend: P prefix length (tokens already seen), K timed decode steps, B batch (1).
+
+1. **Per-token latency** on a GPT-2-shaped causal LM (random weights, learned positions, pre-LN,
+   tied head, B = 1): with the cache, the prefix is fed once (not timed) and K single-token steps
+   are timed; without it, each token costs a full forward of the P + 1 tokens. Printed per P,
+   with the ratio no-cache / cache, and the cache's flatness (latency at the longest prefix over
+   the shortest; acceptance: ≤ 2).
+2. **qkv vs transformers** ``generate``: greedy, the same random weights (copied into a
+   ``GPT2LMHeadModel``), the same prompt, tokens/s of each and the ratio; the tokens must agree.
+
+Sizes: ``--size small`` (default; d_model 256, 4 layers, 4 heads, vocab 8192: under 2 minutes on
+a laptop CPU), ``--size gpt2`` (124M: d_model 768, 12 layers, 12 heads, vocab 50257).
+``--quick``: tiny model, prefixes 16 and 64, a few steps (a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+try:
+    from qkv.config import ModelConfig
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from qkv.config import ModelConfig
+from qkv.generation import generate  # noqa: E402
+from qkv.models.builders import build_causal_lm  # noqa: E402
+from qkv.nn.kv_cache import KVCache  # noqa: E402
+
+SIZES = {
+    "tiny": dict(vocab_size=512, d_model=64, n_heads=2, n_layers=2),
+    "small": dict(vocab_size=8192, d_model=256, n_heads=4, n_layers=4),
+    "gpt2": dict(vocab_size=50257, d_model=768, n_heads=12, n_layers=12),
+}
+
+
+def build_model(size: str, max_len: int, *, position: str = "learned", seed: int = 0):
+    """A GPT-2-shaped qkv CausalLM with random weights, eval mode."""
+    s = SIZES[size]
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=s["vocab_size"], d_model=s["d_model"], n_heads=s["n_heads"],
+                      d_ff=4 * s["d_model"], n_layers=s["n_layers"], max_len=max_len, norm="pre",
+                      activation="gelu_tanh", layer_norm_eps=1e-5, type_vocab_size=0, embedding_norm=False,
+                      pad_token_id=None, position=position, dropout=0.0)
+    return build_causal_lm(cfg).eval()
+
+
+def copy_to_gpt2(model):
+    """A transformers ``GPT2LMHeadModel`` holding ``model``'s weights (Conv1D weights transposed)."""
+    import transformers
+
+    c = model.config
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=c.vocab_size, n_embd=c.d_model, n_head=c.n_heads, n_layer=c.n_layers, n_positions=c.max_len,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)).eval()
+    dec, src = model.decoder, hf.transformer
+    with torch.no_grad():
+        src.wte.weight.copy_(dec.embeddings.tokens.weight)
+        src.wpe.weight.copy_(dec.embeddings.positions.weight)
+        for block, layer in zip(src.h, dec.layers):
+            att, ff = layer.attention, layer.feed_forward
+            block.attn.c_attn.weight.copy_(att.qkv_proj.weight.t())
+            block.attn.c_attn.bias.copy_(att.qkv_proj.bias)
+            block.attn.c_proj.weight.copy_(att.out_proj.weight.t())
+            block.attn.c_proj.bias.copy_(att.out_proj.bias)
+            block.mlp.c_fc.weight.copy_(ff.linear1.weight.t())
+            block.mlp.c_fc.bias.copy_(ff.linear1.bias)
+            block.mlp.c_proj.weight.copy_(ff.linear2.weight.t())
+            block.mlp.c_proj.bias.copy_(ff.linear2.bias)
+            for mine, theirs in ((layer.norm1, block.ln_1), (layer.norm2, block.ln_2)):
+                theirs.weight.copy_(mine.weight)
+                theirs.bias.copy_(mine.bias)
+        src.ln_f.weight.copy_(dec.final_norm.weight)
+        src.ln_f.bias.copy_(dec.final_norm.bias)
+    hf.generation_config.eos_token_id = None  # random weights: always generate every token
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+@torch.no_grad()
+def latency_cached(model, prefix: int, steps: int, reps: int) -> float:
+    """Median seconds per decoded token after a prefix of ``prefix`` tokens (cache)."""
+    V = model.config.vocab_size
+    times = []
+    for _ in range(reps):
+        cache = KVCache(len(model.decoder.layers), capacity=prefix + steps)
+        model(torch.randint(0, V, (1, prefix)), cache=cache)
+        toks = torch.randint(0, V, (steps, 1, 1))
+        t0 = time.perf_counter()
+        for i in range(steps):
+            model(toks[i], cache=cache)
+        times.append((time.perf_counter() - t0) / steps)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def latency_full(model, prefix: int, steps: int, reps: int) -> float:
+    """Median seconds of one next-token forward over ``prefix + 1`` tokens (no cache)."""
+    ids = torch.randint(0, model.config.vocab_size, (1, prefix + 1))
+    model(ids)  # warm-up
+    times = []
+    for _ in range(max(reps, 1) * max(1, min(steps, 4))):
+        t0 = time.perf_counter()
+        model.logits(model.decoder(ids).last_hidden_state[:, -1])
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def versus_transformers(model, prompt_len: int, new: int, reps: int) -> dict:
+    """Greedy tokens/s of qkv's and transformers' generate on the same weights and prompt."""
+    hf = copy_to_gpt2(model)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len))
+    mask = torch.ones_like(ids)
+    ours = generate(model, ids, max_new_tokens=new)
+    theirs = hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+    rates = {"qkv": [], "transformers": []}
+    for _ in range(reps):
+        for name in (("qkv", "transformers") if _ % 2 == 0 else ("transformers", "qkv")):
+            t0 = time.perf_counter()
+            if name == "qkv":
+                generate(model, ids, max_new_tokens=new)
+            else:
+                hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+            rates[name].append(new / (time.perf_counter() - t0))
+    q, h = statistics.median(rates["qkv"]), statistics.median(rates["transformers"])
+    return {"prompt": prompt_len, "new_tokens": new, "qkv_tokens_per_s": q, "hf_tokens_per_s": h,
+            "ratio_qkv_over_hf": q / h, "tokens_agree": bool(torch.equal(ours, theirs))}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", choices=tuple(SIZES), default="small", help="model shape (default small)")
+    p.add_argument("--prefixes", default="16,64,256,1024", help="comma-separated prefix lengths")
+    p.add_argument("--steps", type=int, default=16, help="decode steps timed per prefix (default 16)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions, median taken (default 3)")
+    p.add_argument("--position", default="learned", help="position scheme (default learned, GPT-2's)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens per generate call vs transformers")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--quick", action="store_true", help="tiny model, prefixes 16 and 64, few steps")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.size, args.prefixes, args.steps, args.reps, args.new_tokens = "tiny", "16,64", 4, 1, 8
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prefixes = [int(x) for x in args.prefixes.split(",")]
+    model = build_model(args.size, max(max(prefixes) + args.steps + 1, 16 + args.new_tokens), position=args.position)
+    print(f"model {args.size} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), "
+          f"position {args.position}, {torch.get_num_threads()} threads")
+    print(f"{'prefix':>7} {'cache ms/tok':>13} {'no-cache ms/tok':>16} {'speed-up':>9}")
+    rows = []
+    for P in prefixes:
+        c = latency_cached(model, P, args.steps, args.reps)
+        f = latency_full(model, P, args.steps, args.reps)
+        rows.append({"prefix": P, "cache_ms": c * 1e3, "full_ms": f * 1e3, "speedup": f / c})
+        print(f"{P:>7} {c * 1e3:>13.2f} {f * 1e3:>16.2f} {f / c:>8.1f}x")
+    flat = rows[-1]["cache_ms"] / rows[0]["cache_ms"]
+    print(f"cache flatness: {flat:.2f}x from prefix {prefixes[0]} to {prefixes[-1]} "
+          f"({'ok' if flat <= 2 else 'NOT flat'}: acceptance ≤ 2x)")
+    result = {"size": args.size, "position": args.position, "latency": rows, "flatness": flat}
+    if not args.no_hf and args.position == "learned":
+        v = versus_transformers(model, 16, args.new_tokens, args.reps)
+        result["versus_transformers"] = v
+        print(f"greedy generate, prompt 16 + {v['new_tokens']} new: qkv {v['qkv_tokens_per_s']:.1f} tok/s, "
+              f"transformers {v['hf_tokens_per_s']:.1f} tok/s, ratio qkv/hf {v['ratio_qkv_over_hf']:.2f}, "
+              f"tokens agree: {v['tokens_agree']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
