@@ -38,7 +38,7 @@ def add_generate_parser(sub) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from qkv.generation.loop import generate
+    from qkv.generation.loop import check_generate, generate
     from qkv.generation.prompts import pad_prompts, prompt_ids, special_ids
     from qkv.generation.sampling import check_sampling
     from qkv.generation.streaming import TextStreamer, continuation
@@ -64,6 +64,11 @@ def _generate(args: argparse.Namespace) -> int:
     _, eos, pad = special_ids(tokenizer)
     prompts = [prompt_ids(tokenizer, t) for t in args.prompts]
     ids, mask = pad_prompts(prompts, pad_token_id=pad if pad is not None else 0)
+    try:  # every bad argument is refused before anything is printed
+        check_generate(model, ids, mask, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                       args.sliding)
+    except ValueError as e:
+        raise ValueError(str(e).replace("sliding=True (CLI: --sliding)", "--sliding")) from None
     stream = len(args.prompts) == 1 and not args.no_stream
     streamer = TextStreamer(tokenizer, eos_token_id=eos, prefix=prompts[0]) if stream else None
     if stream:
