@@ -77,6 +77,10 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
                                      "--select-rate", "0"],
         "pretrain --device banana": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"),
                                      "--device", "banana"],
+        "pretrain --objective bad": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"),
+                                     "--objective", "gpt"],
+        "pretrain clm with --whole-word": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"),
+                                           "--objective", "clm", "--whole-word"],
         "pretrain --steps 0": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"), "--steps", "0"],
         "pretrain --lr nan": ["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp / "r"), "--lr", "nan"],
         "pretrain --resume no run": ["pretrain", "--out", nowhere, "--resume"],
@@ -138,6 +142,8 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
     cases = _cases(tmp_path, model_folder)
     expect = {
         "pretrain --select-rate 0": "select_rate",
+        "pretrain --objective bad": "objective",
+        "pretrain clm with --whole-word": "--whole-word",
         "pretrain --config types": "lr='fast' must be a number",
         "pretrain --config missing": "no such file",
         "pretrain --config list": "expected a JSON object",

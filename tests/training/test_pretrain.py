@@ -209,21 +209,23 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert step == meta["steps_done"] > 0
 
 
-def test_torchrun_two_ranks_match_one_process_with_double_batch(tmp_path):
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_torchrun_two_ranks_match_one_process_with_double_batch(tmp_path, objective):
     env = _env(tmp_path)
+    extra = ["--objective", objective]
     one = tmp_path / "one"
-    subprocess.run(_cli(*_tiny_args(one, 5, batch=8)), env=env, check=True, capture_output=True)
+    subprocess.run(_cli(*_tiny_args(one, 5, batch=8), *extra), env=env, check=True, capture_output=True)
     two = tmp_path / "two"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
            str(random.randint(20000, 40000)), "-m", "qkv", "pretrain", *_tiny_args(two, 5, batch=4),
-           "--device", "cpu"]
+           "--device", "cpu", *extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     la = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
     lb = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
     assert len(la) == len(lb) >= 5
     for ra, rb in zip(la, lb):
-        for key in ("loss", "eval_loss", "accuracy"):
+        for key in ("loss", "eval_loss", "accuracy", "bigram_perplexity"):
             if key in ra:
                 assert abs(ra[key] - rb[key]) < 1e-5, (ra, rb)
 

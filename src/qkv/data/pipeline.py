@@ -1,4 +1,4 @@
-"""From ``--corpus`` to masked batches in one call: the API the pretraining loop uses.
+"""From ``--corpus`` to masked (or causal-LM) batches in one call: the API the pretraining loop uses.
 
     data = prepare_pretraining_data("dataset:20newsgroups", vocab_size=8192, max_len=128,
                                     cache_dir=run_dir / "cache")           # all input errors here
@@ -28,11 +28,11 @@ from torch import Tensor
 
 from qkv.data.cache import TokenCache, build_token_cache
 from qkv.data.corpus import Corpus, CorpusOptions, TrainEval, train_eval_corpora
-from qkv.data.masking import MaskingConfig, mask_tokens, position_generators
+from qkv.data.masking import IGNORE_INDEX, MaskingConfig, mask_tokens, position_generators
 from qkv.data.packing import BlockSampler, PackedBlocks
 from qkv.data.tokenizer import WordPieceTokenizer, load_tokenizer, train_tokenizer
 
-__all__ = ["MLMBatch", "MLMBatches", "PretrainingData", "prepare_pretraining_data"]
+__all__ = ["MLMBatch", "MLMBatches", "CLMBatches", "clm_labels", "PretrainingData", "prepare_pretraining_data"]
 
 DEFAULT_MASKING = MaskingConfig()  # BERT's 15 % / 80-10-10, token level
 
@@ -102,6 +102,30 @@ class MLMBatches:
                 yield self._make(pos, pos)
 
 
+def clm_labels(input_ids: Tensor, attention_mask: Tensor, sep: int) -> Tensor:
+    """Next-token labels of packed ``[CLS] … [SEP]`` blocks: the ids themselves, -100 at padding and
+    at each block's closing ``[SEP]`` (a block edge, not a document end; the ``[SEP]`` between two
+    documents inside a block stays a target). ``[CLS]`` is never a target: it is first, and a
+    causal LM scores position t against token t + 1."""
+    labels = input_ids.masked_fill(~attention_mask, IGNORE_INDEX)  # (B,T)
+    last = attention_mask.long().sum(1) - 1  # (B,) the last real position of each block
+    rows = torch.arange(len(labels))
+    closing = (last >= 0) & (input_ids[rows, last.clamp(min=0)] == sep)
+    labels[rows[closing], last[closing]] = IGNORE_INDEX
+    return labels
+
+
+class CLMBatches(MLMBatches):
+    """Causal-LM batches of a :class:`PackedBlocks`, by global step, for one rank: the blocks as they
+    are (no masking), ``labels`` from :func:`clm_labels` (an :class:`MLMBatch` of the same fields;
+    the model shifts them). Block order and sharding as :class:`MLMBatches`."""
+
+    def _make(self, indices: np.ndarray, positions: np.ndarray) -> MLMBatch:
+        b = self.blocks.batch(indices)
+        labels = clm_labels(b.input_ids, b.attention_mask, self.blocks.special.sep)
+        return MLMBatch(b.input_ids, b.attention_mask, labels, b.indices, torch.from_numpy(positions))
+
+
 @dataclass
 class PretrainingData:
     """What :func:`prepare_pretraining_data` returns."""
@@ -124,6 +148,17 @@ class PretrainingData:
         """Held-out batches in order with fixed masks (iterate with :meth:`MLMBatches.epoch`)."""
         return MLMBatches(self.eval, batch_size, self.tokenizer.vocab_size, masking=masking, seed=seed,
                           shuffle=False, rank=rank, world_size=world_size)
+
+    def clm_train_batches(self, batch_size: int, *, seed: int = 0, rank: int = 0,
+                          world_size: int = 1) -> CLMBatches:
+        """Shuffled causal-LM training batches by step."""
+        return CLMBatches(self.train, batch_size, self.tokenizer.vocab_size, seed=seed, shuffle=True, rank=rank,
+                          world_size=world_size)
+
+    def clm_eval_batches(self, batch_size: int, *, rank: int = 0, world_size: int = 1) -> CLMBatches:
+        """Held-out causal-LM batches in order (iterate with :meth:`CLMBatches.epoch`)."""
+        return CLMBatches(self.eval, batch_size, self.tokenizer.vocab_size, shuffle=False, rank=rank,
+                          world_size=world_size)
 
     def summary(self) -> dict:
         """Counts and provenance, for logs and the run folder."""

@@ -40,7 +40,10 @@ LOOP_OPTIONS = [
 
 # (flag, field, type, help) — defaults come from TrainConfig and are shown in --help
 _OPTIONS = [
-    ("--preset", "preset", str, "model preset: tiny, cpu-small, mini, small, base"),
+    ("--objective", "objective", str, "mlm (masked-LM: an encoder) or clm (next-token prediction: a causal LM, "
+     "GPT-style; continue it with qkv generate)"),
+    ("--preset", "preset", str, "model preset: tiny, cpu-small, cpu-small-clm, mini, small, base, modernbert, "
+     "gpt2"),
     ("--eval-corpus", "eval_corpus", str, "held-out corpus spec(s), comma-separated (default: the "
      "named test split, else a deterministic --eval-fraction of the documents)"),
     ("--eval-fraction", "eval_fraction", float, "share of documents held out when no split is named"),
@@ -78,8 +81,9 @@ def add_pretrain_parser(sub) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     p = sub.add_parser(
         "pretrain",
-        help="masked-language-model pretraining on a corpus",
-        description="Pretrain a BERT-style masked-LM encoder. Trains a WordPiece tokenizer (or reuses "
+        help="masked-LM (or, --objective clm, causal-LM) pretraining on a corpus",
+        description="Pretrain a BERT-style masked-LM encoder, or with --objective clm a causal (GPT-style) "
+        "language model scored on next-token prediction against unigram and bigram baselines. Trains a WordPiece tokenizer (or reuses "
         "one), tokenises the corpus once into a cached memory-mapped array, trains with dynamic masking, "
         "evaluates on held-out text, and writes a run folder (metrics.jsonl, curve.png, checkpoints, "
         "the final model loadable with qkv.load). Under `torchrun --nproc_per_node=K` it trains on K "
@@ -179,7 +183,11 @@ def _run(args: argparse.Namespace) -> int:
     if result.status != "complete":
         return report_interrupted(result, "qkv pretrain")
     ev = result.final_eval or {}
-    if ev:
+    if ev and cfg.objective == "clm":
+        print(f"held-out: loss {ev['eval_loss']:.4f}, perplexity {ev['perplexity']:.1f} (bigram baseline "
+              f"{ev['bigram_perplexity']:.1f}, unigram {ev['unigram_perplexity']:.1f}), next-token accuracy "
+              f"{ev['accuracy']:.4f} over {ev['scored_tokens']} tokens")
+    elif ev:
         print(f"held-out: loss {ev['eval_loss']:.4f}, perplexity {ev['perplexity']:.1f}, "
               f"masked-token accuracy {ev['accuracy']:.4f} (most-frequent-token baseline "
               f"{ev['most_frequent_accuracy']:.4f}) over {ev['masked_tokens']} masked tokens")

@@ -13,7 +13,7 @@ from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range, is_int
 
-__all__ = ["RunConfig", "TrainConfig", "RESUME_MAY_CHANGE", "model_config_for", "read_config_file",
+__all__ = ["RunConfig", "TrainConfig", "OBJECTIVES", "RESUME_MAY_CHANGE", "model_config_for", "read_config_file",
            "parse_json_object"]
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
@@ -61,10 +61,13 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class TrainConfig(RunConfig):
-    """Everything a masked-LM pretraining run depends on.
+    """Everything a pretraining run depends on.
 
     Attributes:
         corpus: training corpus specs (files, folders, ``dataset:NAME[:SPLIT]``).
+        objective: ``"mlm"`` (masked-LM, an encoder) or ``"clm"`` (next-token prediction, a causal
+            LM; the masking fields and ``unigram_bias`` are masked-LM options and must keep their
+            defaults).
         out: the run folder.
         preset: model preset (``tiny``, ``cpu-small``, ``mini``, ``small``, ``base``).
         model: overrides of the preset's :class:`qkv.config.ModelConfig` fields.
@@ -106,6 +109,7 @@ class TrainConfig(RunConfig):
 
     corpus: tuple[str, ...]
     out: str
+    objective: str = "mlm"
     preset: str = "mini"
     model: dict[str, Any] = field(default_factory=dict)
     eval_corpus: tuple[str, ...] | None = None
@@ -178,6 +182,9 @@ class TrainConfig(RunConfig):
         if not isinstance(self.model, dict):
             raise ValueError(f"model overrides must be a dict of ModelConfig fields, got {self.model!r}")
         _check_masking(self)
+        check_choice("objective", self.objective, OBJECTIVES)
+        if self.objective == "clm":
+            _check_clm(self)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -231,6 +238,22 @@ def _check_masking(cfg) -> None:
     check_range("select_rate", cfg.select_rate, 0, 1, bounds="(]",
                 tail=": it is the share of tokens the model learns to predict (--select-rate, default 0.15)")
     MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
+
+
+#: What a pretraining run learns: masked-LM (an encoder) or causal-LM (a decoder).
+OBJECTIVES = ("mlm", "clm")
+_MLM_ONLY = {"select_rate": "--select-rate", "mask_rate": "--mask-rate", "random_rate": "--random-rate",
+             "whole_word": "--whole-word", "unigram_bias": "--no-unigram-bias"}
+
+
+def _check_clm(cfg) -> None:
+    """The masked-LM options keep their defaults under ``objective="clm"`` (nothing is masked, and
+    the causal LM's tied head has no output bias to start at the unigram frequencies)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    changed = [flag for name, flag in _MLM_ONLY.items() if getattr(cfg, name) != defaults[name]]
+    if changed:
+        raise ValueError(f"{', '.join(changed)}: masked-LM option(s), not used by objective='clm' (no token is "
+                         "masked; the causal LM's head has no output bias); drop them or use --objective mlm")
 
 
 def parse_json_object(text: str, what: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Continued pretraining: a masked LM from any model folder ``qkv.load`` reads (``--init-from``)."""
+"""Continued pretraining (``--init-from``): a masked LM from any encoder folder ``qkv.load`` reads, or
+a causal LM from a causal-LM folder."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from qkv.models.builders import build_masked_lm
 __all__ = ["load_for_pretraining"]
 
 
-def load_for_pretraining(path: str, **overrides):
-    """A masked LM from any folder :func:`qkv.load` reads; an encoder without a masked-LM head
-    (e.g. a sentence-embedding BERT, or the encoder of a fine-tuned task model, whose task head is
-    left out) gets a new head — BERT-initialised, decoder tied to the word embeddings — and
-    ``new_head=True`` on the returned model's ``init_info``."""
+def load_for_pretraining(path: str, *, objective: str = "mlm", **overrides):
+    """The model to continue pretraining from a folder :func:`qkv.load` reads.
+
+    ``objective="mlm"``: a masked LM; an encoder without a masked-LM head (e.g. a sentence-embedding
+    BERT, or the encoder of a fine-tuned task model, whose task head is left out) gets a new head —
+    BERT-initialised, decoder tied to the word embeddings — and ``new_head=True``. A causal LM is
+    refused (its stack never saw the right-hand context). ``objective="clm"``: the folder must hold
+    a causal LM (its head is tied: nothing new); an encoder is refused."""
+    from qkv.models.causal_lm import CausalLM
     from qkv.models.errors import CheckpointError
     from qkv.models.io import load
     from qkv.models.mlm import MaskedLM
@@ -25,6 +30,14 @@ def load_for_pretraining(path: str, **overrides):
         loaded = load(path, **overrides).model
     except (CheckpointError, ValueError, TypeError) as e:
         raise ValueError(f"--init-from {path}: {e}") from e
+    if objective == "clm":
+        if not isinstance(loaded, CausalLM):
+            raise ValueError(f"--init-from {path}: holds a {type(loaded).__name__}, not a causal LM; "
+                             "--objective clm continues a causal LM (kind causal_lm, e.g. GPT-2)")
+        return _InitModel(loaded.config, loaded, new_head=False)
+    if isinstance(loaded, CausalLM):
+        raise ValueError(f"--init-from {path}: holds a causal LM; masked-LM pretraining needs an encoder "
+                         "(use --objective clm to continue it as a causal LM)")
     if isinstance(loaded, MaskedLM):
         return _InitModel(loaded.config, loaded, new_head=False)
     encoder = getattr(loaded, "encoder", loaded)  # a task model: its encoder (the task head is not pretrained)

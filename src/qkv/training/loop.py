@@ -1,4 +1,5 @@
-"""Masked-language-model pretraining: the data, the model and the masked-LM objective.
+"""Pretraining: the data, the model and the objective — masked-LM (:class:`MaskedLMObjective`) or,
+with ``objective="clm"``, next-token prediction (:class:`qkv.training.clm.CausalLMObjective`).
 
 ``pretrain(config)`` resolves the data (every input error raised here, before any training),
 creates the run folder atomically, builds the model (or starts from ``--init-from``), and hands
@@ -21,7 +22,7 @@ from qkv.config import ModelConfig
 from qkv.data.corpus import CorpusOptions
 from qkv.data.masking import IGNORE_INDEX, MaskingConfig
 from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
-from qkv.models.builders import build_masked_lm
+from qkv.models.builders import build_causal_lm, build_masked_lm
 from qkv.training import distributed as qdist
 from qkv.training.config import TrainConfig, model_config_for
 from qkv.training.engine import TrainingError, TrainResult, run_session, run_training, save_final_model
@@ -81,8 +82,8 @@ def _model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
 
 
 def _initial_model(cfg: TrainConfig):
-    """The model ``cfg.init_from`` names, as a masked LM (``model`` overrides applied)."""
-    return load_for_pretraining(cfg.init_from, **cfg.model)
+    """The model ``cfg.init_from`` names, as a masked LM or (clm) a causal LM (``model`` overrides applied)."""
+    return load_for_pretraining(cfg.init_from, objective=cfg.objective, **cfg.model)
 
 
 def init_unigram_bias(model, tokens, vocab_size: int, *, max_tokens: int = 20_000_000) -> None:
@@ -136,7 +137,7 @@ def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
 
 def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
              clock=time.monotonic) -> PretrainResult:
-    """Run (or resume) masked-LM pretraining as ``cfg`` says; see the module docstring.
+    """Run (or resume) masked-LM or causal-LM pretraining as ``cfg`` says; see the module docstring.
 
     ``on_backward``: optional ``f(step, model)``, called on every optimiser step (``step`` from 1)
     after the backward pass and before clipping — for measurements only (the ablation harness's
@@ -156,25 +157,48 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
         if info.is_main:
             update_run(out, precision=precision)
         torch.manual_seed(cfg.seed)
+        clm = cfg.objective == "clm"
         if cfg.init_from is not None:
             init = _initial_model(cfg)
             model = init.model
             if init.new_head and cfg.unigram_bias:
                 init_unigram_bias(model, data.train_cache.tokens, model_config.vocab_size)
+        elif clm:
+            model = build_causal_lm(model_config)
         else:
             model = build_masked_lm(model_config)
             if cfg.unigram_bias:
                 init_unigram_bias(model, data.train_cache.tokens, model_config.vocab_size)
-        masking = MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
-        batches = data.train_batches(cfg.batch_size, masking=masking, seed=cfg.seed, rank=info.rank,
-                                     world_size=info.world_size)
-        # a global eval batch of eval_batch_size, so the held-out sample does not depend on the world
-        # size; always BERT's fixed 15 % token masks, so runs with other training masks compare
         eval_bs = max(1, cfg.eval_batch_size // info.world_size)
-        eval_batches = data.eval_batches(eval_bs, masking=DEFAULT_MASKING, rank=info.rank,
-                                         world_size=info.world_size)
-        objective = MaskedLMObjective(batches, eval_batches, info.device, cfg.eval_batches)
+        if clm:
+            objective = _clm_objective(cfg, data, info, eval_bs)
+        else:
+            objective = _mlm_objective(cfg, data, info, eval_bs)
         return run_training(cfg, objective, model=model, info=info, out=out, precision=precision,
                             resume=resume, title=f"{cfg.preset} on {', '.join(cfg.corpus)}", clock=clock,
                             on_backward=on_backward, position_lr_scale=cfg.position_lr_scale,
                             resume_eval=resume_eval)
+
+
+def _mlm_objective(cfg: TrainConfig, data, info, eval_bs: int) -> MaskedLMObjective:
+    masking = MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
+    batches = data.train_batches(cfg.batch_size, masking=masking, seed=cfg.seed, rank=info.rank,
+                                 world_size=info.world_size)
+    # a global eval batch of eval_batch_size, so the held-out sample does not depend on the world
+    # size; always BERT's fixed 15 % token masks, so runs with other training masks compare
+    eval_batches = data.eval_batches(eval_bs, masking=DEFAULT_MASKING, rank=info.rank,
+                                     world_size=info.world_size)
+    return MaskedLMObjective(batches, eval_batches, info.device, cfg.eval_batches)
+
+
+def _clm_objective(cfg: TrainConfig, data, info, eval_bs: int):
+    """Next-token batches, held-out batches, and the count baselines of exactly the held-out blocks
+    an evaluation reads (the first ``eval_batches`` global batches)."""
+    from qkv.training.baselines import baseline_perplexities
+    from qkv.training.clm import CausalLMObjective, eval_block_indices
+
+    batches = data.clm_train_batches(cfg.batch_size, seed=cfg.seed, rank=info.rank, world_size=info.world_size)
+    eval_batches = data.clm_eval_batches(eval_bs, rank=info.rank, world_size=info.world_size)
+    indices = eval_block_indices(len(data.eval), cfg.eval_batches, eval_bs * info.world_size)
+    baselines = baseline_perplexities(data.train, data.eval, indices, data.tokenizer.vocab_size)
+    return CausalLMObjective(batches, eval_batches, info.device, cfg.eval_batches, baselines)
