@@ -29,9 +29,9 @@ def test_defaults_keep_the_fast_attention_path():
 
 def test_preset_overrides_and_unknown_preset():
     assert ModelConfig.preset("tiny", n_layers=5).n_layers == 5
-    with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: tiny, cpu-small, mini, small, base, modernbert, gpt2"):
+    with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: tiny, cpu-small, cpu-small-clm, mini, small, base, modernbert, gpt2"):
         ModelConfig.preset("huge")
-    assert set(PRESETS) == {"tiny", "cpu-small", "mini", "small", "base", "modernbert", "gpt2"}
+    assert set(PRESETS) == {"tiny", "cpu-small", "cpu-small-clm", "mini", "small", "base", "modernbert", "gpt2"}
 
 
 def test_modernbert_preset_matches_transformers_defaults():

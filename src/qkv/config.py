@@ -31,6 +31,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # chosen by measurement for masked-LM pretraining in minutes on a 2-core CPU (docs/pretraining.md)
     "cpu-small": dict(vocab_size=8192, d_model=128, n_heads=4, d_ff=512, n_layers=2, max_len=512,
                       norm="pre", dropout=0.0, position="relative-alibi"),
+    # the same shape as a causal LM (qkv pretrain --objective clm; docs/decoder.md): no segment embeddings
+    "cpu-small-clm": dict(vocab_size=8192, d_model=128, n_heads=4, d_ff=512, n_layers=2, max_len=512,
+                          norm="pre", dropout=0.0, position="relative-alibi", type_vocab_size=0),
     "mini": dict(vocab_size=_BERT_VOCAB, d_model=256, n_heads=4, d_ff=1024, n_layers=4, max_len=512),
     "small": dict(vocab_size=_BERT_VOCAB, d_model=512, n_heads=8, d_ff=2048, n_layers=6, max_len=512),
     "base": dict(vocab_size=_BERT_VOCAB, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=512),
@@ -233,7 +236,7 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
-        """The preset ``name`` (``tiny``, ``cpu-small``, ``mini``, ``small``, ``base``,
+        """The preset ``name`` (``tiny``, ``cpu-small``, ``cpu-small-clm``, ``mini``, ``small``, ``base``,
         ``modernbert``, ``gpt2``: a causal LM's shape) with fields overridden."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
