@@ -104,6 +104,13 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "eval-embeddings unknown dataset": ["eval-embeddings", str(model), "--dataset", "nope"],
         "ablate unknown grid": ["ablate", "--grid", "nope", "--corpus", "dataset:pydoc", "--out", str(tmp / "ab")],
         "ablate no corpus": ["ablate", "--grid", "heads"],
+        "lab seq2seq --steps 0": ["lab", "seq2seq", "--task", "reverse", "--out", str(tmp / "l"), "--steps", "0"],
+        "lab seq2seq --minutes -1": ["lab", "seq2seq", "--task", "reverse", "--out", str(tmp / "l"), "--minutes", "-1"],
+        "lab seq2seq --symbols 99": ["lab", "seq2seq", "--task", "sort", "--out", str(tmp / "l"), "--symbols", "99"],
+        "lab seq2seq --min-len 0": ["lab", "seq2seq", "--task", "reverse", "--out", str(tmp / "l"), "--min-len", "0"],
+        "lab seq2seq --out a file": ["lab", "seq2seq", "--task", "reverse", "--out", str(afile), "--steps", "1"],
+        "lab seq2seq --out under a file": ["lab", "seq2seq", "--task", "reverse", "--out", str(afile / "r"),
+                                           "--steps", "1"],
     }
 
 
@@ -142,6 +149,8 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "finetune text file": "unknown format",
         "finetune --out user files": "not an empty folder",
         "predict no head": "no task head",
+        "lab seq2seq --symbols 99": "n_symbols",
+        "lab seq2seq --out a file": "is not a folder",
     }
     for name, fragment in expect.items():
         code, err = _run(cases[name], capsys)
