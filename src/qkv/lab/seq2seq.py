@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from qkv.config import ModelConfig
-from qkv.lab.tasks import EOS, PAD, SPECIALS, Task, collate, get_task
+from qkv.lab.tasks import EOS, PAD, SPECIALS, Task, get_task
 
 __all__ = ["PRESETS", "preset_config", "train", "evaluate", "LabResult", "task_tokenizer", "EVAL_SEED"]
 
@@ -161,7 +161,3 @@ def train(task: Task | str, *, config: ModelConfig | None = None, preset: str = 
         tmp.replace(out / "metrics.json")
     result.model = model  # the trained model, for callers (not in metrics.json)
     return result
-
-
-def _collate(pairs):  # re-exported for tests that build their own batches
-    return collate(pairs)
