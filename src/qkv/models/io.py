@@ -3,7 +3,8 @@
 Two folder formats:
 
 * **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder" |
-  "sequence_classification" | "token_classification" | "discriminator" | "causal_lm", "config": {…ModelConfig…}}``, plus
+  "sequence_classification" | "token_classification" | "discriminator" | "causal_lm" | "encoder_decoder",
+  "config": {…ModelConfig…}}``, plus
   ``"task": {…TaskConfig…}`` for the two task kinds; regression is a ``sequence_classification``
   whose task says so; plus ``"plugins": [{"kind", "name", "module"}]`` when the config uses parts
   registered outside qkv, :func:`qkv.plugins.plugins_needed`) and ``model.safetensors`` with qkv
