@@ -116,6 +116,13 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "generate --top-k 0": ["generate", str(model), "hello", "--top-k", "0"],
         "generate --greedy --top-k": ["generate", str(model), "hello", "--greedy", "--top-k", "5"],
         "generate no prompt": ["generate", str(model)],
+        "lab seq2seq --steps 0": ["lab", "seq2seq", "--task", "reverse", "--out", str(tmp / "l"), "--steps", "0"],
+        "lab seq2seq --minutes -1": ["lab", "seq2seq", "--task", "reverse", "--out", str(tmp / "l"), "--minutes", "-1"],
+        "lab seq2seq --symbols 99": ["lab", "seq2seq", "--task", "sort", "--out", str(tmp / "l"), "--symbols", "99"],
+        "lab seq2seq --min-len 0": ["lab", "seq2seq", "--task", "reverse", "--out", str(tmp / "l"), "--min-len", "0"],
+        "lab seq2seq --out a file": ["lab", "seq2seq", "--task", "reverse", "--out", str(afile), "--steps", "1"],
+        "lab seq2seq --out under a file": ["lab", "seq2seq", "--task", "reverse", "--out", str(afile / "r"),
+                                           "--steps", "1"],
     }
 
 
@@ -160,6 +167,8 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "generate --top-p 2": "--top-p must be in (0, 1]",
         "generate --temperature 0": "--temperature must be > 0",
         "generate --max-new-tokens 0": "--max-new-tokens 0",
+        "lab seq2seq --symbols 99": "n_symbols",
+        "lab seq2seq --out a file": "is not a folder",
     }
     for name, fragment in expect.items():
         code, err = _run(cases[name], capsys)

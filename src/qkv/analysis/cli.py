@@ -71,6 +71,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
     ins, paths = run_inspect(args.model, args.text, args.out, text_b=args.pair,
                              long_text="truncate" if args.truncate else "error")
+    if "generated" in paths:  # an encoder-decoder: its output and the cross-attention maps
+        n_layers, n_heads, t, s = ins.cross_attentions.shape
+        print(f"{s} source tokens → {' '.join(ins.output_tokens)}; {n_layers} layers × {n_heads} heads")
+        print(f"cross-attention: {paths['cross_1']}  (also decoder_attention_layer_*.png, encoder_attention_layer_*.png)")
+        return 0
     n_layers, n_heads, t, _ = ins.attentions.shape
     print(f"{t} tokens, {n_layers} layers × {n_heads} heads")
     print(f"viewer: {paths['viewer']}  (also {paths['overview'].name} and attention_layer_*.png)")

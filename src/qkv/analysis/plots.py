@@ -151,15 +151,19 @@ def head_layer_curves(heads: HeadStats) -> Figure:
     return fig
 
 
-def attention_grid(attn: np.ndarray, tokens: Sequence[str], layer: int) -> Figure:
-    """All heads of one layer as heatmaps: ``attn (H,T,T)``, rows = queries, columns = keys."""
-    n_h, t, _ = attn.shape
+def attention_grid(attn: np.ndarray, tokens: Sequence[str], layer: int, *, key_tokens: Sequence[str] | None = None,
+                   kind: str = "attention") -> Figure:
+    """All heads of one layer as heatmaps: ``attn (H,T,S)``, rows = queries (``tokens``), columns =
+    keys (``key_tokens``, default ``tokens``: self-attention); ``kind`` names the map in the title
+    (e.g. ``"cross-attention"``: decoder rows over source columns)."""
+    n_h, t, s = attn.shape
+    keys = tokens if key_tokens is None else key_tokens
     cols = min(n_h, 4)
     rows = -(-n_h // cols)
-    side = 1.6 + 0.11 * t
+    side = 1.6 + 0.11 * max(t, s)
     fig = Figure(figsize=(cols * side, rows * side + 0.4), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
-    show_labels = t <= 40
+    show_labels = max(t, s) <= 40
     for h, ax in enumerate(axes):
         if h >= n_h:
             ax.set_axis_off()
@@ -167,12 +171,12 @@ def attention_grid(attn: np.ndarray, tokens: Sequence[str], layer: int) -> Figur
         ax.imshow(attn[h], cmap="Blues", vmin=0, vmax=1)
         ax.set_title(f"head {h}", fontsize=8)
         if show_labels:
-            ax.set_xticks(range(t), tokens, rotation=90, fontsize=5)
+            ax.set_xticks(range(s), keys, rotation=90, fontsize=5)
             ax.set_yticks(range(t), tokens, fontsize=5)
         else:
             ax.set_xticks([])
             ax.set_yticks([])
-    fig.suptitle(f"layer {layer + 1}: attention (rows attend to columns)")
+    fig.suptitle(f"layer {layer + 1}: {kind} (rows attend to columns)")
     return fig
 
 

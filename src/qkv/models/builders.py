@@ -29,7 +29,7 @@ from qkv.nn.similarity import build_similarity
 
 __all__ = ["build_attention", "build_layer", "is_local_layer", "build_norm_for", "build_encoder",
            "build_masked_lm", "build_causal_lm", "build_model", "build_task_model", "attach_task_head", "build_discriminator",
-           "init_weights"]
+           "init_weights", "build_encoder_decoder"]
 
 
 def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot",
@@ -375,3 +375,58 @@ def init_weights(model: nn.Module, std: float) -> None:
                             "weight", None)
             if isinstance(table, nn.Parameter):  # a learned position table
                 nn.init.normal_(table, std=std)
+
+
+def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_start_token_id: int = 1):
+    """The encoder–decoder (:class:`qkv.models.seq2seq.EncoderDecoder`) described by ``config``:
+    encoder and decoder of the same sizes (``n_layers`` each), one vocabulary (the decoder reads the
+    encoder's token table; the LM head is tied to it).
+
+    Every position scheme works: relative ones (relative, T5, ALiBi, RoPE) act in the decoder's
+    causal self-attention; absolute ones index the decoder's own positions from 0 (a table of its
+    own). Cross-attention has no positions. Refused: a pooler and ``embedding_size`` ≠ C.
+    """
+    from qkv.models.seq2seq import Decoder, EncoderDecoder, SharedTokenEmbeddings
+    from qkv.nn.cross_attention import CrossAttention
+    from qkv.nn.decoder_layer import DecoderLayer
+
+    if config.pooler:
+        raise ValueError("pooler=True: an encoder-decoder has no use for BERT's pooler; build it without one")
+    if config.embedding_size not in (None, config.d_model):
+        raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the LM head "
+                         "ties its output map to C-wide token embeddings")
+    encoder = build_encoder(config, init=False)
+    kw = dict(max_len=config.max_len, qk_only=config.position_qk_only, max_distance=config.max_distance,
+              num_buckets=config.num_buckets, rope_base=config.rope_base, offset=config.position_offset)
+    slots = build_positions(config.position, d_model=config.d_model, n_heads=config.n_heads, **kw)
+    embeddings = SharedTokenEmbeddings(
+        encoder.embeddings.tokens, config.d_model, type_vocab_size=0,
+        positions=None if slots.qk_only else slots.input,
+        norm=build_norm_for(config) if config.embedding_norm else nn.Identity(), dropout=config.dropout,
+        token_scale=math.sqrt(config.d_model) if config.embed_scale else 1.0)
+    C, H = config.d_model, config.n_heads
+    D = C // H
+    G = H if config.n_kv_heads is None else config.n_kv_heads
+    layers = []
+    for i in range(config.n_layers):
+        base = build_layer(config, slots, index=i)  # causal self-attention, feed-forward, their norms
+        cross = CrossAttention(
+            C, H, similarity=build_similarity(config.similarity, n_heads=H, d_head=D, **dict(config.similarity_kwargs)),
+            q_proj=nn.Linear(C, C, bias=config.attention_bias), kv_proj=nn.Linear(C, 2 * G * D, bias=config.attention_bias),
+            out_proj=nn.Linear(C, C, bias=config.attention_bias) if config.out_proj else None, n_kv_heads=config.n_kv_heads,
+            qk_norm=build_qk_norm(config.qk_norm, D, scale=config.qk_norm_scale, eps=config.layer_norm_eps),
+            dropout=config.attention_dropout, backend=config.attention_path, chunk_size=config.chunk_size)
+        layers.append(DecoderLayer(base.attention, cross, base.feed_forward, norm1=base.norm1,
+                                   norm2=build_norm_for(config), norm3=base.norm2, norm=config.norm,
+                                   dropout=config.dropout))
+    decoder = Decoder(embeddings, layers, max_len=config.max_len,
+                      final_norm=build_norm_for(config) if config.norm == "pre" else None,
+                      qk_positions=slots.input if slots.qk_only else None)
+    model = EncoderDecoder(encoder, decoder, decoder_start_token_id=decoder_start_token_id,
+                           pad_token_id=0 if config.pad_token_id is None else config.pad_token_id, config=config)
+    if init:
+        init_weights(model, config.initializer_range)
+        table = getattr(decoder.qk_positions, "weight", None)
+        if isinstance(table, nn.Parameter):  # a learned query/key position table of the decoder
+            nn.init.normal_(table, std=config.initializer_range)
+    return model

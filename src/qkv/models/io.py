@@ -3,7 +3,8 @@
 Two folder formats:
 
 * **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder" |
-  "sequence_classification" | "token_classification" | "discriminator" | "causal_lm", "config": {…ModelConfig…}}``, plus
+  "sequence_classification" | "token_classification" | "discriminator" | "causal_lm" | "encoder_decoder",
+  "config": {…ModelConfig…}}``, plus
   ``"task": {…TaskConfig…}`` for the two task kinds; regression is a ``sequence_classification``
   whose task says so; plus ``"plugins": [{"kind", "name", "module"}]`` when the config uses parts
   registered outside qkv, :func:`qkv.plugins.plugins_needed`) and ``model.safetensors`` with qkv
@@ -45,7 +46,8 @@ from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
 from qkv.models import families
-from qkv.models.builders import build_causal_lm, build_discriminator, build_model, build_task_model
+from qkv.models.builders import (build_causal_lm, build_discriminator, build_encoder_decoder, build_model,
+                                 build_task_model)
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 from qkv.validation import check_choice
@@ -143,6 +145,8 @@ def _build(config: ModelConfig, kind: str, task: TaskConfig | None) -> nn.Module
         return build_discriminator(config, init=False)
     if kind == "causal_lm":
         return build_causal_lm(config, init=False)
+    if kind == "encoder_decoder":
+        return build_encoder_decoder(config, init=False)
     return build_model(config, masked_lm=kind == "masked_lm", init=False)
 
 
@@ -265,10 +269,11 @@ def _model_parts(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]
     from qkv.models.discriminator import Discriminator
     from qkv.models.heads import TaskModel
     from qkv.models.mlm import MaskedLM
+    from qkv.models.seq2seq import EncoderDecoder
     from qkv.nn.encoder import Encoder
 
     config = getattr(model, "config", None)
-    kinds = (MaskedLM, Encoder, TaskModel, Discriminator, CausalLM)
+    kinds = (MaskedLM, Encoder, TaskModel, Discriminator, CausalLM, EncoderDecoder)
     if not isinstance(config, ModelConfig) or not isinstance(model, kinds):
         raise ValueError("expected a qkv MaskedLM, CausalLM, Encoder, SequenceClassifier, TokenClassifier or "
                          "Discriminator with a .config (build it with qkv.models.builders or qkv.load), got "
@@ -277,6 +282,8 @@ def _model_parts(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]
         return config, "discriminator", None
     if isinstance(model, CausalLM):
         return config, "causal_lm", None
+    if isinstance(model, EncoderDecoder):
+        return config, "encoder_decoder", None
     task = model.task if isinstance(model, TaskModel) else None
     return config, _kind(isinstance(model, MaskedLM), task), task
 
@@ -333,6 +340,8 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     """
     model, tokenizer = unpack(model, tokenizer)
     config, kind, task = _model_parts(model)
+    if kind == "encoder_decoder":
+        raise CheckpointError("an encoder-decoder has no Hugging Face family here (BERT-like families are encoders); keep it in the qkv format (qkv.save)")
     converter = families.for_export(config, family, kind)
     converter.config_to_hf(config, kind, task)  # raises before anything is written
 

@@ -24,7 +24,8 @@ ACT_FROM_HF = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_py
                "silu": "silu", "swish": "silu"}
 ACT_TO_HF = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu"}
 #: The qkv model kinds (``qkv.json`` ``kind``), as the converters name them too.
-KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification", "discriminator", "causal_lm")
+KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification", "discriminator", "causal_lm",
+         "encoder_decoder")
 
 
 class Imported(NamedTuple):

@@ -1,0 +1,12 @@
+"""The attention lab: synthetic tasks a small model learns in CPU-minutes, and the runs that train on them.
+
+* :mod:`qkv.lab.tasks` — seeded, endless streams of (source, target) token sequences (``reverse``,
+  ``sort``; a registry for more);
+* :mod:`qkv.lab.seq2seq` — trains an encoder–decoder on a task and measures exact match.
+"""
+
+from __future__ import annotations
+
+from qkv.lab.tasks import TASKS, Task, get_task, register_task
+
+__all__ = ["TASKS", "Task", "get_task", "register_task"]

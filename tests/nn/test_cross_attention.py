@@ -1,0 +1,92 @@
+"""CrossAttention against a literal NumPy loop (the book's D×N convention), masks, grouped heads,
+precomputed memory keys/values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from qkv.nn.cross_attention import CrossAttention
+from qkv.nn.qk_norm import build_qk_norm
+from qkv.nn.similarity import build_similarity
+
+
+def _cross(C=8, H=2, E=6, G=None, qk_norm="none"):
+    torch.manual_seed(0)
+    G = G or H
+    D = C // H
+    return CrossAttention(C, H, similarity=build_similarity("scaled_dot", n_heads=H, d_head=D),
+                          q_proj=nn.Linear(C, C), kv_proj=nn.Linear(E, 2 * G * D), out_proj=nn.Linear(C, C),
+                          n_kv_heads=G, qk_norm=build_qk_norm(qk_norm, D)).eval()
+
+
+def _numpy_cross(x_dec, x_enc, m: CrossAttention, mask=None):
+    """One batch row, heads one by one: for each decoder query n, softmax over encoder keys s."""
+    H, G, D = m.n_heads, m.n_kv_heads, m.d_head
+    Wq, bq = m.q_proj.weight.detach().double().numpy(), m.q_proj.bias.detach().double().numpy()
+    Wkv, bkv = m.kv_proj.weight.detach().double().numpy(), m.kv_proj.bias.detach().double().numpy()
+    Wo, bo = m.out_proj.weight.detach().double().numpy(), m.out_proj.bias.detach().double().numpy()
+    Xd, Xe = x_dec.double().numpy(), x_enc.double().numpy()  # (T,C), (S,E)
+    T, S = Xd.shape[0], Xe.shape[0]
+    heads = np.zeros((T, H * D))
+    for h in range(H):
+        g = h // (H // G)
+        Wqh, bqh = Wq[h * D:(h + 1) * D], bq[h * D:(h + 1) * D]
+        Wk, bk = Wkv[g * D:(g + 1) * D], bkv[g * D:(g + 1) * D]
+        Wv, bv = Wkv[G * D + g * D:G * D + (g + 1) * D], bkv[G * D + g * D:G * D + (g + 1) * D]
+        for n in range(T):
+            q = Wqh @ Xd[n] + bqh
+            scores = []
+            for s in range(S):
+                k = Wk @ Xe[s] + bk
+                scores.append(q @ k / np.sqrt(D) if mask is None or mask[s] else -np.inf)
+            scores = np.array(scores)
+            w = np.exp(scores - scores.max())
+            w /= w.sum()
+            heads[n, h * D:(h + 1) * D] = sum(w[s] * (Wv @ Xe[s] + bv) for s in range(S))
+    return heads @ Wo.T + bo
+
+
+@pytest.mark.parametrize("G", [2, 1])
+def test_matches_a_numpy_loop(G):
+    m = _cross(G=G)
+    x, mem = torch.randn(2, 5, 8), torch.randn(2, 7, 6)
+    out = m(x, mem).output
+    for b in range(2):
+        np.testing.assert_allclose(out[b].detach().numpy(), _numpy_cross(x[b], mem[b], m), atol=1e-5)
+
+
+def test_memory_padding_is_never_attended():
+    m = _cross()
+    x, mem = torch.randn(2, 4, 8), torch.randn(2, 6, 6)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    res = m(x, mem, mask, need_weights=True)
+    assert res.weights.shape == (2, 2, 4, 6)
+    assert torch.all(res.weights[0, :, :, 3:] == 0)
+    np.testing.assert_allclose(res.output[0].detach().numpy(), _numpy_cross(x[0], mem[0], m, mask[0]), atol=1e-5)
+    torch.testing.assert_close(res.weights.sum(-1), torch.ones(2, 2, 4))
+    short = m(x[:1], mem[:1, :3]).output  # the padded row equals the row without its padding
+    torch.testing.assert_close(res.output[:1], short, atol=1e-6, rtol=1e-5)
+
+
+def test_precomputed_memory_kv_gives_the_same_output():
+    m = _cross(qk_norm="rmsnorm")
+    x, mem = torch.randn(2, 4, 8), torch.randn(2, 6, 6)
+    kv = m.project_memory(mem)
+    assert kv[0].shape == (2, 2, 6, 4)
+    torch.testing.assert_close(m(x, None, memory_kv=kv).output, m(x, mem).output)
+
+
+def test_bad_inputs_say_what_to_pass():
+    m = _cross()
+    with pytest.raises(ValueError, match="memory must be"):
+        m(torch.randn(1, 3, 8), torch.randn(1, 3, 5))
+    with pytest.raises(ValueError, match="memory_mask must have shape"):
+        m(torch.randn(1, 3, 8), torch.randn(1, 4, 6), torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="needs memory"):
+        m(torch.randn(1, 3, 8), None)
+    with pytest.raises(ValueError, match="kv_proj"):
+        CrossAttention(8, 2, similarity=build_similarity("scaled_dot", n_heads=2, d_head=4), q_proj=nn.Linear(8, 8),
+                       kv_proj=nn.Linear(6, 7), out_proj=None)
