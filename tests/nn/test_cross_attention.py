@@ -90,3 +90,28 @@ def test_bad_inputs_say_what_to_pass():
     with pytest.raises(ValueError, match="kv_proj"):
         CrossAttention(8, 2, similarity=build_similarity("scaled_dot", n_heads=2, d_head=4), q_proj=nn.Linear(8, 8),
                        kv_proj=nn.Linear(6, 7), out_proj=None)
+
+
+def test_matches_the_textbook_reference_in_the_book_convention():
+    """qkv.reference.multihead_cross_attention (D×N columns; queries from the decoder, keys and values
+    from the encoder, Prince Fig. 12.13) with the module's weights split per head; the output map's
+    bias β_c is added by hand (the reference's Ω_c has none)."""
+    from qkv import reference
+
+    m = _cross(C=8, H=2, E=6).double()
+    x, mem = torch.randn(1, 5, 8, dtype=torch.float64), torch.randn(1, 7, 6, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    D, C = m.d_head, 8
+    Wq, bq = m.q_proj.weight.detach().numpy(), m.q_proj.bias.detach().numpy()
+    Wkv, bkv = m.kv_proj.weight.detach().numpy(), m.kv_proj.bias.detach().numpy()
+    heads = []
+    for h in range(2):
+        rows = slice(h * D, (h + 1) * D)
+        vrows = slice(2 * D + h * D, 2 * D + (h + 1) * D)  # values follow the G·D key rows
+        heads.append((Wkv[vrows], bkv[vrows][:, None], Wq[rows], bq[rows][:, None], Wkv[rows], bkv[rows][:, None]))
+    want = reference.multihead_cross_attention(x[0].numpy().T, mem[0].numpy().T, heads,
+                                               m.out_proj.weight.detach().numpy(), enc_mask=mask[0].numpy())
+    want = want + m.out_proj.bias.detach().numpy()[:, None]  # (C, N_dec)
+    got = m(x, mem, mask).output[0].detach().numpy().T  # (T,C) -> (C,T)
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    assert want.shape == (C, 5)
