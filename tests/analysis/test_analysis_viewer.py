@@ -163,3 +163,19 @@ def test_viewer_in_headless_chromium(inspection, tmp_path):
         assert not [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
     finally:
         drv.quit()
+
+
+def test_inspect_a_causal_lm_shows_causal_maps(tiny_tokenizer):
+    """A causal LM: its causal stack's maps, every weight on a later key (above the diagonal) zero."""
+    import torch
+
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_causal_lm
+
+    torch.manual_seed(0)
+    model = build_causal_lm(ModelConfig.preset("tiny", vocab_size=1000, norm="pre", max_len=64)).eval()
+    ins = inspect_text(model, tiny_tokenizer, "the cat sat on the mat")
+    t = len(ins.tokens)
+    above = np.triu(np.ones((t, t), dtype=bool), k=1)
+    assert ins.attentions.shape[-2:] == (t, t) and np.all(ins.attentions[..., above] == 0)
+    np.testing.assert_allclose(ins.attentions.sum(-1), 1.0, atol=1e-5)

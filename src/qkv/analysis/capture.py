@@ -93,13 +93,17 @@ def model_window(model) -> int | None:
 
 
 def _encoder_of(model):
-    """A qkv masked-LM model's encoder (no vocabulary projection needed); any other model itself."""
+    """A qkv model's stack of layers (no vocabulary projection needed): a masked LM's encoder, a
+    causal LM's causal stack (``.decoder``, maps zero above the diagonal); any other model itself."""
     try:
         from qkv.nn.encoder import Encoder
     except ImportError:  # pragma: no cover - the encoder package is part of qkv
         return model
-    enc = getattr(model, "encoder", None)
-    return enc if isinstance(enc, Encoder) else model
+    for name in ("encoder", "decoder"):
+        stack = getattr(model, name, None)
+        if isinstance(stack, Encoder):
+            return stack
+    return model
 
 
 def tokenize_corpus(
