@@ -112,14 +112,20 @@ def inspect_text(
     )
 
 
-def write_inspection(ins: Inspection, out_dir: str | Path, *, title: str = "") -> dict[str, Path]:
-    """Write ``attention_layer_K.png`` per layer (a grid of its heads), ``attention_overview.png``
-    (layer × head) and ``viewer.html``. Returns the paths by name."""
+def _output_folder(out_dir: str | Path) -> Path:
+    """``out_dir``, created if needed (an ``OSError`` naming it when it cannot be)."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OSError(f"cannot create the output folder {str(out)!r}: {exc}") from exc
+    return out
+
+
+def write_inspection(ins: Inspection, out_dir: str | Path, *, title: str = "") -> dict[str, Path]:
+    """Write ``attention_layer_K.png`` per layer (a grid of its heads), ``attention_overview.png``
+    (layer × head) and ``viewer.html``. Returns the paths by name."""
+    out = _output_folder(out_dir)
     paths: dict[str, Path] = {}
     n_layers, n_heads, t, _ = ins.attentions.shape
     for layer in range(n_layers):
@@ -200,11 +206,7 @@ def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None =
 def write_seq2seq_inspection(ins: Seq2SeqInspection, out_dir: str | Path) -> dict[str, Path]:
     """Write per layer ``cross_attention_layer_K.png`` (decoder × source, every head),
     ``decoder_attention_layer_K.png`` and ``encoder_attention_layer_K.png``, and ``generated.txt``."""
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OSError(f"cannot create the output folder {str(out)!r}: {exc}") from exc
+    out = _output_folder(out_dir)
     paths: dict[str, Path] = {}
     for layer in range(ins.cross_attentions.shape[0]):
         rows = [f"{a}→{b}" for a, b in zip(ins.target_tokens, ins.output_tokens)]
