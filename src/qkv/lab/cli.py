@@ -28,7 +28,8 @@ def add_lab_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
                    help="model and recipe (default tiny: 1+1 layers, d_model 64, 300 steps, measured to reach exact "
-                   "match 1.0 on reverse of 4–6 digits; small: 2+2 layers for longer sources, needs more steps)")
+                   "match 1.0 on reverse of 4–6 digits; small: 2+2 layers, relative-alibi, 3700 steps, measured to reach "
+                   "0.99 on reverse of 4–16 digits with --max-len 16)")
     p.add_argument("--min-len", type=int, default=4, help="shortest source (default 4)")
     p.add_argument("--max-len", type=int, default=6, help="longest source (default 6)")
     p.add_argument("--symbols", type=int, default=10, help="alphabet size, 2…62 (default 10: the digits)")

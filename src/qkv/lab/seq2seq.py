@@ -26,8 +26,8 @@ EVAL_SEED = 2**31 - 1
 
 #: Model presets (ModelConfig fields) and their training recipe.
 PRESETS: dict[str, dict] = {
-    "small": dict(model=dict(d_model=64, n_heads=4, d_ff=256, n_layers=2, position="learned", norm="pre",
-                             dropout=0.0), steps=1500, batch_size=64, lr=3e-3),
+    "small": dict(model=dict(d_model=64, n_heads=4, d_ff=256, n_layers=2, position="relative-alibi", norm="pre",
+                             dropout=0.0), steps=3700, batch_size=64, lr=3e-3),
     "tiny": dict(model=dict(d_model=64, n_heads=4, d_ff=128, n_layers=1, position="learned", norm="pre",
                             dropout=0.0), steps=300, batch_size=32, lr=3e-3),
 }
