@@ -66,6 +66,12 @@ class PackedEncoderOutput:
     lengths: tuple[int, ...]
 
 
+def positions_at(positions: nn.Module, position_ids: Tensor) -> Tensor:
+    """The rows of an input position encoding (``length -> (L,C)``) at ``position_ids`` (any shape,
+    non-empty): ``(…)`` ids -> ``(…,C)``."""
+    return positions(int(position_ids.max()) + 1)[position_ids]  # (L,C)[(…)] -> (…,C)
+
+
 class Embeddings(nn.Module):
     """Token + position + segment embeddings, then a norm and dropout (BERT's order)::
 
@@ -122,7 +128,7 @@ class Embeddings(nn.Module):
             if position_ids is None:
                 x = x + self.positions(input_ids.shape[1])  # (B,T,C) + (T,C)
             elif position_ids.numel():
-                x = x + self.positions(int(position_ids.max()) + 1)[position_ids]  # (T',C)[(B,T)] -> (B,T,C)
+                x = x + positions_at(self.positions, position_ids)  # (B,T,C) + (B,T,C)
         if self.segments is not None:
             if token_type_ids is None:
                 x = x + self.segments.weight[0]  # (B,T,C) + (C,): every token in segment 0
@@ -134,7 +140,7 @@ class Embeddings(nn.Module):
         """Packed ``(N,)`` ids, each token's ``(N,)`` position in its sequence (and segment ids) → ``(N,C)``."""
         x = self._tokens(input_ids)  # (N,) -> (N,C)
         if self.positions is not None and len(positions):
-            x = x + self.positions(int(positions.max()) + 1)[positions]  # (T,C)[(N,)] -> (N,C)
+            x = x + positions_at(self.positions, positions)  # (N,C)
         if self.segments is not None:
             x = x + (self.segments.weight[0] if token_type_ids is None else self.segments(token_type_ids))
         return self.dropout(self.norm(x))
@@ -270,14 +276,23 @@ class Encoder(nn.Module):
         T = input_ids.shape[1]
         if position_ids is not None:
             self._check_positions(position_ids, tuple(input_ids.shape))
-        qk_pos = self._qk_pos(T, position_ids)  # (T,C) | (B,T,C) | None
+        return self._stack(input_ids, token_type_ids, position_ids, padding_mask, output_hidden_states,
+                           output_attentions)
+
+    def _stack(self, input_ids: Tensor, token_type_ids: Tensor | None, position_ids: Tensor | None,
+               padding_mask: Tensor | None, output_hidden_states: bool, output_attentions: bool,
+               cache: KVCache | None = None) -> EncoderOutput:
+        """Embeddings → layers → final norm → pooler on checked inputs (``cache``: each layer its own
+        :class:`~qkv.nn.kv_cache.LayerCache`, ``padding_mask`` then over all cached keys)."""
+        qk_pos = self._qk_pos(input_ids.shape[1], position_ids)  # (T,C) | (B,T,C) | None
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B,T,E)
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (B,T,E) -> (B,T,C)
         hidden = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for layer in self.layers:
-            out = layer(x, padding_mask, need_weights=output_attentions, qk_pos=qk_pos, causal=self.causal)
+        for i, layer in enumerate(self.layers):
+            kw = {"need_weights": output_attentions} if cache is None else {"cache": cache.layer(i)}
+            out = layer(x, padding_mask, qk_pos=qk_pos, causal=self.causal, **kw)
             x = out.output
             if hidden is not None:
                 hidden.append(x)
@@ -292,6 +307,7 @@ class Encoder(nn.Module):
             hidden_states=tuple(hidden) if hidden is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
             pooler_output=self.pooler(x) if self.pooler is not None else None,  # (B,T,C) -> (B,C)
+            cache=cache,
         )
 
     def _forward_cached(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
@@ -330,22 +346,9 @@ class Encoder(nn.Module):
             self._check_positions(position_ids, (B, T))
         if padding_mask is not None and bool(padding_mask.all()):
             padding_mask = None  # nothing to mask
-        qk_pos = self._qk_pos(T, position_ids)  # (T,C) | (B,T,C) | None
-        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B,T,E)
-        if self.embed_proj is not None:
-            x = self.embed_proj(x)  # (B,T,E) -> (B,T,C)
-        hidden = [x] if output_hidden_states else None
-        for i, layer in enumerate(self.layers):
-            x = layer(x, padding_mask, qk_pos=qk_pos, causal=True, cache=cache.layer(i)).output  # (B,T,C)
-            if hidden is not None:
-                hidden.append(x)
+        out = self._stack(input_ids, token_type_ids, position_ids, padding_mask, output_hidden_states, False, cache)
         cache.seen = S
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-            if hidden is not None:
-                hidden[-1] = x
-        return EncoderOutput(last_hidden_state=x, hidden_states=tuple(hidden) if hidden is not None else None,
-                             pooler_output=self.pooler(x) if self.pooler is not None else None, cache=cache)
+        return out
 
     def _qk_pos(self, T: int, position_ids: Tensor | None) -> Tensor | None:
         """Query/key-only positions: ``(T,C)``, or ``(B,T,C)`` / ``(T,C)`` rows of ``position_ids``."""
@@ -355,7 +358,7 @@ class Encoder(nn.Module):
             return self.qk_positions(T)  # (T,C)
         if not position_ids.numel():
             return self.qk_positions(max(T, 1))[:T]
-        return self.qk_positions(int(position_ids.max()) + 1)[position_ids]  # (T',C)[(B,T)] -> (B,T,C)
+        return positions_at(self.qk_positions, position_ids)  # (B,T,C) | (T,C)
 
     def _check_positions(self, position_ids: Tensor, shape: tuple[int, int]) -> None:
         if (not isinstance(position_ids, Tensor) or position_ids.is_floating_point()

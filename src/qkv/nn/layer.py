@@ -212,14 +212,11 @@ class TransformerLayer(nn.Module):
         """
         att: list = []
 
-        if cache is None:
-            def attend_fn(h: Tensor) -> Tensor:
-                att.append(self.attention(h, padding_mask, need_weights=need_weights, qk_pos=qk_pos, causal=causal))
-                return att[0].output
-        else:
-            def attend_fn(h: Tensor) -> Tensor:
-                att.append(self.attention(h, padding_mask, qk_pos=qk_pos, causal=causal, cache=cache))
-                return att[0].output
+        kw = {"need_weights": need_weights} if cache is None else {"cache": cache}
+
+        def attend_fn(h: Tensor) -> Tensor:
+            att.append(self.attention(h, padding_mask, qk_pos=qk_pos, causal=causal, **kw))
+            return att[0].output
 
         return LayerOutput(self._sublayers(x, attend_fn), att[0].weights)
 
