@@ -19,7 +19,8 @@ from qkv.config import ModelConfig
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import SequenceClassifier, TaskConfig, TaskModel, TokenClassifier
 from qkv.nn.attention import MultiHeadAttention, check_heads
-from qkv.nn.encoder import Embeddings, Encoder
+from qkv.nn.embeddings import Embeddings
+from qkv.nn.encoder import Encoder
 from qkv.nn.layer import FEED_FORWARDS, TransformerLayer
 from qkv.nn.norms import RMSNorm, build_norm
 from qkv.nn.pooler import Pooler

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.models.mlm import IGNORE_INDEX
-from qkv.nn.encoder import Embeddings, Encoder
+from qkv.nn.embeddings import Embeddings
+from qkv.nn.encoder import Encoder
 
 __all__ = ["EncoderDecoder", "Seq2SeqOutput", "Decoder", "DecoderOutput", "SharedTokenEmbeddings", "shift_right"]
 

@@ -2,7 +2,8 @@
 
 from qkv.nn.attend import AttendOutput, attend
 from qkv.nn.attention import AttentionOutput, MultiHeadAttention
-from qkv.nn.encoder import Embeddings, Encoder, EncoderOutput
+from qkv.nn.embeddings import Embeddings
+from qkv.nn.encoder import Encoder, EncoderOutput
 from qkv.nn.layer import ACTIVATIONS, FeedForward, LayerOutput, TransformerLayer
 from qkv.nn.pooler import Pooler
 from qkv.nn.similarity import SIMILARITIES, build_similarity, register_similarity
