@@ -16,7 +16,7 @@ from qkv.embeddings.options import VECTOR_FIELDS, as_options
 from qkv.errors import QkvError
 
 FIELDS = ("pooling", "layers", "normalize", "max_len", "stride", "truncate", "empty", "batch_size",
-          "chunk_size", "device", "progress")
+          "batch_tokens", "precision", "chunk_size", "device", "progress")
 
 
 def _error(exc_type=EmbeddingError, **options) -> str:
@@ -33,7 +33,8 @@ def test_defaults():
     assert (o.pooling, o.layers, o.normalize, o.max_len, o.stride, o.truncate) == (None, None, None, None,
                                                                                    None, False)
     assert o.resolved(n_layers=2, max_positions=32).normalize is True  # unset: the folder's, else True
-    assert (o.empty, o.batch_size, o.chunk_size, o.device, o.progress) == ("error", 32, 4096, None, False)
+    assert (o.empty, o.batch_size, o.chunk_size, o.device, o.progress) == ("error", 256, 4096, None, False)
+    assert (o.batch_tokens, o.precision) == (4096, "fp32")
     with pytest.raises(TypeError):
         EmbedOptions("cls")  # keywords only
 
@@ -51,6 +52,8 @@ def test_defaults():
     (dict(batch_size=0), ["batch_size=0 must be an int ≥ 1"]),
     (dict(batch_size=2.0), ["batch_size=2.0 must be an int ≥ 1"]),
     (dict(chunk_size=-1), ["chunk_size=-1 must be an int ≥ 1"]),
+    (dict(batch_tokens=0), ["batch_tokens=0 must be an int ≥ 1", "None"]),
+    (dict(precision="fp16"), ["precision='fp16'", "allowed: fp32, bf16, int8"]),
     (dict(max_len=2), ["max_len=2 must be an int ≥ 3", "[CLS], [SEP]", "None"]),
     (dict(max_len="64"), ["max_len='64'"]),
     (dict(stride=0), ["stride=0 must be an int ≥ 1"]),

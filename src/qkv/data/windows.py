@@ -114,10 +114,28 @@ def make_windows(token_ids: Sequence[np.ndarray], *, window: int, stride: int | 
     return out
 
 
-def length_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
-    """Window indices grouped into batches of similar length (longest first, stable): ``(B,)`` each."""
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+def length_batches(lengths: np.ndarray, batch_size: int, max_tokens: int | None = None) -> list[np.ndarray]:
+    """Window indices grouped into batches of similar length (longest first, stable): ``(B,)`` each.
+
+    A batch holds at most ``batch_size`` windows and, when ``max_tokens`` is given, at most
+    ``max_tokens`` tokens in all (a window longer than that is a batch on its own): the work of a
+    padding-free batch grows with its tokens, so batching by tokens keeps batches of short and of
+    long windows equally large.
+    """
+    lengths = np.asarray(lengths)
+    order = np.argsort(-lengths, kind="stable")
+    if max_tokens is None:
+        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches, start, tokens = [], 0, 0
+    for i, w in enumerate(order):
+        n = int(lengths[w])
+        if i > start and (i - start >= batch_size or tokens + n > max_tokens):
+            batches.append(order[start:i])
+            start, tokens = i, 0
+        tokens += n
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
 
 
 def pad_batch(windows: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:

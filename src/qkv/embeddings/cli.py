@@ -44,7 +44,14 @@ _EMBED_ARGS: dict[str, tuple[str, dict]] = {
                                       "--no-normalize (default: what the model folder declares: "
                                       "embedding.json, a sentence-transformers Normalize module; else "
                                       "normalise)")),
-    "batch_size": ("--batch-size", dict(type=int, default=32, help="windows per forward pass (default 32)")),
+    "batch_size": ("--batch-size", dict(type=int, default=256, help="at most this many windows per forward "
+                                       "pass (default 256)")),
+    "batch_tokens": ("--batch-tokens", dict(type=int, default=4096, help="at most this many tokens per "
+                                            "forward pass (default 4096; windows are batched by length)")),
+    "precision": ("--precision", dict(choices=("fp32", "bf16", "int8"), default="fp32",
+                                      help="run the encoder in float32 (default), bfloat16 (CPUs with "
+                                      "AVX-512 BF16 or AMX, GPUs) or int8 (CPU); accuracy of each: "
+                                      "docs/inference.md")),
     "max_len": ("--max-len", dict(type=int, default=None, help="window length in tokens incl. [CLS]/[SEP] "
                                   "(default: the folder's, else the model's)")),
     "stride": ("--stride", dict(type=int, default=None, help="tokens between window starts (default: 3/4 "
@@ -132,7 +139,7 @@ def add_embedding_parsers(sub) -> None:
     s.add_argument("query", nargs="+", help="query text(s)")
     s.add_argument("-k", type=int, default=10, help="results per query (default 10)")
     s.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
-    _add_embed_options(s, ("device",), title=None, helps={"device": None})
+    _add_embed_options(s, ("device", "precision"), title=None, helps={"device": None})
     s.set_defaults(func=_search)
 
     t = sub.add_parser("train-embeddings", help="contrastive training (SimCSE or same-label) of an encoder",
@@ -182,7 +189,7 @@ def add_embedding_parsers(sub) -> None:
     v.add_argument("--max-test", type=int, default=None, help="subsample the test split (stated in output)")
     v.add_argument("--k", type=int, default=10, help="neighbours for k-NN (default 10)")
     v.add_argument("--seed", type=int, default=0)
-    _add_embed_options(v, ("max_len", "batch_size", "device", "progress"), title=None,
+    _add_embed_options(v, ("max_len", "batch_size", "precision", "device", "progress"), title=None,
                        helps={"max_len": "window length (default: the model folder's)", "batch_size": None,
                               "device": None, "progress": None})
     v.set_defaults(func=_eval)
@@ -266,7 +273,7 @@ def _index(args) -> int:
 def _search(args) -> int:
     from qkv.embeddings.search import search
 
-    results = search(args.index, args.query, k=args.k, device=args.device)
+    results = search(args.index, args.query, k=args.k, device=args.device, precision=args.precision)
     for query, hits in zip(args.query, results):
         if args.json:
             for h in hits:

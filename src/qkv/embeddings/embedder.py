@@ -38,6 +38,8 @@ from qkv.data.windows import length_batches, make_windows
 from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.options import EMBEDDING_JSON, EMPTY_MODES, EmbedOptions, as_options, folder_defaults
 from qkv.embeddings.pooling import forward_pooled_packed, pooling_modes
+from qkv.errors import QkvError
+from qkv.inference import check_precision, for_inference
 from qkv.nn.packed import PackedBatch
 
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
@@ -120,8 +122,8 @@ class Embedder:
         options: the resolved :class:`~qkv.embeddings.options.EmbedOptions`: every field set, the
             device as a ``torch.device`` (``options.to_dict(VECTOR_FIELDS)`` is what index folders
             and evaluation results record).
-        pooling, layers, normalize, window, stride, truncate, empty, batch_size, chunk_size, progress:
-            the resolved options (``window`` is ``options.max_len``).
+        pooling, layers, normalize, window, stride, truncate, empty, batch_size, batch_tokens,
+            precision, chunk_size, progress: the resolved options (``window`` is ``options.max_len``).
         device: the ``torch.device`` the encoder runs on.
         dim: the vector width: C, or K·C for K pooling modes concatenated.
         stats: an :class:`EmbedStats` over all calls.
@@ -148,7 +150,14 @@ class Embedder:
         self.pooling, self.layers, self.normalize, self.window = o.pooling, o.layers, o.normalize, o.max_len
         self.stride, self.truncate, self.empty, self.progress = o.stride, o.truncate, o.empty, o.progress
         self.batch_size, self.chunk_size = o.batch_size, o.chunk_size
+        self.batch_tokens, self.precision = o.batch_tokens, o.precision
         self.encoder.to(self.device)
+        try:
+            check_precision(self.precision, self.device)
+        except QkvError as e:
+            raise EmbeddingError(str(e)) from None
+        self._runner: torch.nn.Module | None = None  # the encoder prepared for inference (a copy)
+        self._runner_version: tuple | None = None
         self.dim = int(self.encoder.config.d_model) * len(pooling_modes(self.pooling))  # K·C
         self.stats = EmbedStats()
         self.empty_ids: list = []  # the first empty documents' ids (zeroed or skipped)
@@ -202,6 +211,15 @@ class Embedder:
             self._bar = None
 
     # -- internals ------------------------------------------------------------------------------------
+    def _prepared(self) -> torch.nn.Module:
+        """The encoder prepared for inference in :attr:`precision` (:func:`qkv.inference.for_inference`),
+        prepared again when the encoder's weights have changed since (a model trained between calls)."""
+        version = tuple((p.data_ptr(), p._version) for p in self.encoder.parameters())
+        if self._runner is None or version != self._runner_version:
+            self._runner = for_inference(self.encoder, self.precision, device=self.device)
+            self._runner_version = version
+        return self._runner
+
     def _open_bar(self, total):
         if not self.progress:
             return None
@@ -242,23 +260,19 @@ class Embedder:
         if self._bar is not None:
             self._bar.total += len(lengths)
             self._bar.refresh()
-        was_training = self.encoder.training
-        self.encoder.eval()
-        try:
-            with torch.inference_mode():
-                for batch in length_batches(lengths, self.batch_size):
-                    packed = PackedBatch.from_sequences([wins.ids[i] for i in batch], device=self.device)
-                    vec = forward_pooled_packed(self.encoder, packed, self.pooling, self.layers)  # (B,C)
-                    idx = torch.from_numpy(batch).to(self.device)
-                    w = torch.from_numpy(lengths[batch].astype(np.float32)).to(self.device)  # (B,)
-                    docs = owner.index_select(0, idx)  # (B,)
-                    total.index_add_(0, docs, vec.float() * w[:, None])  # (N,C) += (B,C)
-                    weight.index_add_(0, docs, w)
-                    self.stats.padded_tokens += packed.input_ids.numel()  # packed: no padding computed
-                    if self._bar is not None:
-                        self._bar.update(len(batch))
-        finally:
-            self.encoder.train(was_training)
+        runner = self._prepared()
+        with torch.inference_mode():
+            for batch in length_batches(lengths, self.batch_size, self.batch_tokens):
+                packed = PackedBatch.from_sequences([wins.ids[i] for i in batch], device=self.device)
+                vec = forward_pooled_packed(runner, packed, self.pooling, self.layers)  # (B,C)
+                idx = torch.from_numpy(batch).to(self.device)
+                w = torch.from_numpy(lengths[batch].astype(np.float32)).to(self.device)  # (B,)
+                docs = owner.index_select(0, idx)  # (B,)
+                total.index_add_(0, docs, vec.float() * w[:, None])  # (N,C) += (B,C)
+                weight.index_add_(0, docs, w)
+                self.stats.padded_tokens += packed.input_ids.numel()  # packed: no padding computed
+                if self._bar is not None:
+                    self._bar.update(len(batch))
         vectors = total / weight[:, None]  # (N,C): token-weighted mean of the window vectors
         if self.normalize:
             vectors = torch.nn.functional.normalize(vectors, dim=-1)

@@ -31,6 +31,7 @@ from typing import Any
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, normalize_layers
 from qkv.errors import check_device
+from qkv.inference.prepare import PRECISIONS
 from qkv.validation import check_choice, check_int
 
 __all__ = ["EmbedOptions", "as_options", "EMPTY_MODES", "EMBEDDING_JSON", "VECTOR_FIELDS", "CHUNK_DOCS",
@@ -75,7 +76,13 @@ class EmbedOptions:
             windows (counted in :attr:`Embedder.stats <qkv.embeddings.embedder.Embedder>`).
         empty: empty documents: ``"error"``, ``"zero"`` or (streams only) ``"skip"``; see
             :mod:`qkv.embeddings.embedder`.
-        batch_size: windows per forward pass.
+        batch_size: at most this many windows per forward pass.
+        batch_tokens: at most this many tokens per forward pass (``None``: no token limit, batches of
+            ``batch_size`` windows): windows are grouped by length and batched by token count, so a
+            batch of short documents holds as much work as one of long documents.
+        precision: ``"fp32"``, ``"bf16"`` or ``"int8"``: how the encoder runs (see
+            :func:`qkv.inference.for_inference` and docs/inference.md for what each costs in accuracy);
+            a precision the device does not support natively is refused.
         chunk_size: documents per length-grouped chunk of a stream.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device`` …; ``None`` (or ``"auto"``):
             CUDA when available for a folder, the model's own device for a model object.
@@ -93,7 +100,9 @@ class EmbedOptions:
     stride: int | None = None
     truncate: bool = False
     empty: str = "error"
-    batch_size: int = 32
+    batch_size: int = 256
+    batch_tokens: int | None = 4096
+    precision: str = "fp32"
     chunk_size: int = CHUNK_DOCS
     device: Any = None
     progress: bool = False
@@ -110,6 +119,9 @@ class EmbedOptions:
             check_choice(name, value, (True, False), error=EmbeddingError)  # 0 and 1 pass, stored as bools
             object.__setattr__(self, name, bool(value))
         check_int("batch_size", self.batch_size, 1, error=EmbeddingError)
+        check_int("batch_tokens", self.batch_tokens, 1, optional=True, error=EmbeddingError,
+                  tail=", or None for batches of batch_size windows")
+        check_choice("precision", self.precision, PRECISIONS, error=EmbeddingError)
         check_int("chunk_size", self.chunk_size, 1, error=EmbeddingError)
         check_int("max_len", self.max_len, 3, optional=True, error=EmbeddingError,
                   tail=" (a window needs [CLS], [SEP] and one token), or None for the default")

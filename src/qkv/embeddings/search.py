@@ -210,7 +210,7 @@ def _top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray
 
 
 def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
-           device=None) -> list[list[Hit]]:
+           device=None, precision: str = "fp32") -> list[list[Hit]]:
     """The ``k`` documents of ``index`` most cosine-similar to each query (best first).
 
     Raises:
@@ -239,7 +239,8 @@ def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
     if empty:
         raise EmbeddingError(f"query {empty[0] + 1} is empty; give a query with words")
     vectors, offsets = _open_arrays(Path(index), meta)
-    embedder = Embedder(str(model), index_options(meta, index).replace(normalize=True, device=device))
+    embedder = Embedder(str(model), index_options(meta, index).replace(normalize=True, device=device,
+                                                                       precision=precision))
     q = embedder.embed(queries).astype(np.float32)  # (Q,C)
     if not np.isfinite(q).all():
         raise EmbeddingError(f"the model in {model} gives non-finite (NaN/inf) query vectors; its weights are "

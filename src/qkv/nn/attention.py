@@ -113,7 +113,8 @@ class MultiHeadAttention(nn.Module):
         qkv = self.qkv_proj(x)  # (B,T,C) -> (B,T,C+2GD)
         qk = C + G * D  # query and key rows of the fused map
         if qk_pos is not None:  # Ω_q(X+Π) = Ω_q X + Ω_q Π, keys likewise; values see X only
-            pos = F.linear(qk_pos, self.qkv_proj.weight[:qk])  # (…,T,C) -> (…,T,C+GD)
+            w = self.qkv_proj.weight[:qk]  # an inference copy may hold it in bfloat16
+            pos = F.linear(qk_pos.to(w.dtype), w)  # (…,T,C) -> (…,T,C+GD)
             qkv = _cat_last(qkv[..., :qk] + pos, qkv[..., qk:])  # (B,T,C+2GD)
         if G == H:
             # split on the (B,T,3,H,D) view, then transpose each: the backward stacks the three

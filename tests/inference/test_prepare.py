@@ -1,0 +1,197 @@
+"""qkv.inference: the inference linear maps against F.linear, the prepared models against the float32
+model they come from (padded and packed), each precision within its bound, the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.config import ModelConfig
+from qkv.errors import QkvError
+from qkv.inference import (INT8_KINDS, InferenceLinear, Int8Linear, check_precision, cpu_features, for_inference,
+                           inference_precision, precision_unsupported)
+from qkv.inference import support
+from qkv.models.builders import build_encoder, build_masked_lm
+from qkv.nn.packed import PackedBatch
+
+CPU = torch.device("cpu")
+BF16 = precision_unsupported("bf16", CPU)
+INT8 = precision_unsupported("int8", CPU)
+needs_bf16 = pytest.mark.skipif(BF16 is not None, reason=f"bf16 not offered here: {BF16}")
+needs_int8 = pytest.mark.skipif(INT8 is not None, reason=f"int8 not offered here: {INT8}")
+
+
+def _encoder(**changes):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16, dropout=0.0,
+                      attention_dropout=0.0, **changes)
+    return build_encoder(cfg).eval()
+
+
+def _batch(B=5, T=11, V=97, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, V, (B, T), generator=g)
+    lengths = torch.tensor([T, 7, 3, T - 1, 1][:B])
+    mask = torch.arange(T)[None] < lengths[:, None]  # (B,T)
+    return ids, mask
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "relu", "silu"])
+@pytest.mark.parametrize("shape", [(7, 24), (2, 5, 24)])
+def test_inference_linear_fp32_equals_f_linear(activation, shape):
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40)
+    x = torch.randn(*shape)
+    ref = F.linear(x, lin.weight, lin.bias)
+    ref = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+           "relu": F.relu, "silu": F.silu}[activation](ref)
+    out = InferenceLinear(lin, torch.float32, activation)(x)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # a strided (non-contiguous) input gives the same
+    xt = torch.randn(24, *shape[:-1]).movedim(0, -1)
+    torch.testing.assert_close(InferenceLinear(lin)(xt), F.linear(xt, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_inference_linear_without_bias_and_bad_arguments():
+    lin = nn.Linear(24, 40, bias=False)
+    x = torch.randn(3, 24)
+    torch.testing.assert_close(InferenceLinear(lin)(x), x @ lin.weight.T, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        InferenceLinear(lin, torch.float16)
+    with pytest.raises(ValueError, match="cannot fuse activation 'tanh'"):
+        InferenceLinear(lin, torch.float32, "tanh")
+
+
+@needs_bf16
+def test_inference_linear_bf16_is_f_linear_on_bf16_inputs():
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40)
+    x = torch.randn(9, 24)
+    out = InferenceLinear(lin, torch.bfloat16, "gelu")(x)
+    assert out.dtype == torch.bfloat16
+    # reference: the same rounded inputs and weights, float32 arithmetic
+    ref = F.gelu(F.linear(x.bfloat16().float(), lin.weight.bfloat16().float(), lin.bias.bfloat16().float()))
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=1e-2)
+
+
+@needs_int8
+def test_int8_linear_is_close_to_f_linear_and_per_channel():
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40)
+    with torch.no_grad():
+        lin.weight[:20] *= 100  # rows of very different size: per-channel scales keep the small ones
+    x = torch.randn(9, 24)
+    q = Int8Linear(lin)
+    ref = F.linear(x, lin.weight, lin.bias)
+    out = q(x)
+    assert out.dtype == torch.float32
+    small = slice(20, 40)
+    rel = (out[:, small] - ref[:, small]).norm() / ref[:, small].norm()
+    assert rel < 0.02, rel
+    # the dequantised weight is within half a step of each row's scale
+    step = lin.weight.abs().amax(1, keepdim=True) / 127
+    assert ((q.weight - lin.weight).abs() <= step * 0.51).all()
+
+
+def _outputs(enc, ids, mask):
+    with torch.inference_mode():
+        padded = enc(ids, mask).last_hidden_state  # (B,T,C)
+        packed = enc.forward_packed(PackedBatch.from_padded(ids, mask)).last_hidden_state  # (N,C)
+    return padded[mask], packed
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    dict(norm="pre"),
+    dict(feed_forward="glu", activation="silu"),
+    dict(position="alibi"),
+    dict(position="rope"),
+    dict(position="relative-alibi"),
+    dict(position="sinusoidal", position_qk_only=True),
+    dict(n_kv_heads=1, qk_norm="rmsnorm"),
+])
+def test_fp32_prepared_encoder_equals_the_model(changes):
+    enc = _encoder(**changes)
+    ids, mask = _batch()
+    ref_padded, ref_packed = _outputs(enc, ids, mask)
+    fast = for_inference(enc, "fp32")
+    out_padded, out_packed = _outputs(fast, ids, mask)
+    torch.testing.assert_close(out_padded, ref_padded, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_packed, ref_packed, atol=1e-5, rtol=1e-5)
+    assert not any(isinstance(m, nn.Linear) for m in fast.modules())
+    assert any(isinstance(m, nn.Linear) for m in enc.modules())  # the original is left as it was
+    assert inference_precision(fast) == "fp32" and inference_precision(enc) is None
+    assert not fast.training
+
+
+def _cosine(a, b):
+    return F.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
+@needs_bf16
+@pytest.mark.parametrize("changes", [{}, dict(position="alibi"), dict(position="sinusoidal", position_qk_only=True),
+                                     dict(norm="pre", feed_forward="glu")])
+def test_bf16_prepared_encoder_is_close(changes):
+    enc = _encoder(**changes)
+    ids, mask = _batch()
+    ref, _ = _outputs(enc, ids, mask)
+    out_padded, out_packed = _outputs(for_inference(enc, "bf16"), ids, mask)
+    assert out_packed.dtype == torch.float32  # the residual stream and the norms stay float32
+    assert _cosine(out_padded, ref).min() > 0.999
+    assert _cosine(out_packed, ref).min() > 0.999
+
+
+@needs_int8
+def test_int8_prepared_encoder_quantises_the_chosen_kinds():
+    enc = _encoder()
+    ids, mask = _batch()
+    ref, _ = _outputs(enc, ids, mask)
+    fast = for_inference(enc, "int8")
+    layer = fast.layers[0]
+    assert isinstance(layer.attention.qkv_proj, Int8Linear) and isinstance(layer.attention.out_proj, Int8Linear)
+    assert set(INT8_KINDS) == {"qkv", "out"}
+    assert isinstance(layer.feed_forward.linear1, InferenceLinear)
+    _, out = _outputs(fast, ids, mask)
+    assert _cosine(out, ref).min() > 0.99
+    every = for_inference(enc, "int8", int8_kinds=("qkv", "out", "ffn_in", "ffn_out"))
+    assert isinstance(every.layers[1].feed_forward.linear2, Int8Linear)
+
+
+def test_masked_lm_and_its_head_are_prepared():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16, dropout=0.0,
+                      attention_dropout=0.0)
+    mlm = build_masked_lm(cfg).eval()
+    ids, mask = _batch()
+    with torch.inference_mode():
+        ref = mlm(ids, mask).logits
+        out = for_inference(mlm, "fp32")(ids, mask).logits
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_refusals_are_one_line(monkeypatch):
+    enc = _encoder()
+    with pytest.raises(QkvError, match="precision='fp16'.*allowed: fp32, bf16, int8"):
+        for_inference(enc, "fp16")
+    with pytest.raises(QkvError, match="already prepared"):
+        for_inference(for_inference(enc), "fp32")
+    with pytest.raises(QkvError, match="int8_kinds.*'attention'"):
+        for_inference(enc, "int8", int8_kinds=("attention",))
+    monkeypatch.setattr(support, "cpu_features", lambda: {k: False for k in ("avx2", "avx512", "avx512_bf16",
+                                                                               "avx512_vnni", "amx_bf16")})
+    with pytest.raises(QkvError) as info:
+        check_precision("bf16", "cpu")
+    msg = str(info.value)
+    assert "\n" not in msg and "no bfloat16 instructions" in msg and "use one of fp32" in msg
+    with pytest.raises(QkvError, match="AVX2"):
+        check_precision("int8", "cpu")
+
+
+def test_cpu_features_are_read():
+    f = cpu_features()
+    assert set(f) == {"avx2", "avx512", "avx512_bf16", "avx512_vnni", "amx_bf16"}
+    assert all(isinstance(v, bool) for v in f.values())
