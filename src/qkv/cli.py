@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     from qkv.lab.cli import add_lab_parser
 
     add_lab_parser(sub)
+    from qkv.export.cli import add_export_parser
+
+    add_export_parser(sub)
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks (also QKV_DEBUG=1)")
     for p in sub.choices.values():
         add_common_options(p)
