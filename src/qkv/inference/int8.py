@@ -18,12 +18,11 @@ in float32.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Int8Linear"]
+from qkv.nn.layer import ACTIVATIONS
 
-_PLAIN = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
+__all__ = ["Int8Linear"]
 
 
 def _engine() -> str:
@@ -44,8 +43,8 @@ class Int8Linear(nn.Module):
         from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
         from torch.ao.quantization import per_channel_dynamic_qconfig
 
-        if activation is not None and activation not in _PLAIN:
-            raise ValueError(f"unknown activation {activation!r}; allowed: {', '.join(_PLAIN)}")
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; allowed: {', '.join(ACTIVATIONS)}")
         torch.backends.quantized.engine = _engine()
         source = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
         with torch.no_grad():
@@ -64,7 +63,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(…,I)`` → ``(…,O)`` float32."""
         y = self.inner(x.float().contiguous())
-        return y if self.activation is None else _PLAIN[self.activation](y)
+        return y if self.activation is None else ACTIVATIONS[self.activation](y)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation else ""

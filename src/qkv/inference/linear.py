@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.inference.support import onednn_linear_available
+from qkv.nn.layer import ACTIVATIONS
 
 __all__ = ["InferenceLinear", "FUSED_ACTIVATIONS"]
 
@@ -33,7 +34,6 @@ FUSED_ACTIVATIONS: dict[str, tuple[str, str]] = {
     "relu": ("relu", ""),
     "silu": ("swish", ""),
 }
-_PLAIN = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
 
 
 class InferenceLinear(nn.Module):
@@ -64,7 +64,7 @@ class InferenceLinear(nn.Module):
             attr, algorithm = FUSED_ACTIVATIONS.get(self.activation, ("none", ""))
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
         y = F.linear(x, self.weight, self.bias)
-        return y if self.activation is None else _PLAIN[self.activation](y)
+        return y if self.activation is None else ACTIVATIONS[self.activation](y)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation else ""
