@@ -150,15 +150,66 @@ def test_int8_prepared_encoder_quantises_the_chosen_kinds():
     enc = _encoder()
     ids, mask = _batch()
     ref, _ = _outputs(enc, ids, mask)
-    fast = for_inference(enc, "int8")
+    calibration = [row[m] for row, m in zip(*_batch(seed=7))]  # other token sequences
+    fast = for_inference(enc, "int8", calibration=calibration)
     layer = fast.layers[0]
-    assert isinstance(layer.attention.qkv_proj, Int8Linear) and isinstance(layer.attention.out_proj, Int8Linear)
-    assert set(INT8_KINDS) == {"qkv", "out"}
-    assert isinstance(layer.feed_forward.linear1, InferenceLinear)
+    assert set(INT8_KINDS) == {"qkv", "out", "ffn_in"}
+    for m in (layer.attention.qkv_proj, layer.attention.out_proj, layer.feed_forward.linear1):
+        assert isinstance(m, Int8Linear) and m.inv_scale is not None
+    assert isinstance(layer.feed_forward.linear2, InferenceLinear)
     _, out = _outputs(fast, ids, mask)
     assert _cosine(out, ref).min() > 0.99
-    every = for_inference(enc, "int8", int8_kinds=("qkv", "out", "ffn_in", "ffn_out"))
+    every = for_inference(enc, "int8", int8_kinds=("qkv", "out", "ffn_in", "ffn_out"), smoothing=None)
     assert isinstance(every.layers[1].feed_forward.linear2, Int8Linear)
+    assert every.layers[1].feed_forward.linear2.inv_scale is None
+
+
+@needs_int8
+def test_int8_smoothing_scales_come_from_the_calibration_inputs():
+    from qkv.inference.calibration import input_maxima
+    from qkv.inference.int8 import smoothing_scale
+
+    enc = _encoder()  # post-LN: layer 0's Q/K/V map reads the embedding output
+    ids, mask = _batch(seed=3)
+    seqs = [row[m] for row, m in zip(ids, mask)]
+    prepared = for_inference(enc, "fp32")
+    qkv0, ffn1 = prepared.layers[0].attention.qkv_proj, prepared.layers[1].feed_forward.linear1
+    got_qkv, got_ffn = input_maxima(prepared, [qkv0, ffn1], seqs)
+    with torch.inference_mode():  # by hand: the embedding output; layer 1's norm₁ output
+        e = enc.embeddings(ids) * mask[..., None]  # (B,T,C), padding zeroed
+        h = enc.layers[0](enc.embeddings(ids), mask).output  # (B,T,C)
+        a = enc.layers[1].attention(h, mask).output
+        n1 = enc.layers[1].norm1(h + a)[mask]  # (N,C)
+    torch.testing.assert_close(got_qkv, e.abs().amax(dim=(0, 1)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_ffn, n1.abs().amax(dim=0), atol=1e-5, rtol=1e-5)
+    w = qkv0.weight
+    s = smoothing_scale(got_qkv, w, 0.7)
+    hand = got_qkv.clamp(min=1e-5) ** 0.7 / w.abs().amax(0).clamp(min=1e-5) ** 0.3
+    torch.testing.assert_close(s, hand)
+    assert torch.equal(smoothing_scale(torch.zeros(24), w, 0.5), torch.ones(24))  # never seen: 1
+    with pytest.raises(ValueError, match="alpha must be in"):
+        smoothing_scale(got_qkv, w, 1.5)
+
+
+@needs_int8
+def test_int8_linear_with_smoothing_computes_the_same_product():
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40)
+    x = torch.randn(50, 24)
+    x[:, 3] *= 60  # one outlier channel, as in a transformer's norm output
+    plain = Int8Linear(lin)
+    s = torch.ones(24)
+    s[3] = 60.0 ** 0.7
+    smooth = Int8Linear(lin, input_scale=s)
+    with torch.no_grad():
+        ref = F.linear(x, lin.weight, lin.bias)
+        err = lambda m: float((m(x) - ref).norm() / ref.norm())  # noqa: E731
+        assert err(smooth) < 0.5 * err(plain) and err(smooth) < 0.01, (err(smooth), err(plain))
+        scaled = lin.weight * s  # (O,I): W·diag(s), what is stored in int8 steps of each row
+        step = scaled.abs().amax(1, keepdim=True) / 127
+        assert ((smooth.weight * s - scaled).abs() <= step * 0.51).all()
+    with pytest.raises(ValueError, match="input_scale must hold 24 positive"):
+        Int8Linear(lin, input_scale=torch.zeros(24))
 
 
 def test_masked_lm_and_its_head_are_prepared():
@@ -180,9 +231,18 @@ def test_refusals_are_one_line(monkeypatch):
     with pytest.raises(QkvError, match="already prepared"):
         for_inference(for_inference(enc), "fp32")
     with pytest.raises(QkvError, match="int8_kinds.*'attention'"):
-        for_inference(enc, "int8", int8_kinds=("attention",))
+        for_inference(enc, "int8", int8_kinds=("attention",), smoothing=None)
+    if INT8 is None:
+        with pytest.raises(QkvError, match="needs calibration token sequences.*smoothing=None"):
+            for_inference(enc, "int8")
+        with pytest.raises(QkvError, match="smoothing must be a number in"):
+            for_inference(enc, "int8", calibration=[[1, 2]], smoothing=2)
+        bare = nn.Module()  # attention maps outside any qkv encoder: nothing to calibrate them with
+        bare.qkv_proj, bare.out_proj = nn.Linear(4, 12), nn.Linear(4, 4)
+        with pytest.raises(QkvError, match="Module has none; pass smoothing=None"):
+            for_inference(bare, "int8", calibration=[[1, 2]])
     monkeypatch.setattr(support, "cpu_features", lambda: {k: False for k in ("avx2", "avx512", "avx512_bf16",
-                                                                               "avx512_vnni", "amx_bf16")})
+                                                                               "avx512_vnni", "avx_vnni", "amx_bf16")})
     with pytest.raises(QkvError) as info:
         check_precision("bf16", "cpu")
     msg = str(info.value)
@@ -193,5 +253,5 @@ def test_refusals_are_one_line(monkeypatch):
 
 def test_cpu_features_are_read():
     f = cpu_features()
-    assert set(f) == {"avx2", "avx512", "avx512_bf16", "avx512_vnni", "amx_bf16"}
+    assert set(f) == {"avx2", "avx512", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16"}
     assert all(isinstance(v, bool) for v in f.values())

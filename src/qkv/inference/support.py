@@ -20,7 +20,7 @@ __all__ = ["cpu_features", "onednn_linear_available", "precision_unsupported"]
 
 @functools.cache
 def cpu_features() -> dict[str, bool]:
-    """``{"avx2", "avx512", "avx512_bf16", "avx512_vnni", "amx_bf16"}`` → whether this CPU has it.
+    """``{"avx2", "avx512", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16"}`` → whether this CPU has it.
 
     The flags of ``/proc/cpuinfo`` where there is one (Linux); elsewhere only what PyTorch's own
     dispatch level tells (AVX2 / AVX-512), so the bf16 and VNNI flags read False there.
@@ -32,6 +32,7 @@ def cpu_features() -> dict[str, bool]:
         "avx512": "avx512f" in flags or level == "AVX512",
         "avx512_bf16": "avx512_bf16" in flags,
         "avx512_vnni": "avx512_vnni" in flags,
+        "avx_vnni": "avx_vnni" in flags,
         "amx_bf16": "amx_bf16" in flags,
     }
 
