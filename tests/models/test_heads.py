@@ -275,3 +275,27 @@ def test_attach_to_an_existing_head():
 def test_attach_refuses_other_models():
     with pytest.raises(ValueError, match=r"needs a qkv Encoder, MaskedLM or task model.*got Linear"):
         attach_task_head(torch.nn.Linear(2, 2), SEQ)
+
+
+# ---------------------------------------------------------------- packed (padding-free) inference
+@pytest.mark.parametrize("task,pooling", [(SEQ, "pooler"), (SEQ, "cls"), (SEQ, "mean"), (REG, "mean"), (TOK, None)])
+def test_forward_packed_equals_the_padded_forward(task, pooling):
+    from dataclasses import replace
+
+    from qkv.nn.packed import PackedBatch
+
+    model = _model(task if pooling is None else replace(task, pooling=pooling))
+    ids, mask = _batch()
+    with torch.inference_mode():
+        ref = model(ids, mask).logits  # (B,L) or (B,T,L)
+        out = model.forward_packed(PackedBatch.from_padded(ids, mask.bool()))
+    assert out.loss is None and out.last_hidden_state.shape == (int(mask.sum()), 24)
+    want = ref[mask.bool()] if task is TOK else ref  # token logits at the real positions: (N,L)
+    torch.testing.assert_close(out.logits, want, atol=1e-5, rtol=1e-5)
+
+
+def test_forward_packed_refuses_an_empty_sequence():
+    from qkv.nn.packed import PackedBatch
+
+    with pytest.raises(ValueError, match="at least one token"):
+        _model(SEQ).forward_packed(PackedBatch.from_sequences([[5, 6], []]))

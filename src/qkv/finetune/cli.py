@@ -97,7 +97,12 @@ def add_finetune_parsers(sub) -> None:
     q.add_argument("--out", required=True, help="the .jsonl file to write (atomically)")
     q.add_argument("--text-field", default="text", help="field/column of the text (default: text)")
     q.add_argument("--tokens-field", default="tokens", help="field of the word list (default: tokens)")
-    q.add_argument("--batch-size", type=int, default=64, help="windows per batch (default: 64)")
+    q.add_argument("--batch-size", type=int, default=64, help="windows per batch at most (default: 64)")
+    q.add_argument("--batch-tokens", type=int, default=4096,
+                   help="tokens per padding-free batch at most (a longer window runs alone; default: 4096)")
+    q.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"),
+                   help="inference precision: fp32, bf16 (CPUs with AVX-512 BF16 or AMX, GPUs with bf16) or int8 "
+                   "(CPU; see docs/inference.md for the accuracy bounds) (default: fp32)")
     q.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     q.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
     q.set_defaults(func=_predict)
@@ -136,8 +141,11 @@ def _predict(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} must be ≥ 1")
+    if args.batch_tokens < 1:
+        raise ValueError(f"--batch-tokens {args.batch_tokens} must be ≥ 1")
     info = predict_file(args.run, args.input, args.out, batch_size=args.batch_size, text_field=args.text_field,
-                        tokens_field=args.tokens_field, progress=args.progress, device=args.device)
+                        tokens_field=args.tokens_field, progress=args.progress, device=args.device,
+                        precision=args.precision, batch_tokens=args.batch_tokens)
     extra = f", {info['long']} long inputs read in several windows" if info["long"] else ""
     print(f"wrote {info['inputs']} predictions to {info['out']} ({info['windows']} windows{extra})")
     return 0

@@ -8,8 +8,11 @@ Legend: N windows, E examples, L labels.
 * token classification: each window's logits at the first piece of each word, argmax, the
   windows of a sentence concatenated in order → one tag id per word.
 
-:func:`predict_file` is ``qkv predict``: a fine-tuned run (or any folder with a task head) and
-new inputs → a JSONL file of predictions, written atomically.
+:func:`score` runs the model as it trains (padded batches, with the loss: evaluation during
+fine-tuning); :func:`score_packed` runs a model prepared for inference
+(:func:`qkv.inference.for_inference`, any precision) on padding-free batches of at most a token
+budget — what :func:`predict_file` (``qkv predict``: a fine-tuned run, or any folder with a task
+head, and new inputs → a JSONL file of predictions, written atomically) uses.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from qkv.finetune.encode import Encoded, eval_batches
 
-__all__ = ["WindowScores", "score", "example_outputs", "predict_file"]
+__all__ = ["WindowScores", "score", "score_packed", "example_outputs", "predict_file"]
 
 
 class WindowScores:
@@ -81,6 +84,43 @@ def score(model, enc: Encoded, *, task: str, batch_size: int, device, pad_id: in
     return out
 
 
+@torch.inference_mode()
+def score_packed(model, enc: Encoded, *, task: str, batch_size: int = 256, batch_tokens: int | None = 4096,
+                 device="cpu", progress: bool = False, desc: str = "predicting") -> WindowScores:
+    """Run a task model (``forward_packed``; prepared for inference, or in eval mode) over every window
+    of ``enc`` without padding: batches of similar length, at most ``batch_size`` windows and
+    ``batch_tokens`` tokens (a longer window alone). No loss. Same outputs as :func:`score` up to
+    float rounding (and the precision the model was prepared in)."""
+    from tqdm.auto import tqdm
+
+    from qkv.data.windows import length_batches
+    from qkv.nn.packed import PackedBatch
+
+    out = WindowScores()
+    bar = tqdm(total=len(enc.ids), disable=not progress, unit="win", desc=desc, dynamic_ncols=True, leave=False)
+    try:
+        for rows in length_batches(enc.lengths, batch_size, batch_tokens):
+            packed = PackedBatch.from_sequences([enc.ids[r] for r in rows], device=device)
+            logits = model.forward_packed(packed).logits.float()  # (B,L), (B,1) or (N,L)
+            if task == "token-classification":
+                pred = logits.argmax(-1).cpu().numpy()  # (N,)
+                starts = packed.starts.cpu().numpy()  # (B,)
+                for i, r in enumerate(rows):
+                    out.tags[int(r)] = pred[starts[i] + enc.word_first[r]]  # (words in window,)
+            elif task == "regression":
+                vals = logits[:, 0].cpu().numpy()  # (B,1) -> (B,)
+                for i, r in enumerate(rows):
+                    out.probs[int(r)] = vals[i:i + 1]
+            else:
+                p = torch.softmax(logits, dim=-1).cpu().numpy()  # (B,L)
+                for i, r in enumerate(rows):
+                    out.probs[int(r)] = p[i]
+            bar.update(len(rows))
+    finally:
+        bar.close()
+    return out
+
+
 def example_outputs(enc: Encoded, scores: WindowScores, task: str, examples=None) -> dict[int, np.ndarray]:
     """Example index → mean window probabilities ``(L,)`` / mean value ``(1,)`` / tag ids ``(words,)``,
     for the examples whose windows were all scored (``examples``: only these)."""
@@ -98,7 +138,7 @@ def example_outputs(enc: Encoded, scores: WindowScores, task: str, examples=None
 
 def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: int = 64,
                  text_field: str = "text", tokens_field: str = "tokens", progress: bool = True,
-                 device: str = "auto") -> dict:
+                 device: str = "auto", precision: str = "fp32", batch_tokens: int | None = 4096) -> dict:
     """``qkv predict``: predictions for every input of ``input_spec`` into JSONL ``out``.
 
     ``run``: a fine-tuning run folder (its settings from ``run.json``), any folder with a task head,
@@ -108,19 +148,25 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     fields, if present, are ignored), or for token models a CoNLL file / JSONL with ``tokens_field``.
     Each output line: ``{"id": …, "label": …, "probabilities": {label: p}}`` (classification),
     ``{"id": …, "value": …}`` (regression) or ``{"id": …, "tokens": […], "tags": […]}`` (tokens).
-    Returns a summary (counts, windows, long inputs).
+    The model runs prepared for inference in ``precision`` (``"fp32"``, ``"bf16"``, ``"int8"``; see
+    :func:`qkv.inference.for_inference`) on padding-free batches of at most ``batch_size`` windows
+    and ``batch_tokens`` tokens. Returns a summary (counts, windows, long inputs).
     """
     from qkv._fs import atomic_write_text
     from qkv.finetune.encode import encode_sequences, encode_tagged
     from qkv.finetune.examples import FinetuneDataError
     from qkv.finetune.inputs import load_task_model, read_inputs
 
+    from qkv.inference import calibration_sequences, check_precision, for_inference
+
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    check_precision(precision, dev)  # before any loading
     model, tok, meta = load_task_model(run)
     task = meta["task"]
     labels = list(meta["labels"])
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
-    model = model.to(dev)
+    calibration = calibration_sequences(tok, meta["max_len"]) if precision == "int8" else None
+    model = for_inference(model.to(dev), precision, device=dev, calibration=calibration)
     ids, inputs = read_inputs(input_spec, task, text_field=text_field, tokens_field=tokens_field)
     if not inputs:
         raise FinetuneDataError(f"{input_spec}: no inputs to predict")
@@ -130,8 +176,8 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     else:
         enc = encode_sequences(tok, inputs, [0] * len(inputs), max_len=max_len, stride=stride,
                                truncate=meta["truncate"])
-    scores = score(model, enc, task=task, batch_size=batch_size, device=dev, pad_id=tok.pad_id, with_loss=False,
-                   progress=progress, desc="predicting")
+    scores = score_packed(model, enc, task=task, batch_size=batch_size, batch_tokens=batch_tokens, device=dev,
+                          progress=progress)
     outs = example_outputs(enc, scores, task)
     as_label = (lambda s: int(s)) if meta.get("label_kind") == "int" else (lambda s: s)
     lines = []

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from qkv.config import ModelConfig
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.nn.encoder import Encoder
+from qkv.nn.packed import PackedBatch
 from qkv.validation import check_choice, check_range
 
 __all__ = ["TASKS", "POOLINGS", "TaskConfig", "TaskOutput", "TaskModel", "SequenceClassifier",
@@ -126,8 +127,8 @@ class TaskOutput:
     Attributes:
         loss: scalar when ``labels`` are given (see the module docstring), else ``None``.
         logits: ``(B,L)`` sequence classification; ``(B,T,L)`` token classification; ``(B,1)``
-            regression.
-        last_hidden_state: ``(B,T,C)`` encoder output.
+            regression (``forward_packed``: ``(N,L)`` for token classification).
+        last_hidden_state: ``(B,T,C)`` encoder output (``forward_packed``: ``(N,C)``).
         hidden_states: see :class:`qkv.nn.encoder.EncoderOutput`.
         attentions: see :class:`qkv.nn.encoder.EncoderOutput`.
     """
@@ -271,6 +272,32 @@ class SequenceClassifier(TaskModel):
                 loss = F.cross_entropy(logits, ids)  # (B,L) vs (B,)
         return TaskOutput(loss, logits, h, enc.hidden_states, enc.attentions)
 
+    def forward_packed(self, batch: PackedBatch) -> TaskOutput:
+        """Classify (or score) packed sequences, without padding (inference: no labels, no loss).
+
+        Args:
+            batch: the sequences back to back (:class:`~qkv.nn.packed.PackedBatch`), each with at
+                least one token.
+
+        Returns:
+            :class:`TaskOutput` with ``(B,L)`` logits (``(B,1)`` for regression) and the ``(N,C)``
+            packed encoder output: what :meth:`forward` gives on the right-padded batch with its
+            padding mask (up to float rounding).
+        """
+        if any(n < 1 for n in batch.lengths):
+            raise ValueError("forward_packed needs every sequence to have at least one token")
+        enc = self.encoder.forward_packed(batch)
+        h = enc.last_hidden_state  # (N,C)
+        if self.task.pooling == "pooler":
+            pooled = enc.pooler_output  # (B,C)
+        elif self.task.pooling == "cls":
+            pooled = h[batch.starts]  # (N,C) -> (B,C) each sequence's first token
+        else:
+            lengths = torch.tensor(batch.lengths, dtype=h.dtype, device=h.device)[:, None]  # (B,1)
+            total = h.new_zeros(len(batch.lengths), h.shape[1]).index_add_(0, batch.sequence_ids(), h)  # (B,C)
+            pooled = total / lengths  # (B,C)
+        return TaskOutput(None, self.classifier(self.dropout(pooled)), h)  # (B,C) -> (B,L)
+
 
 class TokenClassifier(TaskModel):
     """One prediction per token: dropout, ``nn.Linear(C, L)`` at every position."""
@@ -313,3 +340,14 @@ class TokenClassifier(TaskModel):
             loss = F.cross_entropy(logits.reshape(-1, L), ids.reshape(-1),
                                    ignore_index=IGNORE_INDEX)  # (B·T,L) vs (B·T,)
         return TaskOutput(loss, logits, h, enc.hidden_states, enc.attentions)
+
+    def forward_packed(self, batch: PackedBatch) -> TaskOutput:
+        """Classify every token of packed sequences, without padding (inference: no labels, no loss).
+
+        Returns:
+            :class:`TaskOutput` with ``(N,L)`` logits and the ``(N,C)`` packed encoder output: at
+            each real position what :meth:`forward` gives on the right-padded batch (up to float
+            rounding).
+        """
+        h = self.encoder.forward_packed(batch).last_hidden_state  # (N,C)
+        return TaskOutput(None, self.classifier(self.dropout(h)), h)  # (N,C) -> (N,L)
