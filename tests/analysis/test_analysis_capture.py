@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts
+from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts, qkv_load_unavailable
 
 from qkv.analysis.capture import forward, iter_captures, tokenize_corpus
 from qkv.analysis.inputs import AnalysisInputError
@@ -75,3 +75,27 @@ def test_a_model_without_attentions_in_its_output_is_a_clear_error(tiny_tokenize
     ctx = tokenize_corpus(["a b c"], tiny_tokenizer, max_len=MAX_LEN)
     with pytest.raises(AnalysisInputError, match="no attentions"):
         next(iter_captures(NoAttention(), ctx))
+
+
+@pytest.mark.skipif(qkv_load_unavailable() is not None, reason=str(qkv_load_unavailable()))
+def test_a_qkv_model_is_captured_on_the_packed_path_equal_to_transformers_padded(tiny_hf_folder, tiny_hf_model,
+                                                                                tiny_tokenizer):
+    import qkv
+    from qkv.analysis.capture import _encoder_of
+
+    model = qkv.load(tiny_hf_folder).model
+    calls = []
+    stack = _encoder_of(model)
+    stack.register_forward_hook(lambda *a: calls.append("padded"))  # forward_packed runs no forward hook
+    texts = [t[:300] for t in pydoc_texts(12)]
+    ctx = tokenize_corpus(texts, tiny_tokenizer, max_len=MAX_LEN)
+    got = list(iter_captures(model, ctx, batch_size=5, pad_id=tiny_tokenizer.pad_id))
+    want = list(iter_captures(tiny_hf_model, ctx, batch_size=5, pad_id=tiny_tokenizer.pad_id))
+    assert calls == [] and len(got) == len(want)
+    for g, w in zip(got, want):
+        real = g.mask  # (B,T)
+        np.testing.assert_allclose(g.hidden_states[:, real], w.hidden_states[:, real], atol=1e-5)
+        keep = real[:, None, :, None] & real[:, None, None, :]  # (B,1,T,T) real query × key
+        keep = np.broadcast_to(keep, g.attentions.shape[1:])
+        np.testing.assert_allclose(g.attentions[:, keep], w.attentions[:, keep], atol=1e-5)
+        assert not g.attentions[:, ~keep].any() and not g.hidden_states[:, ~real].any()

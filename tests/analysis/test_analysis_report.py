@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts, qkv_load_unavailable
 
-from qkv.analysis import AnalyzeOptions, Documents, analyze, write_report
+from qkv.analysis import AnalysisInputError, AnalyzeOptions, Documents, analyze, write_report
 from qkv.analysis.heads import HEAD_METRICS
 
 FAST = {"max_len": MAX_LEN, "token_sample": 600, "probe_top_tokens": 10, "max_word_types": 60, "batch_size": 8}
@@ -54,7 +55,6 @@ def test_analyze_api_returns_all_statistics_and_writes_a_self_contained_report(
 
 
 def test_analyze_errors_clearly_on_an_empty_corpus(tiny_hf_model, tiny_tokenizer):
-    from qkv.analysis import AnalysisInputError
 
     with pytest.raises(AnalysisInputError, match="empty"):
         analyze(tiny_hf_model, tiny_tokenizer, Documents([]), AnalyzeOptions(**FAST))
@@ -104,3 +104,29 @@ def test_cli_analyze_and_inspect_on_a_model_folder(tiny_hf_folder, tiny_hf_model
     assert "empty" in capsys.readouterr().err
     assert main(["inspect", str(tiny_hf_folder), " ".join(pydoc_texts(1)), "--out", str(tmp_path / "z")]) == 2
     assert "window" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(qkv_load_unavailable() is not None, reason=str(qkv_load_unavailable()))
+@pytest.mark.parametrize("precision, entropy_tol", [("bf16", 0.01), ("int8", 0.03)])
+def test_analysis_in_a_reduced_precision_stays_close_to_float32(tiny_hf_folder, precision, entropy_tol):
+    import qkv
+    from qkv.inference.support import precision_unsupported
+
+    if precision_unsupported(precision, torch.device("cpu")) is not None:
+        pytest.skip(precision_unsupported(precision, torch.device("cpu")))
+    bundle = qkv.load(tiny_hf_folder)
+    ref = analyze(bundle.model, bundle.tokenizer, _docs(), AnalyzeOptions(**FAST))
+    got = analyze(bundle.model, bundle.tokenizer, _docs(), AnalyzeOptions(**FAST, precision=precision))
+    assert got.options.precision == precision and ref.options.precision == "fp32"
+    np.testing.assert_allclose(got.heads.entropy, ref.heads.entropy, atol=entropy_tol)
+    np.testing.assert_allclose(got.heads.cls_share, ref.heads.cls_share, atol=entropy_tol)
+    np.testing.assert_allclose(got.layers.anisotropy, ref.layers.anisotropy, atol=0.01)
+    assert not np.array_equal(got.heads.entropy, ref.heads.entropy)  # it did run in another precision
+    assert all(isinstance(m, torch.nn.Linear) for m in bundle.model.modules() if "Linear" in type(m).__name__)
+
+
+def test_a_reduced_precision_needs_a_qkv_model(tiny_hf_model, tiny_tokenizer):
+    with pytest.raises(AnalysisInputError, match="precision 'bf16' needs a qkv model, got BertModel"):
+        analyze(tiny_hf_model, tiny_tokenizer, _docs(), AnalyzeOptions(**FAST, precision="bf16"))
+    with pytest.raises(AnalysisInputError, match="precision='fp16' is not allowed"):
+        AnalyzeOptions(precision="fp16")

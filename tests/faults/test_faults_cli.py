@@ -98,6 +98,8 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "pretrain unknown option": ["pretrain", "--out", str(tmp / "r"), "--time-travel"],
         "analyze missing model": ["analyze", nowhere, "--corpus", "dataset:pydoc", "--out", str(tmp / "a")],
         "analyze missing corpus": ["analyze", str(model), "--corpus", nowhere, "--out", str(tmp / "a"), "--quiet"],
+        "analyze --precision fp16": ["analyze", str(model), "--corpus", "dataset:pydoc", "--out", str(tmp / "a"),
+                                     "--precision", "fp16"],
         "inspect missing model": ["inspect", nowhere, "text", "--out", str(tmp / "i")],
         "embed missing model": ["embed", nowhere, str(text), "--out", str(tmp / "e.npy")],
         "embed bad suffix": ["embed", str(model), str(text), "--out", str(tmp / "e.xls")],

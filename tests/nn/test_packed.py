@@ -46,6 +46,38 @@ def test_packed_equals_the_padded_path_at_real_positions(overrides):
     torch.testing.assert_close(got.hidden_states[-1], got.last_hidden_state, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("overrides", [dict(), dict(norm="pre", position="alibi"),
+                                       dict(position="rope", n_kv_heads=1),
+                                       dict(local_window=4, global_every=2)])
+def test_packed_attention_weights_equal_the_padded_ones(overrides):
+    torch.manual_seed(2)
+    enc = build_encoder(ModelConfig.preset("tiny", dropout=0.0, **overrides)).eval()
+    ids, mask = _batch(2)
+    want = enc(ids, mask, output_attentions=True).attentions  # L × (B,H,T,T), zeros at padded keys
+    got = enc.forward_packed(PackedBatch.from_padded(ids, mask), output_attentions=True).attentions
+    assert len(got) == len(want) == enc.config.n_layers
+    keep = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(want[0])  # (B,H,T,T) real query × key
+    for a, b in zip(want, got):
+        assert b.shape == a.shape
+        torch.testing.assert_close(b[keep], a[keep], atol=1e-6, rtol=1e-5)
+        assert (b[~keep] == 0).all()
+        real = b.sum(-1)[mask[:, None, :].expand(-1, b.shape[1], -1)]  # rows of real queries sum to 1
+        torch.testing.assert_close(real, torch.ones_like(real))
+    assert enc.forward_packed(PackedBatch.from_padded(ids, mask)).attentions is None
+
+
+def test_packed_attention_weights_of_a_causal_stack_equal_the_padded_ones():
+    torch.manual_seed(3)
+    enc = build_encoder(ModelConfig.preset("tiny", dropout=0.0, norm="pre"), causal=True).eval()
+    ids, mask = _batch(3)
+    want = enc(ids, mask, output_attentions=True).attentions
+    got = enc.forward_packed(PackedBatch.from_padded(ids, mask), output_attentions=True).attentions
+    keep = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(want[0])  # (B,H,T,T)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b[keep], a[keep], atol=1e-6, rtol=1e-5)
+        assert (b.triu(1) == 0).all()  # nothing above the diagonal
+
+
 def test_packed_trains_with_gradients_equal_to_the_padded_path():
     torch.manual_seed(1)
     enc = build_encoder(ModelConfig.preset("tiny", dropout=0.0, position="relative"))

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from qkv.analysis.capture import Contexts, iter_captures, model_window, tokenize_corpus
+from qkv.analysis.capture import Contexts, in_precision, iter_captures, model_window, tokenize_corpus
 from qkv.analysis.collect import LayerCollector, SamplePlan, label_documents, plan_samples
 from qkv.analysis.heads import HeadAccumulator, HeadStats
 from qkv.analysis.inputs import AnalysisInputError, Documents, tokenizer_view
@@ -32,7 +32,7 @@ from qkv.analysis.layers import (
     linear_probe,
     self_similarity,
 )
-from qkv.validation import check_range
+from qkv.validation import check_choice, check_range
 
 __all__ = ["AnalyzeOptions", "AnalysisResult", "analyze", "run_analyze"]
 
@@ -56,6 +56,9 @@ class AnalyzeOptions:
         max_label_docs: the label probe uses at most this many documents (a seeded sample), which
             bounds the memory of the per-document sums.
         seed: all sampling and probe splits.
+        precision: ``"fp32"`` (the model as it is), ``"bf16"`` or ``"int8"``: a qkv model prepared
+            by :func:`qkv.inference.for_inference` (int8 calibrated on its fixed text); the
+            statistics then describe the model as it runs in that precision (docs/inference.md).
     """
 
     max_len: int | None = 128
@@ -70,8 +73,12 @@ class AnalyzeOptions:
     probe_max_position: int = 64
     max_label_docs: int = 2000
     seed: int = 0
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
+        from qkv.inference.prepare import PRECISIONS
+
+        check_choice("precision", self.precision, PRECISIONS, error=AnalysisInputError)
         for name in ("batch_size", "token_sample", "max_word_types", "probe_top_tokens", "max_label_docs"):
             check_range(name, getattr(self, name), 1)
         if self.min_contexts < 2 or self.max_contexts < self.min_contexts:
@@ -144,6 +151,7 @@ def analyze(
             "the corpus gives a single context; the statistics compare contexts (anisotropy, "
             "self-similarity, probes): give at least two documents or a longer text"
         )
+    model = in_precision(model, tokenizer, opts.precision, max_len)
     plan = plan_samples(contexts, opts.token_sample, opts.min_contexts, opts.max_contexts,
                         opts.max_word_types, opts.seed)
     label_rows = label_documents(documents, contexts.n_docs, opts.max_label_docs, opts.seed)

@@ -31,7 +31,7 @@ import torch
 from qkv.analysis.inputs import AnalysisInputError, tokenizer_view
 from qkv.data.windows import length_batches, make_windows, pad_batch
 
-__all__ = ["Contexts", "Capture", "model_window", "tokenize_corpus", "forward", "iter_captures"]
+__all__ = ["Contexts", "Capture", "model_window", "tokenize_corpus", "forward", "iter_captures", "in_precision"]
 
 LONG_TEXT_POLICIES = ("window", "truncate", "error")
 
@@ -106,6 +106,29 @@ def _encoder_of(model):
     return model
 
 
+def in_precision(model, tokenizer, precision: str, max_len: int):
+    """``model`` to run in ``precision``: itself for ``"fp32"``; for ``"bf16"``/``"int8"`` its qkv stack
+    prepared by :func:`qkv.inference.for_inference` (int8: calibrated on the fixed calibration text
+    in ``tokenizer``'s windows of ``max_len``).
+
+    Raises:
+        AnalysisInputError: a reduced precision for a model that is not qkv's.
+        QkvError: a precision unknown or not offered on the model's device (one line saying why).
+    """
+    if precision == "fp32":
+        return model
+    from qkv.inference import calibration_sequences, check_precision, for_inference
+
+    stack = _encoder_of(model)
+    if not _is_qkv_encoder(stack):
+        raise AnalysisInputError(f"precision {precision!r} needs a qkv model, got {type(model).__name__}; load "
+                                 "its folder with qkv.load (or pass the folder), or use precision 'fp32'")
+    device = next(stack.parameters()).device
+    check_precision(precision, device)
+    calibration = calibration_sequences(tokenizer, max_len) if precision == "int8" else None
+    return for_inference(stack, precision, device=device, calibration=calibration)
+
+
 def tokenize_corpus(
     texts: Sequence[str],
     tokenizer,
@@ -158,18 +181,25 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward pass; returns stacked hidden states and attention weights.
 
+    A qkv model runs on the padding-free path (``Encoder.forward_packed``: no padded position is
+    computed); any other model (``transformers``) on the padded batch with its mask.
+
     Args:
-        input_ids: ``(B,T)`` int64.
+        input_ids: ``(B,T)`` int64, right-padded.
         mask: ``(B,T)`` bool, True at real tokens.
         token_type_ids: ``(B,T)`` int64 or ``None`` (all zeros).
 
     Returns:
-        ``hidden (L+1,B,T,C)`` and ``attn (L,B,H,T,T)`` (``None`` if not requested).
+        ``hidden (L+1,B,T,C)`` and ``attn (L,B,H,T,T)`` (``None`` if not requested), float32, zeros
+        at padded positions on the packed path.
     """
     if token_type_ids is None:
         token_type_ids = torch.zeros_like(input_ids)
+    stack = _encoder_of(model)
+    if _is_qkv_encoder(stack):
+        return _forward_packed(stack, input_ids, mask, token_type_ids, attentions)
     with torch.inference_mode():
-        out = _encoder_of(model)(
+        out = stack(
             input_ids,
             attention_mask=mask,
             token_type_ids=token_type_ids,
@@ -193,6 +223,33 @@ def forward(
             )
         attn = torch.stack([a.float() for a in at])  # L × (B,H,T,T) -> (L,B,H,T,T)
     return hidden, attn
+
+
+def _is_qkv_encoder(stack) -> bool:
+    from qkv.nn.encoder import Encoder
+
+    return isinstance(stack, Encoder)
+
+
+def _forward_packed(stack, input_ids, mask, token_type_ids, attentions):
+    """:func:`forward` of a qkv stack on the padding-free path, results laid out as padded."""
+    from qkv.nn.packed import PackedBatch
+
+    T = input_ids.shape[1]
+    batch = PackedBatch.from_padded(input_ids, mask, token_type_ids)
+    with torch.inference_mode():
+        out = stack.forward_packed(batch, output_hidden_states=True, output_attentions=attentions)
+        hidden = torch.stack([batch.unpack(h.float(), T) for h in out.hidden_states])  # L+1 × (N,C) -> (L+1,B,T,C)
+        attn = None
+        if attentions:
+            attn = torch.stack([_pad_square(a.float(), T) for a in out.attentions])  # L × (B,H,t,t) -> (L,B,H,T,T)
+    return hidden, attn
+
+
+def _pad_square(weights: torch.Tensor, T: int) -> torch.Tensor:
+    """``(B,H,t,t)`` → ``(B,H,T,T)`` with zeros beyond ``t`` (t, the longest sequence, may be < T)."""
+    t = weights.shape[-1]
+    return weights if t == T else torch.nn.functional.pad(weights, (0, T - t, 0, T - t))
 
 
 def iter_captures(

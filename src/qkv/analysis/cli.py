@@ -31,6 +31,9 @@ def add_analysis_parsers(sub) -> None:
     a.add_argument("--batch-size", type=int, default=16, help="windows per forward pass (default 16)")
     a.add_argument("--token-sample", type=int, default=4000, help="tokens sampled for anisotropy/CKA/probes")
     a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+                   help="run the model in float32 (default), bfloat16 (CPUs with AVX-512 BF16 or AMX) or "
+                   "calibrated int8; see docs/inference.md")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=_analyze)
 
@@ -56,7 +59,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
     opts = AnalyzeOptions(
         max_len=args.max_len or None, long_text=args.long_text, max_windows_per_doc=args.max_windows,
-        batch_size=args.batch_size, token_sample=args.token_sample, seed=args.seed,
+        batch_size=args.batch_size, token_sample=args.token_sample, seed=args.seed, precision=args.precision,
     )
     result, paths = run_analyze(args.model, args.corpus, args.out, opts, max_docs=args.max_docs,
                                 progress=not args.quiet)

@@ -227,7 +227,7 @@ class MultiHeadAttention(nn.Module):
         return AttentionOutput(out, weights)
 
     def forward_packed(self, x: Tensor, lengths: list[int], qk_pos: Tensor | None = None, *,
-                       causal: bool = False) -> AttentionOutput:
+                       causal: bool = False, need_weights: bool = False) -> AttentionOutput:
         """Self-attention of packed sequences: no padded position is computed.
 
         The maps run once over all N real tokens; the attention core runs on each sequence on its
@@ -238,6 +238,9 @@ class MultiHeadAttention(nn.Module):
             lengths: the length of each sequence; a token attends only within its own sequence.
             qk_pos: ``(T,C)`` query/key positions; sequence i uses rows ``[0, lengths[i])``.
             causal: a token attends only to itself and the earlier tokens of its sequence.
+            need_weights: also return the exact weights, ``(B,H,T,T)`` with B = len(lengths) and
+                T = max(lengths): sequence i's ``(H,n,n)`` maps in the top-left corner, zeros elsewhere
+                (the layout :meth:`forward` gives a right-padded batch, zeros at padded keys).
 
         Returns:
             :class:`AttentionOutput` with ``output (N,C)``; what :meth:`forward` gives at the real
@@ -250,12 +253,19 @@ class MultiHeadAttention(nn.Module):
         q, k, v = (t[0] for t in self.project(x[None], pos))  # (H,N,D), 2 × (G,N,D)
         H, D = self.n_heads, self.d_head
         o = q.new_empty(N, H, D)  # merged-heads layout: o.view(N,C) is the concatenation of the heads
+        weights = q.new_zeros(len(lengths), H, max(lengths, default=0), max(lengths, default=0)) \
+            if need_weights else None  # (B,H,T,T)
+        first = _first_sequences(lengths)  # packed row -> index of the sequence starting there
         for start, m, n in _runs_by_length(lengths):  # m consecutive sequences of length n
             qs, ks, vs = (_run_view(t, start, m, n) for t in (q, k, v))  # (m,H,n,D), 2 × (m,G,n,D) views
-            out = self._attend(qs, ks, vs, None, causal, False).output  # (m,H,n,D)
-            o[start : start + m * n].view(m, n, H, D).copy_(out.transpose(1, 2))  # (m,n,H,D) rows of o
+            att = self._attend(qs, ks, vs, None, causal, need_weights)
+            o[start : start + m * n].view(m, n, H, D).copy_(att.output.transpose(1, 2))  # (m,n,H,D) rows of o
+            if weights is not None:
+                i = first[start]
+                weights[i : i + m, :, :n, :n] = att.weights  # (m,H,n,n) into sequences i … i+m-1
         merged = o.view(N, H * D)  # (N,H,D) -> (N,C), no copy
-        return AttentionOutput(self.out_proj(merged) if self.out_proj is not None else merged)  # (N,C)
+        out = self.out_proj(merged) if self.out_proj is not None else merged  # (N,C)
+        return AttentionOutput(out, weights)
 
     def _check_x(self, x: Tensor, qk_pos: Tensor | None) -> None:
         if not isinstance(x, Tensor) or x.dim() != 3:
@@ -299,6 +309,16 @@ def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj
         if lin is not None and (not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != shape):
             got = tuple(lin.weight.shape) if isinstance(lin, nn.Linear) else type(lin).__name__
             raise ValueError(f"{name} must be an nn.Linear with weight {shape} or None, got {got}")
+
+
+def _first_sequences(lengths: list[int]) -> dict[int, int]:
+    """The first packed row of each non-empty sequence → that sequence's index."""
+    rows, at = {}, 0
+    for i, n in enumerate(lengths):
+        if n:
+            rows[at] = i
+        at += n
+    return rows
 
 
 def _runs_by_length(lengths: list[int]) -> list[tuple[int, int, int]]:

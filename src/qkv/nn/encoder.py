@@ -60,12 +60,15 @@ class PackedEncoderOutput:
         hidden_states: when requested, ``n_layers + 1`` tensors ``(N,C)``; else ``None``.
         pooler_output: ``(B,C)`` the pooler of each sequence's first token, or ``None``.
         lengths: the length of each sequence.
+        attentions: when requested, ``n_layers`` tensors ``(B,H,T,T)`` (T = the longest length):
+            sequence i's exact weights in ``[i, :, :n_i, :n_i]``, zeros elsewhere; else ``None``.
     """
 
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...] | None
     pooler_output: Tensor | None
     lengths: tuple[int, ...]
+    attentions: tuple[Tensor, ...] | None = None
 
 
 class Encoder(nn.Module):
@@ -290,12 +293,15 @@ class Encoder(nn.Module):
         if position_ids.numel() and int(position_ids.min()) < 0:
             raise ValueError(f"position_ids must be ≥ 0, found {int(position_ids.min())}")
 
-    def forward_packed(self, batch: PackedBatch, output_hidden_states: bool = False) -> PackedEncoderOutput:
+    def forward_packed(self, batch: PackedBatch, output_hidden_states: bool = False,
+                       output_attentions: bool = False) -> PackedEncoderOutput:
         """Encode sequences without padding: no padded position is computed anywhere.
 
         Args:
             batch: the sequences back to back (:class:`~qkv.nn.packed.PackedBatch`).
             output_hidden_states: return the embedding output and every layer's output.
+            output_attentions: return every layer's exact attention weights (zero-padded
+                ``(B,H,T,T)``, the layout :meth:`forward` gives).
 
         Returns:
             :class:`PackedEncoderOutput` with ``(N,C)`` states: for each sequence what
@@ -312,10 +318,14 @@ class Encoder(nn.Module):
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (N,E) -> (N,C)
         hidden = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
         for layer in self.layers:
-            x = layer.forward_packed(x, lengths, qk_pos=qk_pos, causal=self.causal)  # (N,C)
+            out = layer.forward_packed(x, lengths, qk_pos=qk_pos, causal=self.causal, need_weights=output_attentions)
+            x = out.output  # (N,C)
             if hidden is not None:
                 hidden.append(x)
+            if attentions is not None:
+                attentions.append(out.attention_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
             if hidden is not None:
@@ -324,4 +334,5 @@ class Encoder(nn.Module):
         if self.pooler is not None and lengths:
             first = x[batch.starts.clamp(max=max(0, x.shape[0] - 1))]  # (B,C) each sequence's first token
             pooled = self.pooler(first[:, None])  # (B,1,C) -> (B,C)
-        return PackedEncoderOutput(x, tuple(hidden) if hidden is not None else None, pooled, batch.lengths)
+        return PackedEncoderOutput(x, tuple(hidden) if hidden is not None else None, pooled, batch.lengths,
+                                   tuple(attentions) if attentions is not None else None)

@@ -153,7 +153,7 @@ class TransformerLayer(nn.Module):
     Args:
         attention: a self-attention module with the interface of
             :class:`qkv.nn.attention.MultiHeadAttention` (``forward(x, padding_mask, need_weights=,
-            qk_pos=) -> AttentionOutput`` and ``forward_packed(x, lengths, qk_pos)``).
+            qk_pos=) -> AttentionOutput`` and ``forward_packed(x, lengths, qk_pos, causal=, need_weights=)``).
         feed_forward: a module ``(…,C) -> (…,C)``, e.g. :class:`FeedForward`.
         norm1: the attention sublayer's norm, ``(…,C) -> (…,C)`` (``nn.Identity()`` allowed
             pre-LN only: the input is then used as it comes).
@@ -221,7 +221,7 @@ class TransformerLayer(nn.Module):
         return LayerOutput(self._sublayers(x, attend_fn), att[0].weights)
 
     def forward_packed(self, x: Tensor, lengths: list[int], *, qk_pos: Tensor | None = None,
-                       causal: bool = False) -> Tensor:
+                       causal: bool = False, need_weights: bool = False) -> LayerOutput:
         """The layer on packed sequences, without padding.
 
         Args:
@@ -230,12 +230,21 @@ class TransformerLayer(nn.Module):
             qk_pos: ``(T,C)`` positions added to the query and key inputs only; sequence i uses
                 rows ``[0, lengths[i])``.
             causal: a token attends only to itself and the earlier tokens of its sequence.
+            need_weights: also return the exact weights, ``(B,H,T,T)`` zero-padded (see
+                :meth:`MultiHeadAttention.forward_packed <qkv.nn.attention.MultiHeadAttention.forward_packed>`).
 
         Returns:
-            ``(N,C)``: for each sequence, what :meth:`forward` gives at its real positions when it
-            is right-padded in a batch with a padding mask (up to float rounding).
+            :class:`LayerOutput` with ``output (N,C)``: for each sequence, what :meth:`forward` gives
+            at its real positions when it is right-padded in a batch with a padding mask (up to
+            float rounding).
         """
-        return self._sublayers(x, lambda h: self.attention.forward_packed(h, lengths, qk_pos, causal=causal).output)
+        att: list = []
+
+        def attend_fn(h: Tensor) -> Tensor:
+            att.append(self.attention.forward_packed(h, lengths, qk_pos, causal=causal, need_weights=need_weights))
+            return att[0].output
+
+        return LayerOutput(self._sublayers(x, attend_fn), att[0].weights)
 
     def _post_ln(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
         """``h = Norm₁(x + Drop(Att(x)))``, ``y = Norm₂(h + Drop(FFN(h)))``."""
