@@ -75,3 +75,21 @@ def test_a_model_without_attentions_in_its_output_is_a_clear_error(tiny_tokenize
     ctx = tokenize_corpus(["a b c"], tiny_tokenizer, max_len=MAX_LEN)
     with pytest.raises(AnalysisInputError, match="no attentions"):
         next(iter_captures(NoAttention(), ctx))
+
+
+def test_a_model_without_segment_embeddings_is_captured():
+    """``type_vocab_size=0``: no token_type_ids are passed; the maps equal the model's own."""
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_masked_lm
+
+    cfg = ModelConfig(vocab_size=29, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16,
+                      type_vocab_size=0, dropout=0.0)
+    model = build_masked_lm(cfg).eval()
+    ids = torch.randint(1, 29, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    hidden, attn = forward(model, ids, mask)
+    assert hidden.shape == (3, 2, 7, 24) and attn.shape == (2, 2, 3, 7, 7)
+    with torch.no_grad():
+        want = model.encoder(ids, mask, output_attentions=True).attentions
+    torch.testing.assert_close(attn, torch.stack(want))

@@ -161,13 +161,12 @@ def forward(
     Args:
         input_ids: ``(B,T)`` int64.
         mask: ``(B,T)`` bool, True at real tokens.
-        token_type_ids: ``(B,T)`` int64 or ``None`` (all zeros).
+        token_type_ids: ``(B,T)`` int64 or ``None`` (the model's default: every token in segment 0;
+            a model without segment embeddings, ``type_vocab_size=0``, accepts only ``None``).
 
     Returns:
         ``hidden (L+1,B,T,C)`` and ``attn (L,B,H,T,T)`` (``None`` if not requested).
     """
-    if token_type_ids is None:
-        token_type_ids = torch.zeros_like(input_ids)
     with torch.inference_mode():
         out = _encoder_of(model)(
             input_ids,
