@@ -6,7 +6,10 @@
 * :mod:`qkv.lab.synthetic` — per-position tasks for an encoder with a masked-LM head (``mqar``,
   ``two_lookup``, ``copy``, ``reverse``, ``copy_offset``, ``attend_away``), built from
   :mod:`qkv.lab.recall_tasks`, :mod:`qkv.lab.position_tasks` and their shared parts in
-  :mod:`qkv.lab.streams`.
+  :mod:`qkv.lab.streams`;
+* :mod:`qkv.lab.encoder_run` — trains an encoder with a masked-LM head on one of them and measures
+  held-out exact match (also at longer lengths), attention entropy and gradient norms at
+  initialisation.
 """
 
 from __future__ import annotations
