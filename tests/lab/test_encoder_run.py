@@ -78,8 +78,11 @@ def test_train_on_task_refuses_what_is_not_a_config():
 # --- runs ---------------------------------------------------------------------------------------------
 
 def test_a_run_is_deterministic_for_its_seed():
-    a, b = train_on_task(tiny_run()), train_on_task(tiny_run())
+    seen = []
+    a = train_on_task(tiny_run(), progress=lambda step, loss: seen.append((step, loss)))
+    b = train_on_task(tiny_run())
     assert a == b  # every measured field (timings and the model left out)
+    assert tuple(seen) == a.loss_curve  # the progress callable sees the curve as it is drawn
     assert a.loss_curve == b.loss_curve and [s for s, _ in a.loss_curve] == [4, 8, 12]
     other = train_on_task(tiny_run(seed=1))
     assert other.loss_curve != a.loss_curve and other.init_loss != a.init_loss
