@@ -99,3 +99,24 @@ def test_a_qkv_model_is_captured_on_the_packed_path_equal_to_transformers_padded
         keep = np.broadcast_to(keep, g.attentions.shape[1:])
         np.testing.assert_allclose(g.attentions[:, keep], w.attentions[:, keep], atol=1e-5)
         assert not g.attentions[:, ~keep].any() and not g.hidden_states[:, ~real].any()
+
+
+def test_a_model_without_segment_embeddings_is_captured():
+    """``type_vocab_size=0``: no token_type_ids are passed; the maps equal the model's own."""
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_masked_lm
+
+    cfg = ModelConfig(vocab_size=29, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16,
+                      type_vocab_size=0, dropout=0.0)
+    model = build_masked_lm(cfg).eval()
+    ids = torch.randint(1, 29, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    hidden, attn = forward(model, ids, mask)
+    assert hidden.shape == (3, 2, 7, 24) and attn.shape == (2, 2, 3, 7, 7)
+    with torch.no_grad():
+        want = model.encoder(ids, mask, output_attentions=True).attentions
+    keep = (mask[:, None, :, None] & mask[:, None, None, :]).expand(-1, 3, -1, -1)  # (B,H,T,T) real query × key
+    for a, w in zip(attn, want):
+        torch.testing.assert_close(a[keep], w[keep])
+        assert not a[~keep].any()  # the packed path computes no padded position

@@ -187,14 +187,13 @@ def forward(
     Args:
         input_ids: ``(B,T)`` int64, right-padded.
         mask: ``(B,T)`` bool, True at real tokens.
-        token_type_ids: ``(B,T)`` int64 or ``None`` (all zeros).
+        token_type_ids: ``(B,T)`` int64 or ``None`` (the model's default: every token in segment 0;
+            a model without segment embeddings, ``type_vocab_size=0``, accepts only ``None``).
 
     Returns:
         ``hidden (L+1,B,T,C)`` and ``attn (L,B,H,T,T)`` (``None`` if not requested), float32, zeros
         at padded positions on the packed path.
     """
-    if token_type_ids is None:
-        token_type_ids = torch.zeros_like(input_ids)
     stack = _encoder_of(model)
     if _is_qkv_encoder(stack):
         return _forward_packed(stack, input_ids, mask, token_type_ids, attentions)

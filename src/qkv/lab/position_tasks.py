@@ -1,0 +1,170 @@
+"""Position tasks for an encoder: ``copy``, ``reverse``, ``copy_offset``, with longer evaluation
+lengths for length generalisation (formats and worked examples in :mod:`qkv.lab.synthetic`).
+
+Legend: B batch, T sequence length, L source length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from qkv.lab.streams import (FIRST_SYMBOL, IGNORE, MASK, MAX_TRAIN_LEN, PAD, SPECIALS, SyntheticBatch,
+                             accuracy, check_length, check_vocab, draw_lengths, seeded_generator,
+                             sequence_accuracy, symbol_names)
+from qkv.validation import check_int
+
+__all__ = ["Copy", "Reverse", "CopyOffset"]
+
+
+def _check_options(task) -> None:
+    check_int("n_symbols", task.n_symbols, low=2)
+    check_int("min_len", task.min_len, low=1)
+    check_int("train_len", task.train_len, low=1)
+    if not task.min_len <= task.train_len <= MAX_TRAIN_LEN:
+        raise ValueError(f"need min_len ≤ train_len ≤ {MAX_TRAIN_LEN}, got min_len={task.min_len}, "
+                         f"train_len={task.train_len} (longer rows: batch(..., length=L) for evaluation)")
+    check_vocab(task.name, task.vocab_size, f"n_symbols={task.n_symbols}")
+
+
+def _source_then_blanks(g: torch.Generator, n_symbols: int, lengths: Tensor,
+                        reverse: bool) -> SyntheticBatch:
+    """Rows ``s_0 … s_{L-1} [MASK]×L [PAD]…``; slot ``j`` labelled ``s_j`` (or ``s_{L-1-j}``)."""
+    B, width = len(lengths), int(lengths.max())
+    src = torch.randint(0, n_symbols, (B, width), generator=g) + FIRST_SYMBOL  # (B,Lmax)
+    pos = torch.arange(2 * width).expand(B, -1)  # (B,T), T = 2·Lmax
+    L = lengths[:, None]  # (B,1)
+    is_src, is_slot = pos < L, (pos >= L) & (pos < 2 * L)  # (B,T)
+    ids = torch.where(is_src, src.gather(1, pos.clamp(max=width - 1)), torch.where(is_slot, MASK, PAD))
+    j = pos - L  # (B,T): slot number
+    read = (L - 1 - j) if reverse else j  # (B,T): source index each slot copies
+    labels = torch.where(is_slot, src.gather(1, read.clamp(0, width - 1)), IGNORE)
+    return SyntheticBatch(ids, pos < 2 * L, labels)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A source then as many ``[MASK]`` slots; slot ``j`` is labelled with source symbol ``j``.
+
+    Attributes:
+        n_symbols: symbol alphabet size.
+        min_len, train_len: training source lengths ``L`` are drawn from ``min_len … train_len``
+            (≤ 32); rows are ``2L`` long. ``batch(…, length=L)`` draws one longer ``L`` for evaluation.
+    """
+
+    name: ClassVar[str] = "copy"
+    reverse: ClassVar[bool] = False
+    n_symbols: int = 16
+    min_len: int = 1
+    train_len: int = 16
+
+    def __post_init__(self):
+        _check_options(self)
+
+    accuracy = staticmethod(accuracy)
+    sequence_accuracy = staticmethod(sequence_accuracy)
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        return SPECIALS + symbol_names(self.n_symbols)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIALS) + self.n_symbols
+
+    @property
+    def chance(self) -> float:
+        return 1 / self.n_symbols
+
+    @property
+    def max_len(self) -> int:
+        """Longest training row, ``2 · train_len``."""
+        return self.seq_len(self.train_len)
+
+    def seq_len(self, length: int) -> int:
+        """T of a row whose source has ``length`` symbols: ``2 · length``."""
+        return 2 * length
+
+    def batch(self, index: int, batch_size: int, seed: int = 0, *,
+              length: int | None = None) -> SyntheticBatch:
+        """Batch ``index`` of stream ``seed``; ``length``: every source that long (evaluation)."""
+        check_int("batch_size", batch_size, low=1)
+        check_length(self, length, 1)
+        g = seeded_generator(seed, index)
+        lengths = draw_lengths(g, batch_size, self.min_len, self.train_len, length)
+        return _source_then_blanks(g, self.n_symbols, lengths, self.reverse)
+
+
+@dataclass(frozen=True)
+class Reverse(Copy):
+    """:class:`Copy` with slot ``j`` labelled with source symbol ``L − 1 − j`` (same options)."""
+
+    name: ClassVar[str] = "reverse"
+    reverse: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class CopyOffset:
+    """A row of symbols; position ``i`` is labelled with the symbol at ``i − shift``.
+
+    Attributes:
+        n_symbols: symbol alphabet size.
+        shift: how far back the label is read (≥ 1); the first ``shift`` positions are unscored.
+        min_len, train_len: training row lengths (``shift < min_len ≤ train_len ≤ 32``);
+            ``batch(…, length=L)`` draws one longer ``L`` for evaluation.
+    """
+
+    name: ClassVar[str] = "copy_offset"
+    n_symbols: int = 16
+    shift: int = 1
+    min_len: int = 4
+    train_len: int = 16
+
+    def __post_init__(self):
+        check_int("shift", self.shift, low=1)
+        _check_options(self)
+        if self.min_len <= self.shift:
+            raise ValueError(f"min_len={self.min_len} must be > shift={self.shift} (a row needs a scored "
+                             "position)")
+
+    accuracy = staticmethod(accuracy)
+    sequence_accuracy = staticmethod(sequence_accuracy)
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        return SPECIALS + symbol_names(self.n_symbols)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIALS) + self.n_symbols
+
+    @property
+    def chance(self) -> float:
+        return 1 / self.n_symbols
+
+    @property
+    def max_len(self) -> int:
+        """Longest training row, ``train_len``."""
+        return self.train_len
+
+    def seq_len(self, length: int) -> int:
+        """T of a row of ``length`` symbols: ``length``."""
+        return length
+
+    def batch(self, index: int, batch_size: int, seed: int = 0, *,
+              length: int | None = None) -> SyntheticBatch:
+        """Batch ``index`` of stream ``seed``; ``length``: every row that long (evaluation)."""
+        check_int("batch_size", batch_size, low=1)
+        check_length(self, length, self.shift + 1)
+        g = seeded_generator(seed, index)
+        lengths = draw_lengths(g, batch_size, self.min_len, self.train_len, length)
+        B, width = batch_size, int(lengths.max())
+        src = torch.randint(0, self.n_symbols, (B, width), generator=g) + FIRST_SYMBOL  # (B,T)
+        pos = torch.arange(width).expand(B, -1)  # (B,T)
+        real = pos < lengths[:, None]  # (B,T)
+        back = src.gather(1, (pos - self.shift).clamp(min=0))  # (B,T): the symbol shift places back
+        labels = torch.where(real & (pos >= self.shift), back, IGNORE)
+        return SyntheticBatch(torch.where(real, src, PAD), real, labels)
