@@ -45,8 +45,28 @@ def _source_then_blanks(g: torch.Generator, n_symbols: int, lengths: Tensor,
     return SyntheticBatch(ids, pos < 2 * L, labels)
 
 
+class _SymbolTask:
+    """What the position tasks share: a symbol alphabet of ``n_symbols`` after the specials, the
+    scores and the chance level."""
+
+    accuracy = staticmethod(accuracy)
+    sequence_accuracy = staticmethod(sequence_accuracy)
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        return SPECIALS + symbol_names(self.n_symbols)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIALS) + self.n_symbols
+
+    @property
+    def chance(self) -> float:
+        return 1 / self.n_symbols
+
+
 @dataclass(frozen=True)
-class Copy:
+class Copy(_SymbolTask):
     """A source then as many ``[MASK]`` slots; slot ``j`` is labelled with source symbol ``j``.
 
     Attributes:
@@ -63,21 +83,6 @@ class Copy:
 
     def __post_init__(self):
         _check_options(self)
-
-    accuracy = staticmethod(accuracy)
-    sequence_accuracy = staticmethod(sequence_accuracy)
-
-    @property
-    def vocab(self) -> tuple[str, ...]:
-        return SPECIALS + symbol_names(self.n_symbols)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(SPECIALS) + self.n_symbols
-
-    @property
-    def chance(self) -> float:
-        return 1 / self.n_symbols
 
     @property
     def max_len(self) -> int:
@@ -107,7 +112,7 @@ class Reverse(Copy):
 
 
 @dataclass(frozen=True)
-class CopyOffset:
+class CopyOffset(_SymbolTask):
     """A row of symbols; position ``i`` is labelled with the symbol at ``i − shift``.
 
     Attributes:
@@ -129,21 +134,6 @@ class CopyOffset:
         if self.min_len <= self.shift:
             raise ValueError(f"min_len={self.min_len} must be > shift={self.shift} (a row needs a scored "
                              "position)")
-
-    accuracy = staticmethod(accuracy)
-    sequence_accuracy = staticmethod(sequence_accuracy)
-
-    @property
-    def vocab(self) -> tuple[str, ...]:
-        return SPECIALS + symbol_names(self.n_symbols)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(SPECIALS) + self.n_symbols
-
-    @property
-    def chance(self) -> float:
-        return 1 / self.n_symbols
 
     @property
     def max_len(self) -> int:

@@ -18,8 +18,39 @@ from qkv.validation import check_choice, check_int
 __all__ = ["MQAR", "TwoLookup", "AttendAway", "COMBINES"]
 
 
+class _KeyValueTask:
+    """What the key–value tasks share: options ``n_keys``, ``n_values``, ``n_pairs``, ``n_queries``,
+    the vocabulary (specials, keys ``k0 …``, values ``v0 …``), the scores and the chance level."""
+
+    accuracy = staticmethod(accuracy)
+    sequence_accuracy = staticmethod(sequence_accuracy)
+
+    def _check_key_values(self) -> None:
+        for f in ("n_keys", "n_values", "n_pairs", "n_queries"):
+            check_int(f, getattr(self, f), low=2 if f == "n_values" else 1)
+        if self.n_pairs > self.n_keys:
+            raise ValueError(f"n_pairs={self.n_pairs} must be ≤ n_keys={self.n_keys} (keys are distinct in a "
+                             "row)")
+        if self.n_queries > self.n_pairs:
+            raise ValueError(f"n_queries={self.n_queries} must be ≤ n_pairs={self.n_pairs} (queries are "
+                             "distinct keys)")
+        check_vocab(self.name, self.vocab_size, f"n_keys={self.n_keys} + n_values={self.n_values}")
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        return SPECIALS + names("k", self.n_keys) + names("v", self.n_values)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIALS) + self.n_keys + self.n_values
+
+    @property
+    def chance(self) -> float:
+        return 1 / self.n_values
+
+
 @dataclass(frozen=True)
-class MQAR:
+class MQAR(_KeyValueTask):
     """Multi-query associative recall; see the module docstring for the layout.
 
     Attributes:
@@ -36,30 +67,7 @@ class MQAR:
     n_queries: int = 8
 
     def __post_init__(self):
-        for f in ("n_keys", "n_values", "n_pairs", "n_queries"):
-            check_int(f, getattr(self, f), low=2 if f == "n_values" else 1)
-        if self.n_pairs > self.n_keys:
-            raise ValueError(f"n_pairs={self.n_pairs} must be ≤ n_keys={self.n_keys} (keys are distinct in a "
-                             "row)")
-        if self.n_queries > self.n_pairs:
-            raise ValueError(f"n_queries={self.n_queries} must be ≤ n_pairs={self.n_pairs} (queries are "
-                             "distinct keys)")
-        check_vocab(self.name, self.vocab_size, f"n_keys={self.n_keys} + n_values={self.n_values}")
-
-    accuracy = staticmethod(accuracy)
-    sequence_accuracy = staticmethod(sequence_accuracy)
-
-    @property
-    def vocab(self) -> tuple[str, ...]:
-        return SPECIALS + names("k", self.n_keys) + names("v", self.n_values)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(SPECIALS) + self.n_keys + self.n_values
-
-    @property
-    def chance(self) -> float:
-        return 1 / self.n_values
+        self._check_key_values()
 
     @property
     def max_len(self) -> int:
@@ -88,7 +96,7 @@ COMBINES = ("sum", "difference")
 
 
 @dataclass(frozen=True)
-class TwoLookup:
+class TwoLookup(_KeyValueTask):
     """Two tables for the same keys; a query's label combines both values (module docstring).
 
     Attributes:
@@ -107,31 +115,8 @@ class TwoLookup:
     combine: str = "sum"
 
     def __post_init__(self):
-        for f in ("n_keys", "n_values", "n_pairs", "n_queries"):
-            check_int(f, getattr(self, f), low=2 if f == "n_values" else 1)
+        self._check_key_values()
         check_choice("combine", self.combine, COMBINES)
-        if self.n_pairs > self.n_keys:
-            raise ValueError(f"n_pairs={self.n_pairs} must be ≤ n_keys={self.n_keys} (keys are distinct in a "
-                             "row)")
-        if self.n_queries > self.n_pairs:
-            raise ValueError(f"n_queries={self.n_queries} must be ≤ n_pairs={self.n_pairs} (queries are "
-                             "distinct keys)")
-        check_vocab(self.name, self.vocab_size, f"n_keys={self.n_keys} + n_values={self.n_values}")
-
-    accuracy = staticmethod(accuracy)
-    sequence_accuracy = staticmethod(sequence_accuracy)
-
-    @property
-    def vocab(self) -> tuple[str, ...]:
-        return SPECIALS + names("k", self.n_keys) + names("v", self.n_values)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(SPECIALS) + self.n_keys + self.n_values
-
-    @property
-    def chance(self) -> float:
-        return 1 / self.n_values
 
     @property
     def max_len(self) -> int:
