@@ -117,16 +117,13 @@ def in_precision(model, tokenizer, precision: str, max_len: int):
     """
     if precision == "fp32":
         return model
-    from qkv.inference import calibration_sequences, check_precision, for_inference
+    from qkv.inference import for_inference_calibrated
 
     stack = _encoder_of(model)
     if not _is_qkv_encoder(stack):
         raise AnalysisInputError(f"precision {precision!r} needs a qkv model, got {type(model).__name__}; load "
                                  "its folder with qkv.load (or pass the folder), or use precision 'fp32'")
-    device = next(stack.parameters()).device
-    check_precision(precision, device)
-    calibration = calibration_sequences(tokenizer, max_len) if precision == "int8" else None
-    return for_inference(stack, precision, device=device, calibration=calibration)
+    return for_inference_calibrated(stack, precision, tokenizer, max_len)
 
 
 def tokenize_corpus(

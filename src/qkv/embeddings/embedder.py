@@ -39,7 +39,7 @@ from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.options import EMBEDDING_JSON, EMPTY_MODES, EmbedOptions, as_options, folder_defaults
 from qkv.embeddings.pooling import forward_pooled_packed, pooling_modes
 from qkv.errors import QkvError
-from qkv.inference import calibration_sequences, check_precision, for_inference
+from qkv.inference import check_precision, for_inference_calibrated
 from qkv.nn.packed import PackedBatch
 
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
@@ -216,8 +216,8 @@ class Embedder:
         prepared again when the encoder's weights have changed since (a model trained between calls)."""
         version = tuple((p.data_ptr(), p._version) for p in self.encoder.parameters())
         if self._runner is None or version != self._runner_version:
-            calibration = (calibration_sequences(self.tokenizer, self.window) if self.precision == "int8" else None)
-            self._runner = for_inference(self.encoder, self.precision, device=self.device, calibration=calibration)
+            self._runner = for_inference_calibrated(self.encoder, self.precision, self.tokenizer, self.window,
+                                                    device=self.device)
             self._runner_version = version
         return self._runner
 

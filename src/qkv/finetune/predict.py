@@ -157,7 +157,7 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     from qkv.finetune.examples import FinetuneDataError
     from qkv.finetune.inputs import load_task_model, read_inputs
 
-    from qkv.inference import calibration_sequences, check_precision, for_inference
+    from qkv.inference import check_precision, for_inference_calibrated
 
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
@@ -165,8 +165,7 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     model, tok, meta = load_task_model(run)
     task = meta["task"]
     labels = list(meta["labels"])
-    calibration = calibration_sequences(tok, meta["max_len"]) if precision == "int8" else None
-    model = for_inference(model.to(dev), precision, device=dev, calibration=calibration)
+    model = for_inference_calibrated(model.to(dev), precision, tok, meta["max_len"], device=dev)
     ids, inputs = read_inputs(input_spec, task, text_field=text_field, tokens_field=tokens_field)
     if not inputs:
         raise FinetuneDataError(f"{input_spec}: no inputs to predict")

@@ -11,9 +11,10 @@ from qkv.inference.calibration import calibration_sequences
 from qkv.inference.int8 import Int8Linear
 from qkv.inference.linear import InferenceLinear
 from qkv.inference.prepare import (INT8_KINDS, LINEAR_KINDS, PRECISIONS, SMOOTHING, InferenceFeedForward,
-                                   check_precision, for_inference, inference_precision)
+                                   check_precision, for_inference, for_inference_calibrated,
+                                   inference_precision)
 from qkv.inference.support import cpu_features, precision_unsupported
 
-__all__ = ["for_inference", "check_precision", "inference_precision", "calibration_sequences", "PRECISIONS",
+__all__ = ["for_inference", "for_inference_calibrated", "check_precision", "inference_precision", "calibration_sequences", "PRECISIONS",
            "INT8_KINDS", "LINEAR_KINDS", "SMOOTHING",
            "InferenceLinear", "Int8Linear", "InferenceFeedForward", "cpu_features", "precision_unsupported"]

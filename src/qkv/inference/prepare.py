@@ -36,7 +36,7 @@ from qkv.inference.linear import FUSED_ACTIVATIONS, InferenceLinear
 from qkv.inference.support import precision_unsupported
 from qkv.validation import check_choice
 
-__all__ = ["PRECISIONS", "INT8_KINDS", "LINEAR_KINDS", "for_inference", "check_precision",
+__all__ = ["PRECISIONS", "INT8_KINDS", "LINEAR_KINDS", "for_inference", "for_inference_calibrated", "check_precision",
            "inference_precision", "InferenceFeedForward"]
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -133,6 +133,19 @@ def for_inference(model: nn.Module, precision: str = "fp32", *, device=None,
         _quantise(prepared, kinds_of, set(kinds), calibration if smoothing is not None else None, smoothing)
     prepared._qkv_inference_precision = precision
     return prepared
+
+
+def for_inference_calibrated(model: nn.Module, precision: str, tokenizer, max_len: int, *,
+                             device=None) -> nn.Module:
+    """:func:`for_inference`, int8 calibrated on the standard text
+    (:func:`~qkv.inference.calibration.calibration_sequences` of ``tokenizer`` in windows of at most
+    ``max_len`` tokens): how the embedder, ``predict`` and ``analyze`` prepare their models."""
+    from qkv.inference.calibration import calibration_sequences
+
+    params = next(iter(model.parameters()), None)
+    check_precision(precision, device if device is not None else params.device if params is not None else None)
+    calibration = calibration_sequences(tokenizer, max_len) if precision == "int8" else None
+    return for_inference(model, precision, device=device, calibration=calibration)
 
 
 def _quantise(prepared: nn.Module, kinds_of: dict, quantised: set[str], calibration, smoothing) -> None:

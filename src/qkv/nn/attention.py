@@ -255,7 +255,7 @@ class MultiHeadAttention(nn.Module):
         o = q.new_empty(N, H, D)  # merged-heads layout: o.view(N,C) is the concatenation of the heads
         weights = q.new_zeros(len(lengths), H, max(lengths, default=0), max(lengths, default=0)) \
             if need_weights else None  # (B,H,T,T)
-        first = _first_sequences(lengths)  # packed row -> index of the sequence starting there
+        first = _first_sequences(lengths) if need_weights else None  # packed row -> its sequence's index
         for start, m, n in _runs_by_length(lengths):  # m consecutive sequences of length n
             qs, ks, vs = (_run_view(t, start, m, n) for t in (q, k, v))  # (m,H,n,D), 2 × (m,G,n,D) views
             att = self._attend(qs, ks, vs, None, causal, need_weights)
