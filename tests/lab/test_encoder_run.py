@@ -49,7 +49,7 @@ def test_the_model_is_sized_for_the_task_and_its_longest_evaluation_row():
     (dict(task_options=dict(shift=0)), "shift=0 must be an int ≥ 1"),
     (dict(task_options=dict(width=3)), r"unknown option\(s\) \['width'\] for synthetic task 'copy_offset'"),
     (dict(task="mqar", task_options={}, eval_lengths=(64,)),
-     r"eval_lengths=\(64,\) need a length task \(copy, reverse, copy_offset\); 'mqar' rows"),
+     r"eval_lengths=\(64,\) need a length task \(copy, reverse, copy_offset, neighbours\); 'mqar' rows"),
     (dict(eval_lengths=(300,)), r"length=300 must be an int in \[2, 256\] \(copy_offset\)"),
     (dict(eval_lengths=[64]), r"eval_lengths must be a tuple of ints, got \[64\]"),
     (dict(steps=0), "steps=0 must be an int ≥ 1"),
@@ -106,6 +106,9 @@ def test_an_easy_setting_is_learned_well_above_chance():
     assert r.train_eval.n_rows == 64 and r.train_eval.length is None
     H = np.array(r.attention_entropy)
     assert H.shape == (2, 4) and (H >= 0).all() and (H <= r.uniform_entropy + 1e-6).all()
+    H0 = np.array(r.init_attention_entropy)  # at initialisation (std 0.02 weights): all but uniform
+    assert H0.shape == (2, 4) and (H0 <= r.uniform_entropy + 1e-6).all() and (H0 > r.uniform_entropy - 0.05).all()
+    assert H.mean() < H0.mean() - 0.3  # trained heads have sharpened
     assert len(r.init_layer_grad_norms) == len(r.init_q_grad_norms) == len(r.init_k_grad_norms) == 2
 
 

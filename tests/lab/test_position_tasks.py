@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from qkv.lab.position_tasks import Copy, CopyOffset, Reverse
+from qkv.lab.position_tasks import Copy, CopyOffset, Neighbours, Reverse
 from qkv.lab.streams import MAX_EVAL_LEN
 
 
@@ -133,3 +133,58 @@ def test_bad_options_are_refused(cls, opts, message):
 def test_bad_evaluation_lengths_are_refused(task, length, message):
     with pytest.raises(ValueError, match=message):
         task.batch(0, 4, length=length)
+
+
+def neighbours_labels(tokens: list[str], offsets, combine: str, n: int) -> list[str]:
+    """Position i: f(s[i+o] for o in offsets) when all are inside the row, else '-'."""
+    length = tokens.index("[PAD]") if "[PAD]" in tokens else len(tokens)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out = []
+    for i in range(len(tokens)):
+        if not all(0 <= i + o < length for o in offsets):
+            out.append("-")
+            continue
+        got = [tokens[i + o] for o in offsets]
+        if combine == "tuple":
+            out.append("(" + ",".join(got) + ")")
+        elif combine == "sum":
+            out.append(letters[sum(letters.index(x) for x in got) % n])
+        else:
+            out.append(letters[(letters.index(got[0]) - letters.index(got[1])) % n])
+    return out
+
+
+@pytest.mark.parametrize("offsets,combine", [((-2, 1), "tuple"), ((-1, 1, 2), "tuple"), ((-2, -1, 3), "sum"),
+                                             ((1, -1), "difference")])
+@pytest.mark.parametrize("length", [None, 64])
+def test_neighbours_labels_match_the_reference(offsets, combine, length):
+    task = Neighbours(n_symbols=4, offsets=offsets, combine=combine, min_len=6, train_len=15)
+    rows = decode(task, task.batch(1, 40, seed=3, length=length))
+    lengths = set()
+    for tokens, labels, mask in rows:
+        assert labels == neighbours_labels(tokens, offsets, combine, 4)
+        lengths.add(sum(mask))
+    assert lengths == {64} if length else max(lengths) <= 15 and len(lengths) > 3
+
+
+def test_neighbours_written_out_vocab_chance_and_refusals():
+    task = Neighbours(n_symbols=3, min_len=4, train_len=4)
+    b = task.batch(0, 1, seed=0)
+    tokens = [task.vocab[i] for i in b.input_ids[0]]
+    assert [task.vocab[y] if y >= 0 else "-" for y in b.labels[0].tolist()] == \
+        ["-", f"({tokens[0]},{tokens[2]})", f"({tokens[1]},{tokens[3]})", "-"]
+    assert task.vocab_size == 5 + 3 + 9 and task.chance == pytest.approx(1 / 9)
+    assert task.vocab[8:11] == ("(a,a)", "(a,b)", "(a,c)")
+    assert Neighbours(n_symbols=3, offsets=[-1, 1, 2], min_len=5).vocab_size == 5 + 3 + 27
+    assert Neighbours(n_symbols=3, offsets=[-1, 1]).offsets == (-1, 1)  # a JSON list becomes a tuple
+    assert Neighbours(n_symbols=3, combine="sum").vocab_size == 8
+    assert Neighbours(n_symbols=3, combine="difference").chance == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="combine='avg' is not allowed; allowed: tuple, sum, difference"):
+        Neighbours(combine="avg")
+    with pytest.raises(ValueError, match=r"min_len=4 must be > 4, the span of offsets \(-2, 2\)"):
+        Neighbours(offsets=(-2, 2))
+    for bad in [(0, 1), (), (1, 1), (1.5,)]:
+        with pytest.raises(ValueError, match="must be distinct non-zero ints"):
+            Neighbours(offsets=bad)
+    with pytest.raises(ValueError, match="needs exactly two offsets"):
+        Neighbours(offsets=(-1, 1, 2), combine="difference", min_len=5)

@@ -41,7 +41,10 @@ def two_lookup_labels(tokens: list[str], n_values: int, combine: str) -> list[st
     out = ["-"] * (sep + 1)
     for q in tokens[sep + 1:]:
         a, b = tables["[A]"][q], tables["[B]"][q]
-        out.append(f"v{(a + b) % n_values if combine == 'sum' else (a - b) % n_values}")
+        if combine == "pair":
+            out.append(f"(v{a},v{b})")
+        else:
+            out.append(f"v{(a + b) % n_values if combine == 'sum' else (a - b) % n_values}")
     return out
 
 
@@ -73,7 +76,7 @@ def test_mqar_labels_match_the_reference(opts):
         assert labels == mqar_labels(tokens)
 
 
-@pytest.mark.parametrize("combine", ["sum", "difference"])
+@pytest.mark.parametrize("combine", ["sum", "difference", "pair"])
 def test_two_lookup_labels_match_the_reference(combine):
     task = TwoLookup(n_keys=7, n_values=5, n_pairs=3, n_queries=3, combine=combine)
     for tokens, labels in decode(task, task.batch(2, 64, seed=9)):
@@ -132,3 +135,12 @@ def test_vocabularies_and_chance():
 def test_bad_options_are_refused(cls, opts, message):
     with pytest.raises(ValueError, match=message):
         cls(**opts)
+
+
+def test_two_lookup_pair_vocabulary_and_chance():
+    task = TwoLookup(n_keys=4, n_values=3, n_pairs=2, n_queries=2, combine="pair")
+    assert task.vocab_size == 5 + 4 + 3 + 9 == len(task.vocab)
+    assert task.vocab[-9:] == ("(v0,v0)", "(v0,v1)", "(v0,v2)", "(v1,v0)", "(v1,v1)", "(v1,v2)", "(v2,v0)",
+                               "(v2,v1)", "(v2,v2)")
+    assert task.chance == pytest.approx(1 / 9)
+    assert TwoLookup(n_keys=4, n_values=3, n_pairs=2, n_queries=2).vocab_size == 12  # sum: no pair labels

@@ -21,11 +21,12 @@ SMALL = {"mqar": dict(n_keys=11, n_values=7, n_pairs=5, n_queries=3),
          "copy": dict(n_symbols=7, min_len=2, train_len=9),
          "reverse": dict(n_symbols=7, min_len=2, train_len=9),
          "copy_offset": dict(n_symbols=7, shift=2, min_len=4, train_len=11),
-         "attend_away": dict(n_symbols=5, n_markers=7, n_pairs=4)}
+         "attend_away": dict(n_symbols=5, n_markers=7, n_pairs=4),
+          "neighbours": dict(n_symbols=5, offsets=(-1, 2), combine="tuple", min_len=5, train_len=12)}
 
 
-def test_the_registry_holds_the_six_tasks_and_refuses_unknown_names_and_options():
-    assert NAMES == sorted(["mqar", "two_lookup", "copy", "reverse", "copy_offset", "attend_away"])
+def test_the_registry_holds_the_seven_tasks_and_refuses_unknown_names_and_options():
+    assert NAMES == sorted(["mqar", "two_lookup", "copy", "reverse", "copy_offset", "attend_away", "neighbours"])
     with pytest.raises(ValueError, match=r"unknown synthetic task 'mqr'; allowed: mqar, two_lookup"):
         get_synthetic_task("mqr")
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['n_symbol'\] for synthetic task 'copy'; "

@@ -26,7 +26,11 @@ def add_ablate_parser(sub) -> None:
     p = sub.add_parser(
         "ablate",
         help="train the variants of an ablation grid under equal conditions and tabulate them",
-        description="Train every variant of a grid (built-in: projections, scaling, heads, similarity, "
+        description="Lab grids (lab-projections, lab-scaling, lab-heads, lab-positions, lab-norm, "
+        "lab-similarity; --list-grids) train small models on a synthetic task, no corpus: OUT/results.md "
+        "gives every seed's held-out exact match, paired comparisons with Holm-corrected p-values and "
+        "a verdict, OUT/attention.png the attention of the winner and the loser. Text grids: train every "
+        "variant of a grid (built-in: projections, scaling, heads, similarity, "
         "positions, norm; or a JSON grid file) for --seeds seeds with everything else held equal — the "
         "same tokenizer, held-out text, data order, masks, token budget, optimiser and schedule — then "
         "write OUT/results.csv (one row per run), OUT/results.md (mean ± std over seeds of held-out MLM "
@@ -107,11 +111,66 @@ def config_from_args(args: argparse.Namespace):
 
 def _list_grids() -> int:
     from qkv.experiments.grid import builtin_grids, load_grid
+    from qkv.lab.grid import builtin_lab_grids, load_lab_grid
 
+    print("Text grids (masked-LM pretraining on --corpus):")
     for name, question in builtin_grids().items():
         grid = load_grid(name)
-        print(f"{name}: {', '.join(grid.variants)}")
-        print(f"    {question}")
+        print(f"  {name}: {', '.join(grid.variants)}")
+        print(f"      {question}")
+    print("\nLab grids (synthetic tasks, no corpus: qkv ablate --grid NAME --out DIR --jobs 2):")
+    for name, question in builtin_lab_grids().items():
+        grid = load_lab_grid(name)
+        print(f"  {name} [{grid.task}]: {', '.join(grid.variants)}")
+        print(f"      {question}")
+    return 0
+
+
+#: options of text grids that a lab grid (a synthetic task, no corpus, its own model) refuses
+_TEXT_ONLY = (("--corpus", "corpus"), ("--eval-corpus", "eval_corpus"), ("--preset", "preset"),
+              ("--max-len", "max_len"), ("--device", "device"), ("--reuse", "reuse"))
+
+
+def lab_config_from_args(args: argparse.Namespace):
+    """The :class:`~qkv.lab.runner.LabRunConfig` of ``qkv ablate --grid <lab grid> …``."""
+    from qkv.lab.runner import LabRunConfig
+
+    given = [flag for flag, attr in _TEXT_ONLY if getattr(args, attr, None) not in (None, [], ())]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not for lab grid {args.grid!r}, which trains on its synthetic task "
+                         "(drop the option; --steps, --batch-size, --lr and --set change the runs)")
+    if not args.out:
+        raise ValueError("--out required: the lab's folder (rerun the same command to continue)")
+    overrides = parse_set(args.sets)
+    for flag, key, value in (("--steps", "steps", args.steps), ("--batch-size", "batch_size", args.batch_size),
+                             ("--lr", "lr", args.lr)):
+        if value is not None:
+            overrides[key] = value
+    variants = None
+    if args.variants is not None:
+        variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    command = "qkv ablate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["ablate"] else ""
+    return LabRunConfig(grid=args.grid, out=args.out, seeds=args.seeds, jobs=args.jobs, threads=args.threads,
+                        overrides=overrides, variants=variants, command=command)
+
+
+def _run_lab(args: argparse.Namespace) -> int:
+    from qkv.lab.runner import run_lab
+
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, flush=True))
+    result = run_lab(lab_config_from_args(args), log=log, progress=not args.quiet)
+    print(result.table)
+    for c in result.comparisons:
+        print(f"{c.a} vs {c.b}: {c.sentence()}")
+    out = result.out
+    print(f"\n{out / 'results.md'}, {out / 'results.csv'}, {out / 'accuracy.png'}, {out / 'attention.png'}")
+    if result.status == "interrupted":
+        print("interrupted; rerun the same command to continue")
+        return 130
+    if result.errors:
+        for label, err in result.errors.items():
+            print(f"qkv ablate: {label}: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -119,6 +178,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.list_grids:
         return _list_grids()
+    from qkv.lab.grid import is_lab_grid
+
+    if args.grid and is_lab_grid(args.grid):
+        return _run_lab(args)
     from qkv.experiments.runner import run_ablation
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, flush=True))

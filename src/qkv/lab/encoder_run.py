@@ -168,6 +168,7 @@ class EncoderTaskResult:
             ``eval_lengths`` entry.
         attention_entropy: ``(L,H)`` mean entropy (nats) of each head's attention over the real
             queries of one held-out batch; ``uniform_entropy`` what uniform attention would have.
+        init_attention_entropy: ``(L,H)`` the same entropy at initialisation (before any step).
         init_loss: the loss of the initialisation-probe batch.
         init_layer_grad_norms: ``(L,)`` gradient norm of each layer's parameters at
             initialisation; ``init_q_grad_norms`` / ``init_k_grad_norms`` ``(L,)`` of its query
@@ -185,6 +186,7 @@ class EncoderTaskResult:
     length_evals: tuple[LengthScore, ...]
     attention_entropy: tuple[tuple[float, ...], ...]
     uniform_entropy: float
+    init_attention_entropy: tuple[tuple[float, ...], ...]
     init_loss: float
     init_layer_grad_norms: tuple[float, ...]
     init_q_grad_norms: tuple[float, ...]
@@ -301,6 +303,8 @@ def train_on_task(config: EncoderTaskConfig,
     model.train()
     init_loss, layer_norms, q_norms, k_norms = init_grad_norms(model, task.batch(0, config.batch_size,
                                                                                config.seed))
+    eval_bs = config.eval_batch_size or config.batch_size
+    init_entropy, _ = attention_entropy(model, task.batch(0, eval_bs, EVAL_SEED))
     opt = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
     sched = build_scheduler(opt, warmup_steps=config.warmup_steps, total_steps=config.steps,
                             schedule=config.schedule)
@@ -332,7 +336,6 @@ def train_on_task(config: EncoderTaskConfig,
     if diverged:
         curve.append((done + 1, loss_v))
     model.zero_grad(set_to_none=True)
-    eval_bs = config.eval_batch_size or config.batch_size
     train_eval = evaluate(model, task, batches=config.eval_batches, batch_size=eval_bs)
     lengths = tuple(evaluate(model, task, batches=config.eval_batches, batch_size=eval_bs, length=n)
                     for n in config.eval_lengths)
@@ -342,6 +345,7 @@ def train_on_task(config: EncoderTaskConfig,
         task=task.name, chance=task.chance, steps_done=done, diverged=diverged, final_loss=loss_v,
         loss_curve=tuple(curve), train_eval=train_eval, length_evals=lengths,
         attention_entropy=tuple(tuple(row) for row in entropy), uniform_entropy=uniform,
+        init_attention_entropy=tuple(tuple(row) for row in init_entropy),
         init_loss=init_loss, init_layer_grad_norms=tuple(layer_norms), init_q_grad_norms=tuple(q_norms),
         init_k_grad_norms=tuple(k_norms), n_parameters=sum(p.numel() for p in model.parameters()),
         config=config, seconds=seconds, steps_per_s=done / seconds if seconds > 0 else 0.0, model=model)

@@ -6,6 +6,7 @@ Legend: B batch, T sequence length, L source length.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -15,9 +16,9 @@ from torch import Tensor
 from qkv.lab.streams import (FIRST_SYMBOL, IGNORE, MASK, MAX_TRAIN_LEN, PAD, SPECIALS, SyntheticBatch,
                              accuracy, check_length, check_vocab, draw_lengths, seeded_generator,
                              sequence_accuracy, symbol_names)
-from qkv.validation import check_int
+from qkv.validation import check_choice, check_int
 
-__all__ = ["Copy", "Reverse", "CopyOffset"]
+__all__ = ["Copy", "Reverse", "CopyOffset", "Neighbours"]
 
 
 def _check_options(task) -> None:
@@ -158,3 +159,99 @@ class CopyOffset(_SymbolTask):
         back = src.gather(1, (pos - self.shift).clamp(min=0))  # (B,T): the symbol shift places back
         labels = torch.where(real & (pos >= self.shift), back, IGNORE)
         return SyntheticBatch(torch.where(real, src, PAD), real, labels)
+
+
+@dataclass(frozen=True)
+class Neighbours(_SymbolTask):
+    """A row of symbols; position ``i`` is labelled with a function of the symbols at ``i + o`` for each
+    offset ``o`` of ``offsets``: the ordered tuple itself (``combine="tuple"``: one label id per tuple,
+    after the symbols), their sum mod ``n_symbols`` (``"sum"``) or, for two offsets ``(o1, o2)``,
+    ``(s[i+o1] − s[i+o2]) mod n_symbols`` (``"difference"``); positions missing a neighbour are unscored.
+
+    Several reads at fixed offsets per position, which one head must mix into one weighted average
+    of value vectors (the heads question); ``"tuple"`` and ``"difference"`` also need to know which
+    value came from which offset.
+
+    Attributes:
+        n_symbols: symbol alphabet size.
+        offsets: distinct non-zero offsets, e.g. ``(-1, 1)`` (the left and right neighbours).
+        combine: ``"tuple"``, ``"sum"`` or ``"difference"``.
+        min_len, train_len: training row lengths (``min_len > max(offsets) − min(offsets)``, ≤ 32).
+    """
+
+    name: ClassVar[str] = "neighbours"
+    n_symbols: int = 8
+    offsets: tuple[int, ...] = (-1, 1)
+    combine: str = "tuple"
+    min_len: int = 4
+    train_len: int = 16
+
+    def __post_init__(self):
+        offsets = self.offsets
+        if isinstance(offsets, list):
+            offsets = tuple(offsets)
+            object.__setattr__(self, "offsets", offsets)  # a JSON list, frozen as a tuple
+        if (not isinstance(offsets, tuple) or not offsets or len(set(offsets)) != len(offsets)
+                or any(isinstance(o, bool) or not isinstance(o, int) or o == 0 for o in offsets)):
+            raise ValueError(f"offsets={self.offsets!r} must be distinct non-zero ints, e.g. (-1, 1)")
+        check_choice("combine", self.combine, ("tuple", "sum", "difference"))
+        if self.combine == "difference" and len(offsets) != 2:
+            raise ValueError(f"combine='difference' needs exactly two offsets, got {offsets}")
+        _check_options(self)
+        if self.min_len <= self._span:
+            raise ValueError(f"min_len={self.min_len} must be > {self._span}, the span of offsets {offsets} "
+                             "(a row needs a scored position)")
+
+    @property
+    def _span(self) -> int:
+        return max(max(self.offsets), 0) - min(min(self.offsets), 0)
+
+    @property
+    def _tuples(self) -> int:
+        return self.n_symbols ** len(self.offsets) if self.combine == "tuple" else 0
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        sym = symbol_names(self.n_symbols)
+        combos = tuple(itertools.product(sym, repeat=len(self.offsets))) if self.combine == "tuple" else ()
+        return SPECIALS + sym + tuple("(" + ",".join(c) + ")" for c in combos)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIALS) + self.n_symbols + self._tuples
+
+    @property
+    def chance(self) -> float:
+        return 1 / (self._tuples or self.n_symbols)
+
+    @property
+    def max_len(self) -> int:
+        return self.train_len
+
+    def seq_len(self, length: int) -> int:
+        return length
+
+    def batch(self, index: int, batch_size: int, seed: int = 0, *,
+              length: int | None = None) -> SyntheticBatch:
+        """Batch ``index`` of stream ``seed``; ``length``: every row that long (evaluation)."""
+        check_int("batch_size", batch_size, low=1)
+        check_length(self, length, self._span + 1)
+        g = seeded_generator(seed, index)
+        lengths = draw_lengths(g, batch_size, self.min_len, self.train_len, length)
+        B, width, n = batch_size, int(lengths.max()), self.n_symbols
+        sym = torch.randint(0, n, (B, width), generator=g)  # (B,T) symbol indices
+        pos = torch.arange(width).expand(B, -1)  # (B,T)
+        real = pos < lengths[:, None]  # (B,T)
+        reads = [sym.gather(1, (pos + o).clamp(0, width - 1)) for o in self.offsets]  # each (B,T)
+        if self.combine == "tuple":
+            label = torch.zeros_like(sym)
+            for r in reads:  # base-n digits, the first offset most significant
+                label = label * n + r
+            label = label + FIRST_SYMBOL + n  # (B,T): the tuple's id
+        elif self.combine == "sum":
+            label = torch.stack(reads).sum(0).remainder(n) + FIRST_SYMBOL
+        else:
+            label = (reads[0] - reads[1]).remainder(n) + FIRST_SYMBOL
+        scored = (pos + min(min(self.offsets), 0) >= 0) & (pos + max(max(self.offsets), 0) < lengths[:, None])
+        labels = torch.where(scored, label, IGNORE)
+        return SyntheticBatch(torch.where(real, sym + FIRST_SYMBOL, PAD), real, labels)

@@ -92,7 +92,7 @@ class MQAR(_KeyValueTask):
 
 
 #: How ``two_lookup`` combines the two retrieved values.
-COMBINES = ("sum", "difference")
+COMBINES = ("sum", "difference", "pair")
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,9 @@ class TwoLookup(_KeyValueTask):
         n_values: value alphabet size, shared by both tables and the labels.
         n_pairs: keys per row; each has an ``[A]`` and a ``[B]`` entry (``6·n_pairs`` tokens).
         n_queries: queried keys per row, distinct (≤ n_pairs).
-        combine: ``"sum"``: ``(A[k] + B[k]) mod n_values``; ``"difference"``: ``(A[k] − B[k]) mod n_values``.
+        combine: ``"sum"``: ``(A[k] + B[k]) mod n_values``; ``"difference"``: ``(A[k] − B[k]) mod n_values``;
+            ``"pair"``: the ordered pair ``(A[k], B[k])`` itself, one label id per pair after the values
+            (no arithmetic to learn, only the two retrievals).
     """
 
     name: ClassVar[str] = "two_lookup"
@@ -117,6 +119,20 @@ class TwoLookup(_KeyValueTask):
     def __post_init__(self):
         self._check_key_values()
         check_choice("combine", self.combine, COMBINES)
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        vals = names("v", self.n_values)
+        pairs = tuple(f"({a},{b})" for a in vals for b in vals) if self.combine == "pair" else ()
+        return super().vocab + pairs
+
+    @property
+    def vocab_size(self) -> int:
+        return super().vocab_size + (self.n_values ** 2 if self.combine == "pair" else 0)
+
+    @property
+    def chance(self) -> float:
+        return 1 / self.n_values ** (2 if self.combine == "pair" else 1)
 
     @property
     def max_len(self) -> int:
@@ -139,7 +155,10 @@ class TwoLookup(_KeyValueTask):
                                entry_values.gather(1, order) + v0], dim=2)  # (B,2P,3)
         asked = distinct(g, B, P, Q)  # (B,Q)
         qa, qb = a.gather(1, asked), b.gather(1, asked)  # (B,Q)
-        target = (qa + qb) % n if self.combine == "sum" else (qa - qb) % n
+        if self.combine == "pair":
+            target = self.n_values + qa * n + qb  # (B,Q): the pair's id, counted from the first value id
+        else:
+            target = (qa + qb) % n if self.combine == "sum" else (qa - qb) % n
         ids = torch.cat([triples.reshape(B, 6 * P), torch.full((B, 1), SEP),
                          keys.gather(1, asked) + k0], dim=1)  # (B,2P,3) -> (B,6P); + (B,1) + (B,Q)
         labels = torch.cat([torch.full((B, 6 * P + 1), IGNORE), target + v0], dim=1)

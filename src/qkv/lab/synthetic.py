@@ -32,6 +32,9 @@ key 3, ``v1`` value 1, ``a`` a symbol, ``-`` an unscored position (label -100).
       input   [B] k4 v9 [A] k1 v3 [A] k4 v5 [B] k1 v7 [SEP] k4 k1      (n_values = 10, sum)
       labels    -  -  -   -  -  -   -  -  -   -  -  -   -   v4 v0
 
+  ``combine="pair"`` labels the ordered pair ``(A[k], B[k])`` itself (one id per pair after the
+  values): the two retrievals without any arithmetic for the feed-forward to learn.
+
   Why one head is expected to fail and two to suffice: the answer needs two values at two
   different places. A head's output at the query is *one* softmax-weighted average of value
   vectors; to carry both ``a`` and ``b`` it must split its weight between the two entries of
@@ -60,6 +63,17 @@ key 3, ``v1`` value 1, ``a`` a symbol, ``-`` an unscored position (label -100).
       labels  - - a b c
 
   Pure relative position: the answer is ``shift`` places back, whatever the content or ``L``.
+* ``neighbours`` — a row of ``L`` symbols; position ``i`` is labelled with a function of the
+  symbols at ``i + o`` for each offset ``o`` of ``offsets`` (default ``(-1, 1)``): the ordered tuple
+  itself (``combine="tuple"``, one label id per tuple), their sum mod n (``"sum"``) or, for two
+  offsets, their difference mod n (``"difference"``); positions missing a neighbour are unscored::
+
+      input   a b c d          (offsets (-1, 1), tuple)
+      labels  - (a,c) (b,d) -
+
+  Several reads at fixed offsets: a head's output is one weighted average of value vectors, so
+  one head must hold every neighbour in one mixture (unequal weights keep them apart), while
+  as many heads as reads can each take one.
 * ``attend_away`` — ``n_pairs`` pairs, each pair two positions (shuffled) whose tokens share a pair
   marker ``p`` and each carry a symbol: token ``p:a``. Every position is labelled with the
   *other* member's symbol (label ids are the plain symbols ``a``, ``b``, …)::
@@ -82,18 +96,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from qkv.lab.position_tasks import Copy, CopyOffset, Reverse
+from qkv.lab.position_tasks import Copy, CopyOffset, Neighbours, Reverse
 from qkv.lab.recall_tasks import MQAR, AttendAway, TwoLookup
 from qkv.lab.streams import (FIRST_SYMBOL, IGNORE, MARK_A, MARK_B, MASK, MAX_EVAL_LEN, MAX_TRAIN_LEN,
                              MAX_VOCAB, PAD, SEP, SPECIALS, SyntheticBatch, accuracy, sequence_accuracy)
 
 __all__ = ["SyntheticBatch", "SYNTHETIC_TASKS", "get_synthetic_task", "accuracy", "sequence_accuracy",
            "SPECIALS", "PAD", "MASK", "SEP", "MARK_A", "MARK_B", "FIRST_SYMBOL", "IGNORE", "MAX_VOCAB",
-           "MAX_TRAIN_LEN", "MAX_EVAL_LEN", "MQAR", "TwoLookup", "Copy", "Reverse", "CopyOffset",
+           "MAX_TRAIN_LEN", "MAX_EVAL_LEN", "MQAR", "TwoLookup", "Copy", "Reverse", "CopyOffset", "Neighbours",
            "AttendAway"]
 
 #: Task name → class.
-SYNTHETIC_TASKS: dict[str, type] = {cls.name: cls for cls in (MQAR, TwoLookup, Copy, Reverse, CopyOffset,
+SYNTHETIC_TASKS: dict[str, type] = {cls.name: cls for cls in (MQAR, TwoLookup, Copy, Reverse, CopyOffset, Neighbours,
                                                               AttendAway)}
 
 
