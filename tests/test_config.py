@@ -65,6 +65,23 @@ def test_first_attention_norm_needs_pre_ln():
     assert ModelConfig.preset("tiny", norm="pre", first_attention_norm=False).first_attention_norm is False
 
 
+def test_shared_qk_needs_its_own_qkv_map_and_no_grouped_heads_and_is_not_exported():
+    with pytest.raises(ValueError, match="shared_qk=True needs qkv_proj=True and n_kv_heads=None"):
+        ModelConfig.preset("tiny", shared_qk=True, qkv_proj=False)
+    with pytest.raises(ValueError, match="shared_qk=True needs qkv_proj=True and n_kv_heads=None"):
+        ModelConfig.preset("tiny", shared_qk=True, n_kv_heads=1)
+    with pytest.raises(ValueError, match="shared_qk"):
+        ModelConfig.preset("tiny", shared_qk="yes")
+    from qkv.models.builders import build_masked_lm
+
+    model = build_masked_lm(ModelConfig.preset("tiny", shared_qk=True, dropout=0.0))
+    attn = model.encoder.layers[0].attention
+    assert attn.shared_qk and tuple(attn.qkv_proj.weight.shape) == (2 * attn.d_model, attn.d_model)
+    from qkv.models.families._common import _PLAIN
+
+    assert _PLAIN["shared_qk"] is False  # no Hugging Face family writes a shared query/key map
+
+
 @pytest.mark.parametrize("cfg", [ModelConfig(), ModelConfig.preset(
     "tiny", similarity="cosine", similarity_kwargs={"temperature": 2.0}, norm="pre", position="none",
     chunk_size=4, attention_path="chunked", activation="relu")])

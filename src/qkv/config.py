@@ -73,6 +73,8 @@ class ModelConfig:
         similarity_kwargs: extra keyword arguments for the similarity (e.g. ``temperature``).
         qkv_proj: learn the Q/K/V maps (``False``: attend on the inputs themselves).
         out_proj: learn the output map after the heads are merged.
+        shared_qk: one learned map for queries and keys (keys = queries; the score matrix of a head
+            is symmetric); needs ``qkv_proj`` and no grouped keys/values.
         attention_bias: biases in the attention maps.
         attention_path: the attention backend: ``"auto"`` (chosen per call), or a registered one
             (``"sdpa"``, ``"explicit"``, ``"chunked"``, ``"offset_flash"``, ``"inplace"``, yours;
@@ -142,6 +144,7 @@ class ModelConfig:
     similarity_kwargs: dict[str, Any] = field(default_factory=dict)
     qkv_proj: bool = True
     out_proj: bool = True
+    shared_qk: bool = False
     attention_bias: bool = True
     attention_path: str = "auto"
     chunk_size: int | None = None
@@ -211,9 +214,12 @@ class ModelConfig:
             check_positive(name, getattr(self, name))
         if self.local_rope_base is not None:
             check_positive("local_rope_base", self.local_rope_base)
-        for name in ("qkv_proj", "out_proj", "attention_bias", "position_qk_only", "pooler", "qk_norm_scale",
+        for name in ("qkv_proj", "out_proj", "shared_qk", "attention_bias", "position_qk_only", "pooler", "qk_norm_scale",
                      "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm", "head_bias", "embedding_norm"):
             check_bool(name, getattr(self, name))
+        if self.shared_qk and (not self.qkv_proj or self.n_kv_heads not in (None, self.n_heads)):
+            raise ValueError(f"shared_qk=True needs qkv_proj=True and n_kv_heads=None (got qkv_proj={self.qkv_proj}, "
+                             f"n_kv_heads={self.n_kv_heads}): the keys are the queries' own map")
         if not self.first_attention_norm and self.norm != "pre":
             raise ValueError(f"first_attention_norm=False needs norm='pre' (got norm={self.norm!r}): a "
                              "post-LN layer must normalise its residual sum; set norm='pre' or "

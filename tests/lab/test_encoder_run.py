@@ -144,6 +144,18 @@ def test_init_grad_norms_are_those_of_the_first_batch_before_any_step():
     assert all(p.grad is None for p in again.parameters())
 
 
+def test_a_shared_query_key_map_reports_its_one_gradient_for_both():
+    cfg = tiny_run(model=dict(TINY, n_layers=1, shared_qk=True), steps=1)
+    r = train_on_task(cfg)
+    torch.manual_seed(cfg.seed)
+    model = build_masked_lm(cfg.model_config())
+    b = get_synthetic_task("copy_offset", **EASY).batch(0, 16, cfg.seed)
+    model(b.input_ids, b.attention_mask, labels=b.labels).loss.backward()
+    proj = model.encoder.layers[0].attention.qkv_proj  # (2C, C): rows [0:32] queries = keys, then values
+    g = torch.cat([proj.weight.grad[:32].flatten(), proj.bias.grad[:32]])
+    assert r.init_q_grad_norms == r.init_k_grad_norms == pytest.approx((float(g.norm()),), rel=1e-5)
+
+
 def test_attention_entropy_by_hand_on_a_padded_batch():
     task = get_synthetic_task("copy", n_symbols=5, min_len=1, train_len=6)
     torch.manual_seed(3)

@@ -170,6 +170,34 @@ def test_no_qkv_proj_is_attention_on_the_embeddings(out_proj, path):
                 np.testing.assert_allclose(res.weights[b, h].detach().numpy(), A.T, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_shared_qk_is_the_textbook_with_the_key_map_equal_to_the_query_map(path):
+    """One map for queries and keys: the NumPy reference with Ω_k = Ω_q, β_k = β_q per head, and a
+    symmetric score matrix kᵀq in every head."""
+    torch.manual_seed(4)
+    mha = build_attention(C, NH, shared_qk=True, backend=path, chunk_size=2).double()
+    assert tuple(mha.qkv_proj.weight.shape) == (2 * C, C) and mha.qk_rows == C
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    res = mha(x, need_weights=path in ("explicit", "chunked"))
+    W = mha.qkv_proj.weight.detach().numpy()  # (2C, C): rows q = k | v
+    bvec = mha.qkv_proj.bias.detach().numpy()[:, None]
+    heads = []
+    for h in range(NH):
+        q_rows, v_rows = slice(h * DH, (h + 1) * DH), slice(C + h * DH, C + (h + 1) * DH)
+        heads.append((W[v_rows], bvec[v_rows], W[q_rows], bvec[q_rows], W[q_rows], bvec[q_rows]))  # (v, q, k = q)
+    omega_c, beta_c = mha.out_proj.weight.detach().numpy(), mha.out_proj.bias.detach().numpy()[:, None]
+    for b in range(B):
+        X = x[b].numpy().T  # (C, T)
+        want = ref.multihead_self_attention(X, heads, omega_c) + beta_c
+        np.testing.assert_allclose(res.output[b].detach().numpy().T, want, rtol=0, atol=1e-10)
+    q, k, _ = mha.project(x)
+    assert q is k  # one tensor: the scores kᵀq of a head are symmetric
+    with pytest.raises(ValueError, match="shared_qk=True needs a qkv_proj and n_kv_heads = n_heads"):
+        build_attention(C, NH, shared_qk=True, n_kv_heads=1)
+    with pytest.raises(ValueError, match="shared_qk=True needs a qkv_proj"):
+        build_attention(C, NH, shared_qk=True, qkv_proj=False)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("path", ["sdpa", "chunked"])
 def test_no_out_proj_is_the_stack_of_heads(bias, path):

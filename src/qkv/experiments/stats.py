@@ -89,7 +89,7 @@ def _qk_parts(model: nn.Module):
         d_model = getattr(module, "d_model", None)
         if isinstance(proj, nn.Linear) and isinstance(d_model, int):
             kv_width = getattr(module, "n_kv_heads", 1) * getattr(module, "d_head", d_model)  # G·D
-            yield proj.weight, proj.bias, d_model + kv_width
+            yield proj.weight, proj.bias, getattr(module, "qk_rows", d_model + kv_width)
 
 
 def grad_norms(model: nn.Module) -> dict:

@@ -222,11 +222,11 @@ def init_grad_norms(model, batch) -> tuple[float, list[float], list[float], list
         proj = layer.attention.qkv_proj
         if proj is None:
             continue
-        C = proj.in_features
-        gd = (proj.out_features - C) // 2  # G·D rows of keys, then of values
+        C, qk = proj.in_features, layer.attention.qk_rows  # rows [0:C] queries, [C:qk] keys (none if shared)
         w, b = proj.weight.grad, proj.bias.grad if proj.bias is not None else None
-        q_norms.append(_grad_norm([w[:C], None if b is None else b[:C]]))  # rows [0:C]: queries
-        k_norms.append(_grad_norm([w[C:C + gd], None if b is None else b[C:C + gd]]))  # [C:C+GD]: keys
+        q_norms.append(_grad_norm([w[:C], None if b is None else b[:C]]))
+        k_rows = slice(0, C) if layer.attention.shared_qk else slice(C, qk)  # shared: the keys' map is the queries'
+        k_norms.append(_grad_norm([w[k_rows], None if b is None else b[k_rows]]))
     model.zero_grad(set_to_none=True)
     return float(loss.detach()), layers, q_norms, k_norms
 

@@ -39,7 +39,7 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
                     score_bias: nn.Module | None = None, backend: str = "auto",
                     chunk_size: int | None = None, n_kv_heads: int | None = None, qk_norm: str = "none",
                     qk_norm_scale: bool = True, qk_norm_eps: float = 1e-6,
-                    window: int | None = None) -> MultiHeadAttention:
+                    window: int | None = None, shared_qk: bool = False) -> MultiHeadAttention:
     """A :class:`~qkv.nn.attention.MultiHeadAttention` from plain options: its parts are made here.
 
     Args:
@@ -59,6 +59,7 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
         qk_norm: ``"none"``, ``"layernorm"`` or ``"rmsnorm"`` of each head's q and k over D.
         qk_norm_scale: the qk-norm learns a per-dimension scale. qk_norm_eps: its ε.
         window: sliding-window width W (keys within ``W // 2`` either side), ``None`` = global.
+        shared_qk: one map for queries and keys (``C → 2C``: queries = keys, values).
     """
     check_heads(d_model, n_heads)
     d_head = d_model // n_heads
@@ -67,9 +68,11 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
         d_model,
         n_heads,
         similarity=build_similarity(similarity, n_heads=n_heads, d_head=d_head, **(similarity_kwargs or {})),
-        qkv_proj=nn.Linear(d_model, d_model + 2 * kv_width, bias=bias) if qkv_proj else None,
+        qkv_proj=nn.Linear(d_model, (2 * d_model if shared_qk else d_model + 2 * kv_width), bias=bias)
+        if qkv_proj else None,
         out_proj=nn.Linear(d_model, d_model, bias=bias) if out_proj else None,
         n_kv_heads=n_kv_heads,
+        shared_qk=shared_qk,
         qk_norm=build_qk_norm(qk_norm, d_head, scale=qk_norm_scale, eps=qk_norm_eps),
         qk_transform=qk_transform,
         score_bias=score_bias,
@@ -111,6 +114,7 @@ def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLay
         similarity_kwargs=dict(config.similarity_kwargs),
         qkv_proj=config.qkv_proj,
         out_proj=config.out_proj,
+        shared_qk=config.shared_qk,
         bias=config.attention_bias,
         dropout=config.attention_dropout,
         qk_transform=slots.make_qk_transform(rope_base=config.local_rope_base if local else None),

@@ -61,6 +61,9 @@ class MultiHeadAttention(nn.Module):
             ``G·D`` keys, then ``G·D`` values; ``(C, 3C)`` when G = H), or ``None``: attend on the
             embeddings themselves (queries = keys = values = X split into heads; needs G = H).
         out_proj: the output map Ω_o, an ``nn.Linear(C, C)``, or ``None``.
+        shared_qk: keys are the queries (one map Ω_q = Ω_k, so the score ``(Ω_q x_i)·(Ω_q x_j)`` is
+            symmetric): ``qkv_proj`` is then ``nn.Linear(C, 2C)``, rows ``[0:C]`` queries = keys, then
+            values; needs G = H.
         n_kv_heads: key/value heads G (must divide H; query head h reads key/value head
             h // (H/G), Ainslie et al. 2023; 1 = multi-query attention, Shazeer 2019); ``None`` = H.
         qk_norm: optional module ``(q, k) -> (q, k)`` normalising each head's q and k over D
@@ -76,13 +79,20 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, *, similarity: nn.Module, qkv_proj: nn.Linear | None,
-                 out_proj: nn.Linear | None, n_kv_heads: int | None = None, qk_norm: nn.Module | None = None,
+                 out_proj: nn.Linear | None, n_kv_heads: int | None = None, shared_qk: bool = False,
+                 qk_norm: nn.Module | None = None,
                  qk_transform: nn.Module | None = None, score_bias: nn.Module | None = None,
                  window: int | None = None, dropout: float = 0.0, backend: str = "auto",
                  chunk_size: int | None = None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        _check_sizes(d_model, n_heads, n_kv_heads, qkv_proj, out_proj)
+        if not isinstance(shared_qk, bool):
+            raise ValueError(f"shared_qk must be a bool, got {shared_qk!r}")
+        if shared_qk and (qkv_proj is None or n_kv_heads != n_heads):
+            raise ValueError(f"shared_qk=True needs a qkv_proj and n_kv_heads = n_heads (got qkv_proj="
+                             f"{'None' if qkv_proj is None else 'a map'}, n_kv_heads={n_kv_heads})")
+        self.shared_qk = shared_qk
+        _check_sizes(d_model, n_heads, n_kv_heads, qkv_proj, out_proj, shared_qk)
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None (global attention), got {window!r}")
         if backend not in backend_names():
@@ -97,6 +107,11 @@ class MultiHeadAttention(nn.Module):
         self.qk_norm, self.qk_transform, self.score_bias = qk_norm, qk_transform, score_bias
         self.dropout, self.backend, self.chunk_size = dropout, backend, chunk_size
 
+    @property
+    def qk_rows(self) -> int:
+        """Rows of the fused map that are the query and key maps: ``C + G·D`` (``C`` with shared_qk)."""
+        return self.d_model if self.shared_qk else self.d_model + self.n_kv_heads * self.d_head
+
     def project(self, x: Tensor, qk_pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values split into heads: ``(B,T,C)`` → ``(B,H,T,D)``, 2 × ``(B,G,T,D)``.
 
@@ -110,12 +125,15 @@ class MultiHeadAttention(nn.Module):
                 return v, v, v
             qk = (x + qk_pos).view(B, T, H, D).transpose(1, 2)  # (B,T,C) -> (B,H,T,D)
             return qk, qk, v
-        qkv = self.qkv_proj(x)  # (B,T,C) -> (B,T,C+2GD)
-        qk = C + G * D  # query and key rows of the fused map
+        qkv = self.qkv_proj(x)  # (B,T,C) -> (B,T,C+2GD), or (B,T,2C) with shared_qk
+        qk = self.qk_rows  # query and key rows of the fused map
         if qk_pos is not None:  # Ω_q(X+Π) = Ω_q X + Ω_q Π, keys likewise; values see X only
             w = self.qkv_proj.weight[:qk]  # an inference copy may hold it in bfloat16
             pos = F.linear(qk_pos.to(w.dtype), w)  # (…,T,C) -> (…,T,C+GD)
             qkv = _cat_last(qkv[..., :qk] + pos, qkv[..., qk:])  # (B,T,C+2GD)
+        if self.shared_qk:
+            q, v = (t.transpose(1, 2) for t in qkv.view(B, T, 2, H, D).unbind(2))  # (B,T,2C) -> 2 × (B,H,T,D)
+            return q, q, v  # keys are the queries
         if G == H:
             # split on the (B,T,3,H,D) view, then transpose each: the backward stacks the three
             # gradients in place of (B,T,3C) in one contiguous copy (a permuted stack costs two)
@@ -295,7 +313,7 @@ def check_heads(d_model: int, n_heads: int) -> None:
             f"the divisors of d_model: {[h for h in range(1, d_model + 1) if d_model % h == 0]}")
 
 
-def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj) -> None:
+def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj, shared_qk: bool = False) -> None:
     check_heads(d_model, n_heads)
     if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing n_heads={n_heads}; allowed: "
@@ -303,7 +321,7 @@ def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj
     if qkv_proj is None and n_kv_heads != n_heads:
         raise ValueError(f"n_kv_heads={n_kv_heads} < n_heads={n_heads} needs a qkv_proj (without one queries, "
                          "keys and values are the embeddings themselves, H heads each)")
-    qkv_rows = d_model + 2 * n_kv_heads * (d_model // n_heads)  # C + 2·G·D
+    qkv_rows = 2 * d_model if shared_qk else d_model + 2 * n_kv_heads * (d_model // n_heads)  # C + 2·G·D
     for name, lin, shape in (("qkv_proj", qkv_proj, (qkv_rows, d_model)),
                              ("out_proj", out_proj, (d_model, d_model))):
         if lin is not None and (not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != shape):

@@ -210,7 +210,7 @@ _PLAIN = {"n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads),
           "local_window": None, "norm_type": "layernorm", "norm_bias": True, "mlp_bias": True,
           "feed_forward": "mlp", "embed_scale": False, "first_attention_norm": True,
           "position": "learned", "position_qk_only": False, "similarity": "scaled_dot",
-          "similarity_kwargs": {}, "qkv_proj": True, "out_proj": True, "attention_bias": True,
+          "similarity_kwargs": {}, "qkv_proj": True, "shared_qk": False, "out_proj": True, "attention_bias": True,
           "norm": "post", "embedding_norm": True,
           "activation": (lambda c: c.activation in ACT_TO_HF, f"one of {', '.join(ACT_TO_HF)}")}
 
