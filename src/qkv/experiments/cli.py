@@ -154,6 +154,18 @@ def lab_config_from_args(args: argparse.Namespace):
                         overrides=overrides, variants=variants, command=command)
 
 
+def _exit_code(result) -> int:
+    """130 for an interrupted harness (rerun to continue), 1 when a run failed (each named), else 0."""
+    if result.status == "interrupted":
+        print("interrupted; rerun the same command to continue")
+        return 130
+    if result.errors:
+        for label, err in result.errors.items():
+            print(f"qkv ablate: {label}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _run_lab(args: argparse.Namespace) -> int:
     from qkv.lab.runner import run_lab
 
@@ -164,14 +176,7 @@ def _run_lab(args: argparse.Namespace) -> int:
         print(f"{c.a} vs {c.b}: {c.sentence()}")
     out = result.out
     print(f"\n{out / 'results.md'}, {out / 'results.csv'}, {out / 'accuracy.png'}, {out / 'attention.png'}")
-    if result.status == "interrupted":
-        print("interrupted; rerun the same command to continue")
-        return 130
-    if result.errors:
-        for label, err in result.errors.items():
-            print(f"qkv ablate: {label}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return _exit_code(result)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -188,11 +193,4 @@ def _run(args: argparse.Namespace) -> int:
     result = run_ablation(config_from_args(args), log=log)
     print(result.table)
     print(f"\n{result.out / 'results.md'}, {result.out / 'results.csv'}, {result.out / 'loss_curves.png'}")
-    if result.status == "interrupted":
-        print("interrupted; rerun the same command to continue")
-        return 130
-    if result.errors:
-        for label, err in result.errors.items():
-            print(f"qkv ablate: {label}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return _exit_code(result)

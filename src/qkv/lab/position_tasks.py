@@ -46,6 +46,19 @@ def _source_then_blanks(g: torch.Generator, n_symbols: int, lengths: Tensor,
     return SyntheticBatch(ids, pos < 2 * L, labels)
 
 
+def _symbol_rows(task, index: int, batch_size: int, seed: int, length: int | None, shortest: int):
+    """``(lengths (B,), symbol indices (B,T), positions (B,T), real (B,T))`` of batch ``index`` of stream
+    ``seed``: rows of ``task``'s training lengths, or all ``length`` long (≥ ``shortest``)."""
+    check_int("batch_size", batch_size, low=1)
+    check_length(task, length, shortest)
+    g = seeded_generator(seed, index)
+    lengths = draw_lengths(g, batch_size, task.min_len, task.train_len, length)
+    B, width = batch_size, int(lengths.max())
+    sym = torch.randint(0, task.n_symbols, (B, width), generator=g)  # (B,T)
+    pos = torch.arange(width).expand(B, -1)  # (B,T)
+    return lengths, sym, pos, pos < lengths[:, None]
+
+
 class _SymbolTask:
     """What the position tasks share: a symbol alphabet of ``n_symbols`` after the specials, the
     scores and the chance level."""
@@ -148,14 +161,8 @@ class CopyOffset(_SymbolTask):
     def batch(self, index: int, batch_size: int, seed: int = 0, *,
               length: int | None = None) -> SyntheticBatch:
         """Batch ``index`` of stream ``seed``; ``length``: every row that long (evaluation)."""
-        check_int("batch_size", batch_size, low=1)
-        check_length(self, length, self.shift + 1)
-        g = seeded_generator(seed, index)
-        lengths = draw_lengths(g, batch_size, self.min_len, self.train_len, length)
-        B, width = batch_size, int(lengths.max())
-        src = torch.randint(0, self.n_symbols, (B, width), generator=g) + FIRST_SYMBOL  # (B,T)
-        pos = torch.arange(width).expand(B, -1)  # (B,T)
-        real = pos < lengths[:, None]  # (B,T)
+        lengths, sym, pos, real = _symbol_rows(self, index, batch_size, seed, length, self.shift + 1)
+        src = sym + FIRST_SYMBOL  # (B,T)
         back = src.gather(1, (pos - self.shift).clamp(min=0))  # (B,T): the symbol shift places back
         labels = torch.where(real & (pos >= self.shift), back, IGNORE)
         return SyntheticBatch(torch.where(real, src, PAD), real, labels)
@@ -234,14 +241,8 @@ class Neighbours(_SymbolTask):
     def batch(self, index: int, batch_size: int, seed: int = 0, *,
               length: int | None = None) -> SyntheticBatch:
         """Batch ``index`` of stream ``seed``; ``length``: every row that long (evaluation)."""
-        check_int("batch_size", batch_size, low=1)
-        check_length(self, length, self._span + 1)
-        g = seeded_generator(seed, index)
-        lengths = draw_lengths(g, batch_size, self.min_len, self.train_len, length)
-        B, width, n = batch_size, int(lengths.max()), self.n_symbols
-        sym = torch.randint(0, n, (B, width), generator=g)  # (B,T) symbol indices
-        pos = torch.arange(width).expand(B, -1)  # (B,T)
-        real = pos < lengths[:, None]  # (B,T)
+        lengths, sym, pos, real = _symbol_rows(self, index, batch_size, seed, length, self._span + 1)
+        width, n = sym.shape[1], self.n_symbols
         reads = [sym.gather(1, (pos + o).clamp(0, width - 1)) for o in self.offsets]  # each (B,T)
         if self.combine == "tuple":
             label = torch.zeros_like(sym)
