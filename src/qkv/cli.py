@@ -15,10 +15,46 @@ import argparse
 import os
 import sys
 
-__all__ = ["main", "build_parser", "add_common_options"]
+__all__ = ["main", "build_parser", "command_of", "add_common_options"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Every subcommand after ``demo``, in the order ``qkv --help`` lists them, with the function that
+#: adds its parsers (``module:function``; ``None``: this module's own ``convert``). A command line
+#: naming one of them builds only that group's parsers, so ``qkv pretrain`` imports and runs no other
+#: command's module; ``qkv --help``, no command or an unknown one builds them all.
+_GROUPS: tuple[tuple[tuple[str, ...], str | None], ...] = (
+    (("convert",), None),
+    (("pretrain",), "qkv.training.cli:add_pretrain_parser"),
+    (("finetune", "predict"), "qkv.finetune.cli:add_finetune_parsers"),
+    (("analyze", "inspect"), "qkv.analysis.cli:add_analysis_parsers"),
+    (("embed", "index", "search", "train-embeddings", "eval-embeddings"),
+     "qkv.embeddings.cli:add_embedding_parsers"),
+    (("ablate",), "qkv.experiments.cli:add_ablate_parser"),
+    (("generate",), "qkv.generation.cli:add_generate_parser"),
+    (("lab",), "qkv.lab.cli:add_lab_parser"),
+    (("export",), "qkv.export.cli:add_export_parser"),
+)
+_ALL = frozenset(name for names, _ in _GROUPS for name in names) | {"demo"}
+
+
+def _register(sub, home: str | None) -> None:
+    if home is None:
+        _add_convert(sub)
+        return
+    import importlib
+
+    module, function = home.split(":")
+    getattr(importlib.import_module(module), function)(sub)
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top level has only flags)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``qkv`` parser: every subcommand, or with ``command`` (a known name) only the ones of its
+    group (``demo`` is always there)."""
     parser = argparse.ArgumentParser(
         prog="qkv",
         description="qkv — transformer encoders built around self-attention.",
@@ -45,31 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="auto (default): bf16 mixed precision where the CPU has native bf16, else fp32")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
-    _add_convert(sub)
-    from qkv.training.cli import add_pretrain_parser
-
-    add_pretrain_parser(sub)
-    from qkv.finetune.cli import add_finetune_parsers
-
-    add_finetune_parsers(sub)
-    from qkv.analysis.cli import add_analysis_parsers
-
-    add_analysis_parsers(sub)
-    from qkv.embeddings.cli import add_embedding_parsers
-
-    add_embedding_parsers(sub)
-    from qkv.experiments.cli import add_ablate_parser
-
-    add_ablate_parser(sub)
-    from qkv.generation.cli import add_generate_parser
-
-    add_generate_parser(sub)
-    from qkv.lab.cli import add_lab_parser
-
-    add_lab_parser(sub)
-    from qkv.export.cli import add_export_parser
-
-    add_export_parser(sub)
+    for names, home in _GROUPS:
+        if command is None or command in names or command not in _ALL:
+            _register(sub, home)
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks (also QKV_DEBUG=1)")
     for p in sub.choices.values():
         add_common_options(p)
@@ -164,7 +178,8 @@ def describe_error(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``qkv`` with ``argv``; return the exit status (0 ok, 2 error, 130 interrupted)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the subcommand's parser: "qkv <command>: error: unrecognized arguments"
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
