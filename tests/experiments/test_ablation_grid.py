@@ -28,8 +28,9 @@ def test_builtin_grids_load_validate_and_ask_the_issue_questions():
         configs = validate_grid(grid, {"steps": 10})
         assert list(configs) == list(grid.variants)
         assert all(c.preset == "mini" for c in configs.values())
-    assert load_grid("projections").stats == ("self_attention_share",)
-    assert load_grid("scaling").stats == ("saturation",)
+    assert load_grid("projections").stats == ("self_attention_share", "heads")
+    assert load_grid("scaling").stats == ("saturation", "heads")
+    assert all("heads" in load_grid(n).stats for n in BUILTIN if n != "modern")  # did the heads specialise?
     assert load_grid("positions").length_factor == 2
     assert len(load_grid("positions").variants) == 9
     heads = validate_grid(load_grid("heads"))

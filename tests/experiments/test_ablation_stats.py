@@ -114,3 +114,42 @@ def test_qk_grad_norm_rows_follow_grouped_key_value_heads():
     qk = [t.grad[:rows] for n, t in model.named_parameters() if "qkv_proj" in n]
     expected = math.sqrt(sum(float((x.double() ** 2).sum()) for x in qk))
     assert grad_norms(model)["qk_grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def _loop_shares(attentions, mask, offset):
+    """Per (layer, head): mean weight a[i, i+offset] over queries i whose i+offset is a real token."""
+    m = mask.numpy()
+    out = []
+    for a in attentions:  # (B,H,T,T)
+        a = a.numpy()
+        B, H, T, _ = a.shape
+        per_head = []
+        for h in range(H):
+            vals = [a[b, h, i, i + offset] for b in range(B) for i in range(T)
+                    if m[b, i] and 0 <= i + offset < T and m[b, i + offset]]
+            per_head.append(np.mean(vals))
+        out.append(per_head)
+    return np.array(out)  # (L,H)
+
+
+def test_head_summary_matches_a_loop_and_counts_self_heads():
+    from qkv.experiments.stats import head_summary
+
+    ids = torch.tensor([[2, 11, 23, 35, 47, 59, 71], [2, 17, 29, 41, 53, 0, 0]])
+    mask = ids != 0
+    torch.manual_seed(1)
+    model = build_masked_lm(ModelConfig.preset("tiny", n_layers=2, dropout=0.0, position="alibi")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)  # not uniform: the shares differ between heads
+    att = encoder_attentions(model, ids, mask)
+    s = head_summary(model, ids, mask, cls_id=2, sep_id=3)
+    assert s["max_prev_share"] == pytest.approx(_loop_shares(att, mask, -1).max(), abs=1e-6)
+    assert s["max_next_share"] == pytest.approx(_loop_shares(att, mask, +1).max(), abs=1e-6)
+    assert s["uniform_entropy"] == pytest.approx(np.mean([math.log(7)] * 7 + [math.log(5)] * 5), abs=1e-6)
+
+    raw = _tiny(qkv_proj=False, similarity="dot")  # every head looks at itself (the test above)
+    with torch.no_grad():
+        raw.encoder.embeddings.tokens.weight.normal_(0.0, 1.0)
+    r = head_summary(raw, ids, mask, cls_id=2, sep_id=3)
+    assert r["specialised_heads"] == raw.config.n_heads and r["head_entropy"] < 0.5, r

@@ -54,7 +54,7 @@ __all__ = ["Grid", "load_grid", "builtin_grids", "check_overrides", "STATS", "DA
            "HARNESS_FIELDS"]
 
 #: Statistics a grid can ask for (see :mod:`qkv.experiments.stats`).
-STATS = ("self_attention_share", "saturation")
+STATS = ("self_attention_share", "saturation", "heads")
 #: TrainConfig fields the harness sets itself.
 HARNESS_FIELDS = ("corpus", "eval_corpus", "out", "tokenizer", "seed", "progress")
 #: TrainConfig fields that decide the text and the tokenizer: the same for every variant.

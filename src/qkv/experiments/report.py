@@ -26,7 +26,8 @@ __all__ = ["write_report", "format_table", "table_columns", "CSV_COLUMNS"]
 CSV_COLUMNS = ["variant", "seed", "status", "params", "steps", "batch_size", "max_len", "lr", "tokens_seen",
                "eval_loss", "accuracy", "perplexity", "most_frequent_accuracy", "masked_tokens",
                "self_share", "self_top1", "chance", "max_weight_early", "entropy_early", "grad_norm_early",
-               "qk_grad_norm_early", "early_steps", "max_weight_final", "entropy_final", "long_len",
+               "qk_grad_norm_early", "early_steps", "max_weight_final", "entropy_final", "max_prev_share",
+               "max_next_share", "specialised_heads", "head_entropy", "uniform_entropy", "long_len",
                "long_eval_loss", "long_accuracy", "long_note", "tokens_per_s", "reused_from", "error"]
 
 
@@ -41,6 +42,10 @@ def table_columns(grid: Grid) -> list[tuple[str, str, int]]:
                  ("max_weight_final", "max weight, end", 3),
                  ("entropy_final", "entropy, end", 3), ("grad_norm_early", f"‖∇‖, steps 1–{n}", 3),
                  ("qk_grad_norm_early", f"‖∇Q,K‖, steps 1–{n}", 4)]
+    if "heads" in grid.stats:
+        cols += [("max_prev_share", "max prev", 2), ("max_next_share", "max next", 2),
+                 ("specialised_heads", "heads ≥ 0.3", 1), ("head_entropy", "head entropy", 2),
+                 ("uniform_entropy", "uniform entropy", 2)]
     if grid.length_factor:
         k = grid.length_factor
         cols += [("long_eval_loss", f"loss at {k}× length", 4), ("long_accuracy", f"accuracy at {k}×", 4)]

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from qkv._fs import atomic_write_text
 
-__all__ = ["attention_summary", "encoder_attentions", "grad_norms", "EarlyStats"]
+__all__ = ["attention_summary", "head_summary", "encoder_attentions", "grad_norms", "EarlyStats"]
 
 
 def attention_summary(attentions: Sequence[Tensor], mask: Tensor) -> dict:
@@ -64,6 +64,25 @@ def attention_summary(attentions: Sequence[Tensor], mask: Tensor) -> dict:
     return {"self_share": mean(diag), "self_top1": mean(top1),
             "chance": float(per_query_chance.sum() / m.sum().clamp_min(1)),
             "max_weight": mean(max_w), "entropy": mean(entropy), "self_share_by_layer": by_layer}
+
+
+def head_summary(model: nn.Module, input_ids: Tensor, mask: Tensor, *, cls_id: int, sep_id: int,
+                 threshold: float = 0.3) -> dict:
+    """Whether the heads specialised (the ``heads`` statistic), from
+    :func:`qkv.analysis.specialisation.block_head_statistics` over unmasked blocks.
+
+    Returns ``{"max_prev_share", "max_next_share", "specialised_heads", "head_entropy",
+    "uniform_entropy"}``: the largest share any head puts on the previous / next token (uniform
+    attention over a 128-token block: ≈ 0.008), how many heads put ≥ ``threshold`` of their attention
+    on one place (previous, next, itself, ``[CLS]``), the mean entropy of every head's attention and
+    that of uniform attention (log n), both in nats.
+    """
+    from qkv.analysis.specialisation import block_head_statistics, specialised_heads
+
+    stats = block_head_statistics(model, input_ids, mask, cls_id=cls_id, sep_id=sep_id)
+    return {"max_prev_share": float(stats.prev_share.max()), "max_next_share": float(stats.next_share.max()),
+            "specialised_heads": len(specialised_heads(stats, threshold=threshold)),
+            "head_entropy": float(stats.entropy.mean()), "uniform_entropy": float(stats.uniform_entropy)}
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ import torch
 
 from qkv.experiments.plan import Job
 from qkv.experiments.reuse import REUSED_KEY
-from qkv.experiments.stats import EarlyStats, attention_summary, encoder_attentions
+from qkv.experiments.stats import EarlyStats, attention_summary, encoder_attentions, head_summary
 from qkv._fs import atomic_write_text
 
 __all__ = ["run_job", "is_finished", "read_result", "RESULT_JSON", "EARLY_JSON"]
@@ -138,6 +138,9 @@ def measure(job: Job, cfg, data, hook: EarlyStats | None) -> dict:
             out.update(max_weight_final=summary["max_weight"], entropy_final=summary["entropy"])
             if hook is not None:
                 out.update(hook.summary())
+        if "heads" in job.stats:
+            special = data.tokenizer.special
+            out.update(head_summary(model, ids, mask, cls_id=special.cls, sep_id=special.sep))
     if job.length_factor:
         out.update(_long_eval(model, cfg, data, job.length_factor))
     return out
