@@ -19,11 +19,11 @@ __all__ = ["main", "build_parser", "command_of", "add_common_options"]
 
 
 #: Every subcommand after ``demo``, in the order ``qkv --help`` lists them, with the function that
-#: adds its parsers (``module:function``; ``None``: this module's own ``convert``). A command line
+#: adds its parsers (``module:function``). A command line
 #: naming one of them builds only that group's parsers, so ``qkv pretrain`` imports and runs no other
 #: command's module; ``qkv --help``, no command or an unknown one builds them all.
-_GROUPS: tuple[tuple[tuple[str, ...], str | None], ...] = (
-    (("convert",), None),
+_GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("convert",), "qkv.cli:_add_convert"),
     (("pretrain",), "qkv.training.cli:add_pretrain_parser"),
     (("finetune", "predict"), "qkv.finetune.cli:add_finetune_parsers"),
     (("analyze", "inspect"), "qkv.analysis.cli:add_analysis_parsers"),
@@ -37,10 +37,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], str | None], ...] = (
 _ALL = frozenset(name for names, _ in _GROUPS for name in names) | {"demo"}
 
 
-def _register(sub, home: str | None) -> None:
-    if home is None:
-        _add_convert(sub)
-        return
+def _register(sub, home: str) -> None:
     import importlib
 
     module, function = home.split(":")

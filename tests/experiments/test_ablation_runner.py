@@ -23,7 +23,7 @@ GRID = {
     "base": {"preset": "tiny", "model": {"dropout": 0.0}, "vocab_size": 300, "max_len": 16, "batch_size": 6,
              "warmup_steps": 2, "eval_batches": 2, "eval_batch_size": 8, "log_every": 1},
     "variants": {"qkv": {}, "raw": {"model": {"qkv_proj": False}}},
-    "stats": ["self_attention_share", "saturation"],
+    "stats": ["self_attention_share", "saturation", "heads"],
     "early_steps": 3,
     "extra_eval": {"length_factor": 2},
 }
@@ -74,6 +74,9 @@ def test_same_seeds_give_identical_tables_with_the_statistics(tmp_path, cache):
         assert r["early_steps"] == "3" and float(r["grad_norm_early"]) > 0
         assert 0 < float(r["max_weight_early"]) <= 1 and 0 < float(r["max_weight_final"]) <= 1
         assert r["long_len"] == "32" and float(r["long_eval_loss"]) > 0
+        assert 0 < float(r["max_prev_share"]) <= 1 and 0 < float(r["max_next_share"]) <= 1
+        assert 0 < float(r["head_entropy"]) <= float(r["uniform_entropy"]) + 1e-6
+        assert 0 <= int(r["specialised_heads"]) <= 2 * 3  # tiny: 2 layers × 3 heads
     assert all(r["qk_grad_norm_early"] == "nan" for r in rows if r["variant"] == "raw")
     raw = [float(r["self_share"]) for r in rows if r["variant"] == "raw"]
     qkv = [float(r["self_share"]) for r in rows if r["variant"] == "qkv"]

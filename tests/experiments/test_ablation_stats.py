@@ -143,7 +143,7 @@ def test_head_summary_matches_a_loop_and_counts_self_heads():
         for p in model.parameters():
             p.normal_(0.0, 0.5)  # not uniform: the shares differ between heads
     att = encoder_attentions(model, ids, mask)
-    s = head_summary(model, ids, mask, cls_id=2, sep_id=3)
+    s = head_summary(att, ids, mask, cls_id=2, sep_id=3)
     assert s["max_prev_share"] == pytest.approx(_loop_shares(att, mask, -1).max(), abs=1e-6)
     assert s["max_next_share"] == pytest.approx(_loop_shares(att, mask, +1).max(), abs=1e-6)
     assert s["uniform_entropy"] == pytest.approx(np.mean([math.log(7)] * 7 + [math.log(5)] * 5), abs=1e-6)
@@ -151,5 +151,5 @@ def test_head_summary_matches_a_loop_and_counts_self_heads():
     raw = _tiny(qkv_proj=False, similarity="dot")  # every head looks at itself (the test above)
     with torch.no_grad():
         raw.encoder.embeddings.tokens.weight.normal_(0.0, 1.0)
-    r = head_summary(raw, ids, mask, cls_id=2, sep_id=3)
+    r = head_summary(encoder_attentions(raw, ids, mask), ids, mask, cls_id=2, sep_id=3)
     assert r["specialised_heads"] == raw.config.n_heads and r["head_entropy"] < 0.5, r

@@ -66,10 +66,14 @@ def attention_summary(attentions: Sequence[Tensor], mask: Tensor) -> dict:
             "max_weight": mean(max_w), "entropy": mean(entropy), "self_share_by_layer": by_layer}
 
 
-def head_summary(model: nn.Module, input_ids: Tensor, mask: Tensor, *, cls_id: int, sep_id: int,
+def head_summary(attentions: Sequence[Tensor], input_ids: Tensor, mask: Tensor, *, cls_id: int, sep_id: int,
                  threshold: float = 0.3) -> dict:
-    """Whether the heads specialised (the ``heads`` statistic), from
-    :func:`qkv.analysis.specialisation.block_head_statistics` over unmasked blocks.
+    """Whether the heads specialised (the ``heads`` statistic): the per-head statistics of
+    :mod:`qkv.analysis.heads` over the same weights :func:`attention_summary` reads.
+
+    Args:
+        attentions: L tensors ``(B,H,T,T)`` of unmasked blocks ``input_ids (B,T)``.
+        mask: ``(B,T)`` bool, True at real tokens.
 
     Returns ``{"max_prev_share", "max_next_share", "specialised_heads", "head_entropy",
     "uniform_entropy"}``: the largest share any head puts on the previous / next token (uniform
@@ -77,9 +81,13 @@ def head_summary(model: nn.Module, input_ids: Tensor, mask: Tensor, *, cls_id: i
     on one place (previous, next, itself, ``[CLS]``), the mean entropy of every head's attention and
     that of uniform attention (log n), both in nats.
     """
-    from qkv.analysis.specialisation import block_head_statistics, specialised_heads
+    from qkv.analysis.heads import HeadAccumulator
+    from qkv.analysis.specialisation import specialised_heads
 
-    stats = block_head_statistics(model, input_ids, mask, cls_id=cls_id, sep_id=sep_id)
+    acc = HeadAccumulator(cls_id, sep_id)
+    weights = torch.stack([a.detach().float().cpu() for a in attentions])  # L × (B,H,T,T) -> (L,B,H,T,T)
+    acc.update(weights, mask.cpu(), input_ids.cpu())
+    stats = acc.result()
     return {"max_prev_share": float(stats.prev_share.max()), "max_next_share": float(stats.next_share.max()),
             "specialised_heads": len(specialised_heads(stats, threshold=threshold)),
             "head_entropy": float(stats.entropy.mean()), "uniform_entropy": float(stats.uniform_entropy)}

@@ -131,7 +131,8 @@ def measure(job: Job, cfg, data, hook: EarlyStats | None) -> dict:
         out[REUSED_KEY] = meta[REUSED_KEY]
     if job.stats:
         ids, mask = _probe(data.eval)
-        summary = attention_summary(encoder_attentions(model, ids, mask), mask)
+        attentions = encoder_attentions(model, ids, mask)
+        summary = attention_summary(attentions, mask)
         if "self_attention_share" in job.stats:
             out.update({k: summary[k] for k in ("self_share", "self_top1", "chance", "self_share_by_layer")})
         if "saturation" in job.stats:
@@ -140,7 +141,7 @@ def measure(job: Job, cfg, data, hook: EarlyStats | None) -> dict:
                 out.update(hook.summary())
         if "heads" in job.stats:
             special = data.tokenizer.special
-            out.update(head_summary(model, ids, mask, cls_id=special.cls, sep_id=special.sep))
+            out.update(head_summary(attentions, ids, mask, cls_id=special.cls, sep_id=special.sep))
     if job.length_factor:
         out.update(_long_eval(model, cfg, data, job.length_factor))
     return out
