@@ -21,7 +21,7 @@ _LAZY = {
     "TaskConfig": "qkv.models.heads",
     "SequenceClassifier": "qkv.models.heads",
     "TokenClassifier": "qkv.models.heads",
-    "attach_task_head": "qkv.models.builders",
+    "attach_task_head": "qkv.models.task_builders",
 }
 
 

@@ -138,7 +138,7 @@ def test_export_refuses_what_electra_and_bert_cannot_express(tmp_path):
 
 
 def test_a_discriminator_takes_a_task_head_for_fine_tuning(tmp_path):
-    from qkv.models.builders import attach_task_head
+    from qkv.models.task_builders import attach_task_head
     from qkv.models.heads import TaskConfig
 
     hf, folder = _folder(tmp_path, "discriminator")

@@ -135,7 +135,7 @@ def test_export_refuses_what_roberta_cannot_express(tmp_path):
 
 
 def test_export_refuses_a_sequence_head_roberta_writes_differently(tmp_path):
-    from qkv.models.builders import build_task_model
+    from qkv.models.task_builders import build_task_model
     from qkv.models.heads import TaskConfig
 
     config = ModelConfig.preset("tiny", family="roberta", pad_token_id=1, position_offset=2)

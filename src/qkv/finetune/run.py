@@ -231,7 +231,7 @@ def _finished(out: Path, cfg: FinetuneConfig) -> FinetuneResult | None:
 def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clock, on_backward) -> FinetuneResult:
     from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
     from qkv.finetune.inputs import FINETUNE_SPECIALS
-    from qkv.models.builders import attach_task_head
+    from qkv.models.task_builders import attach_task_head
     from qkv.models.heads import TaskConfig
 
     train, held, notes = _data(cfg)

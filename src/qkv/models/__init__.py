@@ -2,8 +2,8 @@
 (sequence classification, regression, token classification), ELECTRA's discriminator, checkpoint
 folders in and out (qkv and Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA: :mod:`qkv.models.families`)."""
 
-from qkv.models.builders import (attach_task_head, build_causal_lm, build_discriminator, build_encoder, build_masked_lm,
-                                 build_model, build_task_model, init_weights)
+from qkv.models.builders import (build_causal_lm, build_discriminator, build_encoder, build_masked_lm, build_model,
+                                 init_weights)
 from qkv.models.discriminator import Discriminator, DiscriminatorOutput
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import (POOLINGS, TASKS, SequenceClassifier, TaskConfig, TaskModel, TaskOutput,
@@ -11,6 +11,7 @@ from qkv.models.heads import (POOLINGS, TASKS, SequenceClassifier, TaskConfig, T
 from qkv.models.io import Pretrained, convert, export_hf, load, save
 from qkv.models.causal_lm import CausalLM, CausalLMOutput
 from qkv.models.mlm import MaskedLM, MaskedLMHead, MaskedLMOutput
+from qkv.models.task_builders import attach_task_head, build_task_model
 
 __all__ = [
     "build_encoder",

@@ -16,8 +16,8 @@ Losses: mean cross-entropy over the examples (sequence classification); mean cro
 the labelled tokens, label -100 ignored (token classification; NaN when none is labelled, as
 ``torch.nn.functional.cross_entropy``); mean squared error (regression).
 
-The models take plain arguments; :func:`qkv.models.builders.build_task_model` and
-:func:`qkv.models.builders.attach_task_head` assemble them.
+The models take plain arguments; :func:`qkv.models.task_builders.build_task_model` and
+:func:`qkv.models.task_builders.attach_task_head` assemble them.
 """
 
 from __future__ import annotations

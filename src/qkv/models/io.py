@@ -46,10 +46,10 @@ from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
 from qkv.models import families
-from qkv.models.builders import (build_causal_lm, build_discriminator, build_encoder_decoder, build_model,
-                                 build_task_model)
+from qkv.models.builders import build_causal_lm, build_discriminator, build_encoder_decoder, build_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
+from qkv.models.task_builders import build_task_model
 from qkv.validation import check_choice
 
 __all__ = ["Pretrained", "load", "save", "export_hf", "convert", "unpack", "read_weights", "read_json", "CheckpointError"]
