@@ -56,6 +56,47 @@ def test_eval_on_a_jsonl_file(tiny_model, tmp_path):
         load_eval_data("no-such-dataset")
 
 
+def test_eval_files_csv_tsv_gz_and_splits(tmp_path):
+    import gzip
+
+    from qkv.embeddings.evaluate import load_eval_data
+
+    csv_path = tmp_path / "d.csv"
+    csv_path.write_text("text,label,split\n" + "".join(f'"text {i}, with a comma",{i % 3},{"test" if i < 3 else "train"}\n'
+                                                        for i in range(10)), encoding="utf-8")
+    data = load_eval_data(str(csv_path))
+    assert data.test_texts == [f"text {i}, with a comma" for i in range(3)] and data.test_labels == ["0", "1", "2"]
+    assert len(data.train_texts) == 7 and data.train_labels[0] == "0" and not data.notes
+    tsv = tmp_path / "d.tsv.gz"
+    with gzip.open(tsv, "wt", encoding="utf-8") as fh:
+        fh.write("label\ttext\tsplit\n" + "".join(f"{'ab'[i % 2]}\tdoc {i}\t\n" for i in range(8)))
+    data = load_eval_data(str(tsv))  # an empty split cell: no split, the seeded 25 %
+    assert len(data.test_texts) == 2 and len(data.train_texts) == 6 and "without a split field" in data.notes[0]
+    assert sorted(data.test_texts + data.train_texts) == sorted(f"doc {i}" for i in range(8))
+    assert load_eval_data(str(tsv)).test_texts == data.test_texts, "the split is seeded"
+
+
+@pytest.mark.parametrize("name,body,message", [
+    ("a.jsonl", '{"text": "x", "label": 1}\n{"text": "y"}\n', r"a\.jsonl:2: expected the fields 'text' and 'label'"),
+    ("b.jsonl", '{"text": "x", "label": 1, "split": "dev"}\n', r"b\.jsonl:1: split 'dev'; allowed: train, test"),
+    ("c.jsonl", '{"text": "x", "label": null}\n', r"c\.jsonl:1: the 'label' field is None; every document needs a label"),
+    ("d.csv", "text,label\nx,\n", r"d\.csv:2: the 'label' field is ''"),
+    ("e.jsonl", '{"text": "x", "label": 1}\n{not json\n', r"e\.jsonl, line 2: not valid JSON"),
+    ("f.csv", "text,label\nx,1,extra\n", r"f\.csv, line 2: 3 fields, but the header has 2"),
+    ("g.txt", "x\n", r"unknown dataset .*g\.txt.*\.jsonl, \.csv or \.tsv"),
+    ("h.txt.gz", "x\n", r"unknown dataset .*h\.txt\.gz"),
+])
+def test_eval_files_are_checked(tmp_path, name, body, message):
+    from qkv.embeddings.evaluate import load_eval_data
+
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(EmbeddingError, match=message):
+        load_eval_data(str(path))
+    with pytest.raises(EmbeddingError, match=r"no\.jsonl.*no such file"):
+        load_eval_data(str(tmp_path / "no.jsonl"))
+
+
 def test_search_finds_the_exact_document(tiny_model, tmp_path, pydoc_texts, capsys):
     docs = [" ".join(t.split()[:60]) for t in pydoc_texts[:30]]
     corpus = tmp_path / "c.jsonl"

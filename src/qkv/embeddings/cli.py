@@ -183,7 +183,8 @@ def add_embedding_parsers(sub) -> None:
                        "a table and writes it as JSON.")
     v.add_argument("model", nargs="+", help="model folder(s)")
     v.add_argument("--dataset", required=True,
-                   help="reuters8, 20newsgroups, reuters52, or a JSONL file with text, label[, split]")
+                   help="reuters8, 20newsgroups, reuters52, or a labelled .jsonl/.csv/.tsv file (optionally .gz) "
+                        "with text, label[, split] fields")
     v.add_argument("--out", default=None, help="JSON result (default: eval-embeddings-DATASET.json)")
     v.add_argument("--max-train", type=int, default=None, help="subsample the train split (stated in output)")
     v.add_argument("--max-test", type=int, default=None, help="subsample the test split (stated in output)")

@@ -13,9 +13,10 @@ The TF-IDF baseline (scikit-learn ``TfidfVectorizer``: sublinear tf, English sto
 fitted on the train split; rows L2-normalised) runs in the same call on the same documents.
 
 Datasets: ``reuters8``, ``20newsgroups`` (or another labelled named dataset with train and test
-splits; test documents whose text also occurs in train are dropped), or a file: JSONL with
-``text`` and ``label`` fields and an optional ``split`` field (``train``/``test``); without it a
-seeded 25 % of the documents is the test split.
+splits; test documents whose text also occurs in train are dropped), or a labelled file read by
+:func:`qkv.data.readers.iter_records` — JSONL, CSV or TSV (a header row naming the columns),
+optionally gzip-compressed — with ``text`` and ``label`` fields and an optional ``split`` field
+(``train``/``test``); documents without one are split by seed, 25 % test.
 """
 
 from __future__ import annotations
@@ -56,26 +57,26 @@ def subsample(texts, labels, n, seed, what, notes):
 
 
 def _file_split(path: Path, seed: int, text_field: str, label_field: str):
-    from qkv.data.readers import read_records
+    from qkv.data.errors import CorpusError
+    from qkv.data.readers import iter_records
 
     rows: dict[str, tuple[list, list]] = {"train": ([], []), "test": ([], []), "": ([], [])}
-    import json
-
-    for line_no, line in read_records(str(path), fmt="text"):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EmbeddingError(f"{path}, line {line_no}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or text_field not in obj or label_field not in obj:
-            raise EmbeddingError(f"{path}, line {line_no}: expected an object with {text_field!r} and "
-                                 f"{label_field!r} fields (and optionally 'split': train|test)")
-        split = str(obj.get("split", ""))
-        if split not in rows:
-            raise EmbeddingError(f"{path}, line {line_no}: split {split!r}; allowed: train, test")
-        rows[split][0].append(str(obj[text_field]))
-        rows[split][1].append(str(obj[label_field]))
+    try:
+        for source, obj in iter_records(path):
+            if text_field not in obj or label_field not in obj:
+                raise EmbeddingError(f"{source}: expected the fields {text_field!r} and {label_field!r} "
+                                     "(and optionally 'split': train|test)")
+            split = str(obj.get("split") or "")
+            if split not in rows:
+                raise EmbeddingError(f"{source}: split {split!r}; allowed: train, test (or none)")
+            label = obj[label_field]
+            if label is None or label == "" or isinstance(label, (list, dict)):
+                raise EmbeddingError(f"{source}: the {label_field!r} field is {label!r}; every document needs a "
+                                     "label (a string or a number)")
+            rows[split][0].append(str(obj[text_field]))
+            rows[split][1].append(str(label))
+    except CorpusError as e:
+        raise EmbeddingError(str(e)) from None
     notes = []
     loose_texts, loose_labels = rows[""]
     if loose_texts:
@@ -91,14 +92,18 @@ def _file_split(path: Path, seed: int, text_field: str, label_field: str):
 
 def load_eval_data(dataset: str, *, max_train: int | None = None, max_test: int | None = None,
                    seed: int = 0, text_field: str = "text", label_field: str = "label") -> EvalData:
-    """The train and test documents of ``dataset`` (a named dataset or a JSONL file).
+    """The train and test documents of ``dataset``: a named dataset, or a labelled ``.jsonl``,
+    ``.csv`` or ``.tsv`` file (optionally ``.gz``) with ``text_field``, ``label_field`` and
+    optionally ``split`` (``train``/``test``; documents without one: a seeded 25 % test split).
 
     Raises:
-        EmbeddingError: unknown dataset, unlabelled data, a split with fewer than 2 documents.
+        EmbeddingError: unknown dataset, unlabelled data, a split with fewer than 2 documents, a
+            malformed file (names the file and line).
     """
     from qkv.data.corpus import Corpus
     from qkv.data.datasets import DATASETS
     from qkv.data.errors import CorpusError
+    from qkv.data.readers import record_format
 
     path = Path(dataset)
     notes: list[str] = []
@@ -114,12 +119,14 @@ def load_eval_data(dataset: str, *, max_train: int | None = None, max_test: int 
         except CorpusError as e:
             raise EmbeddingError(str(e)) from e
         name = dataset
-    elif path.suffix.lower() in (".jsonl", ".gz") and path.is_file():
+    elif record_format(path) is not None and path.is_file():
         (tr_t, tr_l), (te_t, te_l), notes = _file_split(path, seed, text_field, label_field)
         name = path.name
     else:
-        raise EmbeddingError(f"unknown dataset {dataset!r}: give reuters8, 20newsgroups, reuters52 or a "
-                             "JSONL file of {\"text\": …, \"label\": …[, \"split\": \"train\"|\"test\"]}")
+        missing = " (no such file)" if record_format(path) is not None else ""
+        raise EmbeddingError(f"unknown dataset {dataset!r}{missing}: give reuters8, 20newsgroups, reuters52 or a "
+                             "labelled file (.jsonl, .csv or .tsv, optionally .gz) with text and label "
+                             "fields and optionally split (train|test)")
     tr_t, tr_l = subsample(tr_t, tr_l, max_train, seed, "train", notes)
     te_t, te_l = subsample(te_t, te_l, max_test, seed + 1, "test", notes)
     if len(tr_t) < 2 or len(te_t) < 2:
