@@ -32,7 +32,9 @@ def test_builtin_grids_load_validate_and_ask_the_issue_questions():
     assert load_grid("scaling").stats == ("saturation", "heads")
     assert all("heads" in load_grid(n).stats for n in BUILTIN if n != "modern")  # did the heads specialise?
     assert load_grid("positions").length_factor == 2
-    assert len(load_grid("positions").variants) == 9
+    assert len(load_grid("positions").variants) == 10
+    positions = validate_grid(load_grid("positions"))
+    assert positions["sinusoidal-scaled"].model["embed_scale"] and "embed_scale" not in positions["sinusoidal"].model
     heads = validate_grid(load_grid("heads"))
     assert [heads[v].model["n_heads"] for v in ("h1", "h2", "h4", "h8")] == [1, 2, 4, 8]
     sims = {c.model["similarity"] for c in validate_grid(load_grid("similarity")).values()}
