@@ -111,7 +111,7 @@ def test_decoder_layer_follows_its_formulas(norm):
     layer = m.decoder.layers[0]
     x, mem = torch.randn(2, 4, 32), torch.randn(2, 5, 32)
     sa = lambda h: layer.self_attention(h, causal=True).output  # noqa: E731
-    ca = lambda h: layer.cross_attention(h, mem).output  # noqa: E731
+    ca = lambda h: layer.cross_attention(h, context=mem).output  # noqa: E731
     n1, n2, n3, ff = layer.norm1, layer.norm2, layer.norm3, layer.feed_forward
     if norm == "post":
         h1 = n1(x + sa(x))

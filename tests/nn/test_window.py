@@ -206,7 +206,7 @@ def test_chunked_window_block_memory_does_not_grow_with_length(monkeypatch, grad
 
 def test_auto_picks_chunked_for_long_windowed_calls():
     from qkv.nn.attend import choose_backend, features_of
-    from qkv.nn.backends import AttendCall
+    from qkv.nn.backends.base import AttendCall
 
     q, k, v = _qkv(t=64, b=1, h=2, g=2)
     sim = build_similarity("scaled_dot", n_heads=2, d_head=D)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from qkv.config import ModelConfig
+from qkv.nn.attend import BackendPlan
 from qkv.nn.attention import MultiHeadAttention, check_heads
 from qkv.nn.embeddings import Embeddings
 from qkv.nn.encoder import Encoder
@@ -37,8 +38,10 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
                     score_bias: nn.Module | None = None, backend: str = "auto",
                     chunk_size: int | None = None, n_kv_heads: int | None = None, qk_norm: str = "none",
                     qk_norm_scale: bool = True, qk_norm_eps: float = 1e-6,
-                    window: int | None = None, shared_qk: bool = False) -> MultiHeadAttention:
-    """A :class:`~qkv.nn.attention.MultiHeadAttention` from plain options: its parts are made here.
+                    window: int | None = None, shared_qk: bool = False,
+                    context_width: int | None = None) -> MultiHeadAttention:
+    """A :class:`~qkv.nn.attention.MultiHeadAttention` from plain options: its parts are made here,
+    and its backend resolved (:class:`~qkv.nn.attend.BackendPlan`).
 
     Args:
         d_model: model width C. n_heads: heads H (must divide C).
@@ -58,16 +61,24 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
         qk_norm_scale: the qk-norm learns a per-dimension scale. qk_norm_eps: its ε.
         window: sliding-window width W (keys within ``W // 2`` either side), ``None`` = global.
         shared_qk: one map for queries and keys (``C → 2C``: queries = keys, values).
+        context_width: cross-attention over a context of width E: a ``C → C`` query map and an
+            ``E → 2·G·D`` key/value map (no positions, window or shared map then); ``None`` = self-attention.
     """
     check_heads(d_model, n_heads)
     d_head = d_model // n_heads
     kv_width = (n_heads if n_kv_heads is None else n_kv_heads) * d_head  # G·D
+    cross = context_width is not None
+    if cross and not qkv_proj:
+        raise ValueError("cross-attention needs its maps (qkv_proj=True): keys and values come from another "
+                         "sequence of another width")
     return MultiHeadAttention(
         d_model,
         n_heads,
         similarity=build_similarity(similarity, n_heads=n_heads, d_head=d_head, **(similarity_kwargs or {})),
         qkv_proj=nn.Linear(d_model, (2 * d_model if shared_qk else d_model + 2 * kv_width), bias=bias)
-        if qkv_proj else None,
+        if qkv_proj and not cross else None,
+        q_proj=nn.Linear(d_model, d_model, bias=bias) if cross else None,
+        kv_proj=nn.Linear(context_width, 2 * kv_width, bias=bias) if cross else None,
         out_proj=nn.Linear(d_model, d_model, bias=bias) if out_proj else None,
         n_kv_heads=n_kv_heads,
         shared_qk=shared_qk,
@@ -76,7 +87,7 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
         score_bias=score_bias,
         window=window,
         dropout=dropout,
-        backend=backend,
+        backend=BackendPlan(backend),
         chunk_size=chunk_size,
     )
 
@@ -294,7 +305,6 @@ def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_sta
     own). Cross-attention has no positions. Refused: a pooler and ``embedding_size`` ≠ C.
     """
     from qkv.models.seq2seq import Decoder, EncoderDecoder, SharedTokenEmbeddings
-    from qkv.nn.cross_attention import CrossAttention
     from qkv.nn.decoder_layer import DecoderLayer
 
     if config.pooler:
@@ -312,17 +322,15 @@ def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_sta
         norm=build_norm_for(config) if config.embedding_norm else nn.Identity(), dropout=config.dropout,
         token_scale=math.sqrt(config.d_model) if config.embed_scale else 1.0)
     C, H = config.d_model, config.n_heads
-    D = C // H
-    G = H if config.n_kv_heads is None else config.n_kv_heads
     layers = []
     for i in range(config.n_layers):
         base = build_layer(config, slots, index=i)  # causal self-attention, feed-forward, their norms
-        cross = CrossAttention(
-            C, H, similarity=build_similarity(config.similarity, n_heads=H, d_head=D, **dict(config.similarity_kwargs)),
-            q_proj=nn.Linear(C, C, bias=config.attention_bias), kv_proj=nn.Linear(C, 2 * G * D, bias=config.attention_bias),
-            out_proj=nn.Linear(C, C, bias=config.attention_bias) if config.out_proj else None, n_kv_heads=config.n_kv_heads,
-            qk_norm=build_qk_norm(config.qk_norm, D, scale=config.qk_norm_scale, eps=config.layer_norm_eps),
-            dropout=config.attention_dropout, backend=config.attention_path, chunk_size=config.chunk_size)
+        cross = build_attention(C, H, similarity=config.similarity, similarity_kwargs=dict(config.similarity_kwargs),
+                                out_proj=config.out_proj, bias=config.attention_bias, dropout=config.attention_dropout,
+                                backend=config.attention_path, chunk_size=config.chunk_size,
+                                n_kv_heads=config.n_kv_heads, qk_norm=config.qk_norm,
+                                qk_norm_scale=config.qk_norm_scale, qk_norm_eps=config.layer_norm_eps,
+                                context_width=C)
         layers.append(DecoderLayer(base.attention, cross, base.feed_forward, norm1=base.norm1,
                                    norm2=build_norm_for(config), norm3=base.norm2, norm=config.norm,
                                    dropout=config.dropout))

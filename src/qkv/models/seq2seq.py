@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.models.mlm import IGNORE_INDEX
+from qkv.nn.attention import ContextKV
 from qkv.nn.embeddings import Embeddings
 from qkv.nn.encoder import Encoder
 
@@ -80,14 +81,14 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.final_norm, self.qk_positions, self.max_len = final_norm, qk_positions, max_len
 
-    def project_memory(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Each layer's cross-attention keys and values of ``memory``: computed once per generation."""
-        return [layer.cross_attention.project_memory(memory) for layer in self.layers]
+    def project_context(self, context: Tensor) -> list[ContextKV]:
+        """Each layer's cross-attention keys and values of ``context``: computed once per source."""
+        return [layer.cross_attention.project_context(context) for layer in self.layers]
 
-    def forward(self, input_ids: Tensor, memory: Tensor | None, attention_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, *, output_attentions: bool = False,
-                memory_kv: list[tuple[Tensor, Tensor]] | None = None) -> DecoderOutput:
-        """``(B,T)`` target ids over ``(B,S,C)`` memory → :class:`DecoderOutput`."""
+    def forward(self, input_ids: Tensor, context: Tensor | list[ContextKV], attention_mask: Tensor | None = None,
+                context_mask: Tensor | None = None, *, output_attentions: bool = False) -> DecoderOutput:
+        """``(B,T)`` target ids over a ``(B,S,C)`` context (the encoder's output, or its keys and values
+        per layer from :meth:`project_context`) → :class:`DecoderOutput`."""
         T = input_ids.shape[1]
         if T > self.max_len:
             raise ValueError(f"target length {T} exceeds max_len={self.max_len}; generate fewer tokens or "
@@ -100,8 +101,8 @@ class Decoder(nn.Module):
         x = self.embeddings(input_ids)  # (B,T) -> (B,T,C)
         sa, ca = ([], []) if output_attentions else (None, None)
         for i, layer in enumerate(self.layers):
-            out = layer(x, memory, pad, memory_mask, need_weights=output_attentions, qk_pos=qk_pos,
-                        memory_kv=None if memory_kv is None else memory_kv[i])
+            ctx = context[i] if isinstance(context, list) else context
+            out = layer(x, ctx, pad, context_mask, need_weights=output_attentions, qk_pos=qk_pos)
             x = out.output
             if sa is not None:
                 sa.append(out.self_attention_weights)
@@ -176,8 +177,8 @@ class EncoderDecoder(nn.Module):
                 raise ValueError("pass decoder_input_ids or labels (decoder inputs are the labels shifted right)")
             decoder_input_ids = shift_right(labels, self.decoder_start_token_id, self.pad_token_id)
         enc = self.encoder(input_ids, attention_mask, output_attentions=output_attentions)
-        memory_mask = None if attention_mask is None else attention_mask.bool()
-        dec = self.decoder(decoder_input_ids, enc.last_hidden_state, decoder_attention_mask, memory_mask,
+        context_mask = None if attention_mask is None else attention_mask.bool()
+        dec = self.decoder(decoder_input_ids, enc.last_hidden_state, decoder_attention_mask, context_mask,
                            output_attentions=output_attentions)
         logits = F.linear(dec.last_hidden_state, self.decoder_weight)  # (B,T,C)(C,V) -> (B,T,V)
         loss = None
@@ -194,7 +195,7 @@ class EncoderDecoder(nn.Module):
                  decoder_start_token_id: int | None = None, eos_token_id: int | None = None) -> Tensor:
         """Greedy decoding: ``(B,S)`` source → ``(B, 1 + n)`` ids beginning with the start token.
 
-        The encoder runs once and each layer's memory keys/values are projected once; the decoder
+        The encoder runs once and each layer's context keys/values are projected once; the decoder
         then runs on the whole growing prefix at every step (recomputed: quadratic in the output
         length, fine for short outputs). A row that has produced ``eos_token_id`` is padded with
         ``pad_token_id`` after it; generation stops when every row has.
@@ -203,13 +204,13 @@ class EncoderDecoder(nn.Module):
             raise ValueError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
         start = self.decoder_start_token_id if decoder_start_token_id is None else decoder_start_token_id
         enc = self.encoder(input_ids, attention_mask).last_hidden_state  # (B,S,C)
-        memory_mask = None if attention_mask is None else attention_mask.bool()
-        kv = self.decoder.project_memory(enc)
+        context_mask = None if attention_mask is None else attention_mask.bool()
+        kv = self.decoder.project_context(enc)
         B = input_ids.shape[0]
         out = input_ids.new_full((B, 1), start)
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         for _ in range(max_new_tokens):
-            h = self.decoder(out, None, None, memory_mask, memory_kv=kv).last_hidden_state[:, -1]  # (B,C)
+            h = self.decoder(out, kv, None, context_mask).last_hidden_state[:, -1]  # (B,C)
             nxt = F.linear(h, self.decoder_weight).argmax(-1)  # (B,C) -> (B,V) -> (B,)
             nxt = nxt.masked_fill(done, self.pad_token_id)
             out = torch.cat([out, nxt[:, None]], dim=1)  # (B,t) -> (B,t+1)

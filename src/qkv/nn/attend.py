@@ -2,17 +2,24 @@
 
 Legend: B batch, H heads, T query length, S key length, D head dim (q, k), E value head dim.
 
-:func:`attend` checks its inputs, describes the call (:class:`~qkv.nn.backends.Features`), lets
-:func:`choose_backend` — a pure function, tested as a table — pick an execution path, and runs it.
-Every backend (:mod:`qkv.nn.backends`) computes :func:`~qkv.nn.stages.staged_attention`'s numbers:
+:func:`attend` checks its inputs, describes the call (:class:`~qkv.nn.backends.base.Features`), lets
+:func:`choose_backend` — a pure function of those features and the backends' declarations, tested as
+a table — pick an execution path, and runs it. An attention module resolves its backend once, when
+it is built (:class:`BackendPlan`), and hands each call straight to the backend its plan picks.
+Every backend (:mod:`qkv.nn.backends`) computes :func:`~qkv.nn.stages.staged_attention`'s numbers.
+
+How ``auto`` picks: the backends whose declaration (:class:`~qkv.nn.backends.base.Supports`) covers
+the call — weights, similarity, bias, causal mask, window, dropout, autograd, device, dtype, and,
+under ``auto``, the memory budget — are the candidates; a plugin backend that ``claims`` the call
+is taken first; otherwise the candidate whose :meth:`~qkv.nn.backends.base.Backend.speed` is lowest.
+With the built-in declarations that gives:
 
 ========================  =====================================================================
 ``auto`` picks            when
 ========================  =====================================================================
-a plugin backend          its ``claims(features)`` says so (asked first, in registration order)
-``chunked``               a sliding window, when the scores exceed the budget or the window
-                          covers under an eighth of the keys: each block of queries visits only
-                          its band of keys (time and memory linear in T)
+``chunked``               a sliding window when the scores exceed the budget or the window
+                          covers under an eighth of the keys (each block of queries visits only
+                          its band of keys: time and memory linear in T)
 ``inplace``               weights wanted, a dot-product similarity, no autograd, no dropout
 ``explicit``/``chunked``  weights wanted otherwise (``chunked`` when the scores exceed the budget)
 ``offset_flash``          an offset bias (relative, T5, ALiBi) the flash kernel can run — except a
@@ -24,81 +31,149 @@ a plugin backend          its ``claims(features)`` says so (asked first, in regi
 ========================  =====================================================================
 
 A causal call with an offset bias and no other mask folds the causal mask into the bias
-(:meth:`~qkv.nn.offset_bias.OffsetBias.causal`: keys after the query read an entry of −∞), so
-it takes the offset-bias rows above. Below that row a window is a ``(T,S)`` band in the boolean mask. Keys and values may have fewer
-heads than the queries (grouped-query attention, G dividing H; query head h reads key/value head
-h // (H/G), as transformers' ``repeat_kv``); every built-in backend runs them, and a backend of
-your own that does not say so (``grouped_kv_ok``) gets them expanded to H heads. A backend that
-does not read ``window`` (``window_ok``) is never given a windowed call. Naming ``backend="sdpa"`` with an offset bias the kernel can run also takes ``offset_flash``
-(never a dense bias). Masks: boolean, broadcastable to ``(B,H,T,S)``, True = may attend. A query
-whose keys are all masked gets an output of zeros and weights of zeros on every backend — never NaN.
+(:meth:`~qkv.nn.offset_bias.OffsetBias.causal`: keys after the query read an entry of −∞), so it
+takes the offset-bias rows above. Otherwise a window is a ``(T,S)`` band in the boolean mask. Keys
+and values may have fewer heads than the queries (grouped-query attention, G dividing H; query head
+h reads key/value head h // (H/G), as transformers' ``repeat_kv``); every built-in backend runs
+them, and a backend that does not declare ``grouped_kv`` gets them expanded to H heads. Naming a
+backend runs it (``offset_flash`` stands in for ``sdpa`` when it can run the call: never a dense
+bias); a named backend that cannot run a call says why in one line. Masks: boolean, broadcastable to
+``(B,H,T,S)``, True = may attend. A query whose keys are all masked gets an output of zeros and
+weights of zeros on every backend — never NaN.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from torch import Tensor
 
-from qkv.nn.backends import BACKENDS, AttendCall, Features, backend_names, needs_grad
-from qkv.nn.backends.offset_flash import offset_fast_ok
+from qkv import plugins
+from qkv.nn.backends import BACKENDS, backend_names
+from qkv.nn.backends.base import AttendCall, Backend, Features, needs_grad
 from qkv.nn.masks import check_mask
 from qkv.nn.offset_bias import OffsetBias
-from qkv.nn.stages import AttendOutput, Bias, expand_kv, masked_softmax
+from qkv.nn.stages import AttendOutput, Bias, expand_kv
 
-__all__ = ["attend", "AttendOutput", "choose_backend", "features_of", "DEFAULT_BUDGET", "masked_softmax"]
+__all__ = ["attend", "attend_call", "choose_backend", "features_of", "run_backend", "BackendPlan", "DEFAULT_BUDGET"]
 
 #: Elements of score work memory one explicit block may use (2**24 floats = 64 MiB in float32).
 DEFAULT_BUDGET = 2**24
 
 
-def choose_backend(requested: str, f: Features, plugins=()) -> str:
-    """The backend to run a call with features ``f`` (the table in the module docstring).
+def choose_backend(requested: str, f: Features, backends: Mapping[str, Backend] | None = None) -> str:
+    """The backend to run a call with features ``f`` (see the module docstring).
 
     Args:
         requested: ``"auto"`` or a backend name.
         f: the call's features.
-        plugins: non-built-in backends, asked (``claims(f)``) first under ``"auto"``.
+        backends: the registered backends (default :data:`qkv.nn.backends.BACKENDS`), in order.
     """
+    backends = BACKENDS if backends is None else backends
     if requested != "auto":
-        if requested == "sdpa" and f.offset_bias and f.has_dot and not f.need_weights and f.offset_kernel_ok:
-            return "offset_flash"
+        named = backends.get(requested)
+        standins = [b for b in backends.values() if requested in b.stands_in_for and b.supports.missing(f) is None]
+        best = min(standins, key=lambda b: b.speed(f), default=None)
+        if best is not None and (named is None or named.supports.missing(f) is not None
+                                 or best.speed(f) < named.speed(f)):
+            return best.name
         return requested
-    for backend in plugins:
-        if backend.claims(f):
-            return backend.name
-    if f.window and (not f.small or f.band_narrow):
-        return "chunked"  # the band of each query block only: linear in T, weights or not
-    blockwise = "explicit" if f.small else "chunked"
-    if f.need_weights:
-        return "inplace" if f.has_dot and not f.grad and not f.dropout and not f.empty else blockwise
-    if f.offset_bias and f.has_dot:
-        if f.offset_kernel_ok and not (f.small and f.learned_bias):
-            return "offset_flash"
-        if f.learned_bias or f.bias_large:
-            return blockwise  # neither SDPA's math path nor a dense mask
-    return "sdpa" if f.has_dot else blockwise
+    able = [b for b in backends.values() if b.supports.missing(f) is None]
+    for b in able:
+        if not b.builtin and b.claims(f):
+            return b.name
+    if not able:
+        raise ValueError(f"no attention backend can run this call ({f})")
+    return min(able, key=lambda b: b.speed(f)).name
 
 
 def features_of(call: AttendCall) -> Features:
-    """The :class:`~qkv.nn.backends.Features` of ``call``."""
+    """The :class:`~qkv.nn.backends.base.Features` of ``call``."""
     B, H, T, S = call.shape
-    offset = isinstance(call.bias, OffsetBias)
+    q, bias, mask = call.q, call.bias, call.mask
+    offset = isinstance(bias, OffsetBias)
     return Features(
         has_dot=call.has_dot,
         need_weights=call.need_weights,
         grad=needs_grad(call),
         dropout=call.dropout_p > 0,
         offset_bias=offset,
-        learned_bias=offset and call.bias.requires_grad,
-        offset_kernel_ok=offset and call.window is None and offset_fast_ok(call.q, call.v, call.bias, call.mask,
-                                                                           call.causal, call.dropout_p),
+        learned_bias=offset and bias.requires_grad,
+        dense_bias=bias is not None and not offset,
+        causal=call.causal,
+        key_mask_only=mask is None or (mask.shape[1] == 1 and mask.shape[2] == 1),
+        device=q.device.type,
+        dtype=str(q.dtype).removeprefix("torch."),
+        equal_head_dims=q.shape[-1] == call.v.shape[-1],
+        grouped_kv=call.k.shape[1] != H,
         small=B * H * T * S * call.cost <= call.budget,
         bias_large=H * T * S > call.budget,
         empty=B * T == 0,
         window=call.window is not None,
         band_narrow=call.window is not None and S > 8 * call.window,
     )
+
+
+def attend_call(q: Tensor, k: Tensor, v: Tensor, similarity, bias: Bias | None, mask: Tensor | None, causal: bool,
+                dropout_p: float, need_weights: bool, chunk_size: int | None, budget: int,
+                weights_out: Tensor | None = None, window: int | None = None) -> AttendCall:
+    """The :class:`AttendCall` of already checked inputs: a tensor bias left-padded to 4-D, and a causal
+    mask folded into an offset bias when there is no other mask (the fused kernel can then run it)."""
+    if isinstance(bias, Tensor) and bias.dim() < 4:
+        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))  # left-pad to 4-D
+    if causal and mask is None and window is None and isinstance(bias, OffsetBias) and k.shape[2] >= q.shape[2]:
+        bias, causal = bias.causal(), False  # keys after the query read an entry of -inf
+    return AttendCall(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget,
+                      weights_out, window)
+
+
+def run_backend(backend: Backend, call: AttendCall, f: Features, *, named: bool) -> AttendOutput:
+    """Run ``call`` on ``backend``: a named backend first says why it cannot (one line), keys and values
+    are expanded to H heads for a backend that does not take grouped ones, weights not asked for are
+    dropped."""
+    if named:
+        reason = backend.refuse(call, f)
+        if reason is not None:
+            able = [b.name for b in BACKENDS.values() if b.supports.missing(f, sized=False) is None]
+            raise ValueError(f"{reason}; use backend 'auto'" + (f" (or {', '.join(able)})" if able else ""))
+    if f.grouped_kv and not backend.supports.grouped_kv:  # (B,G,S,·) -> (B,H,S,·) for a backend written for H
+        H = call.q.shape[1]
+        call = replace(call, k=expand_kv(call.k, H), v=expand_kv(call.v, H))
+    res = backend.run(call)
+    return res if call.need_weights or res.weights is None else AttendOutput(res.output)
+
+
+class BackendPlan:
+    """An attention module's backend, resolved once when the module is built.
+
+    ``BackendPlan("auto")`` picks, per kind of call (its :class:`Features`), the backend
+    :func:`choose_backend` names — once per kind, remembered; a named plan runs its backend (or one
+    that stands in for it). Unknown names load the installed plugins first, then are refused.
+
+    Args:
+        requested: ``"auto"`` or a registered backend name.
+    """
+
+    def __init__(self, requested: str = "auto"):
+        if requested not in backend_names():
+            plugins.load_plugins()  # a miss: the installed plugins may register it
+        if requested not in backend_names():
+            raise ValueError(plugins.unknown_part("attention backend", requested, backend_names()))
+        self.requested = requested
+        self._backends = dict(BACKENDS)  # those registered when the module was built
+        self._picked: dict[Features, Backend] = {}
+
+    def run(self, call: AttendCall) -> AttendOutput:
+        """Attention for ``call`` on the backend this plan picks for it."""
+        f = features_of(call)
+        backend = self._picked.get(f)
+        if backend is None:
+            backend = self._picked[f] = self._backends[choose_backend(self.requested, f, self._backends)]
+        return run_backend(backend, call, f, named=self.requested != "auto")
+
+    def __repr__(self) -> str:
+        return repr(self.requested)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -176,23 +251,10 @@ def attend(
     if isinstance(bias, Tensor):
         if not bias.is_floating_point():
             raise ValueError(f"bias must be a floating-point tensor, got {bias.dtype}")
-        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))  # left-pad to 4-D
     if weights_out is not None and (not need_weights or tuple(weights_out.shape) != (B, H, T, S)):
         raise ValueError(f"weights_out must be a (B,H,T,S) = {(B, H, T, S)} tensor given with need_weights=True, "
                          f"got {tuple(weights_out.shape)}")
-    if causal and mask is None and window is None and isinstance(bias, OffsetBias) and S >= T:
-        bias, causal = bias.causal(), False  # one offset bias: the fused kernel can run it
-    call = AttendCall(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget,
-                      weights_out, window)
-    plugins = [b for b in BACKENDS.values() if not b.builtin and (window is None or b.window_ok)]
-    chosen = BACKENDS[choose_backend(backend, features_of(call), plugins)]
-    if window is not None and not chosen.window_ok:
-        raise ValueError(f"the {chosen.name} backend does not run a sliding window (its window_ok is False); "
-                         "use backend 'auto'")
-    if k.shape[1] != H and not chosen.grouped_kv_ok:  # (B,G,S,·) -> (B,H,S,·) for a backend written for H
-        call = replace(call, k=expand_kv(k, H), v=expand_kv(v, H))
-    reason = chosen.refuse(call)
-    if reason is not None:
-        raise ValueError(reason)
-    res = chosen.run(call)
-    return res if need_weights or res.weights is None else AttendOutput(res.output)
+    call = attend_call(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget,
+                       weights_out, window)
+    f = features_of(call)
+    return run_backend(BACKENDS[choose_backend(backend, f)], call, f, named=backend != "auto")

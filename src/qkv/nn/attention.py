@@ -1,22 +1,29 @@
-"""Multi-head self-attention, as the textbook writes it.
+"""Multi-head attention, as the textbook writes it: self-attention, and cross-attention over a context.
 
 Legend: B batch, T query length, S key length, H heads, G key/value heads, D head dim,
-C model width (= H·D), N packed tokens.
+C model width (= H·D), E context width, N packed tokens.
 
-``MultiHeadAttention`` is given its parts and composes them::
+One module for both (``forward(x, context=None, …)``). ``MultiHeadAttention`` is given its parts
+and composes them::
 
-    q, k, v = X Ω_q, X Ω_k, X Ω_v        project (one fused C → C + 2·G·D map): H query heads,
-                                         G key/value heads (grouped-query attention when G < H)
+    q, k, v = X Ω_q, X Ω_k, X Ω_v        self: one fused C → C + 2·G·D map (H query heads, G
+                                         key/value heads: grouped-query attention when G < H)
+    q       = X Ω_q;  k, v = Y Ω_k, Y Ω_v    cross (context Y): a C → C query map and one fused
+                                         E → 2·G·D key/value map (Prince Fig. 12.13)
     q, k    = qk_norm(q, k)              each head's q and k normalised over D, optional
-    q, k    = transform(q, k)            position transform of q and k (rotary), optional
-    bias    = score_bias(T, S)           additive score bias (relative, T5, ALiBi), optional
-    o       = attend(q, k, v, …)         similarity → bias → mask (padding, causal, window)
+    q, k    = transform(q, k)            position transform of q and k (rotary), optional (self only)
+    bias    = score_bias(T, S)           additive score bias (relative, T5, ALiBi), optional (self only)
+    o       = backend.run(q, k, v, …)    similarity → bias → mask (padding, causal, window)
                                          → softmax → dropout → mix
     out     = merge(o) Ω_o               concatenate the heads, output map
 
-Which kernel runs ``attend`` is not decided here (:mod:`qkv.nn.backends`). Positions added only
-where queries and keys are computed (``qk_pos``) enter the projection: Ω_q(X+Π) = Ω_q X + Ω_q Π.
-:func:`qkv.models.builders.build_attention` makes one from plain options.
+The backend is a :class:`~qkv.nn.attend.BackendPlan` resolved once when the module is built
+(:mod:`qkv.nn.backends`); each call goes from :meth:`MultiHeadAttention.forward` straight to the
+backend it picks. No positions enter cross-attention: queries and keys live in different sequences,
+so each side carries its own positions from its own self-attention; a context's keys and values are
+the same for every decoding step (:meth:`MultiHeadAttention.project_context` computes them once).
+Positions added only where queries and keys are computed (``qk_pos``) enter the projection:
+Ω_q(X+Π) = Ω_q X + Ω_q Π. :func:`qkv.models.builders.build_attention` makes one from plain options.
 """
 
 from __future__ import annotations
@@ -27,14 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv import plugins
-from qkv.nn.attend import attend
-from qkv.nn.backends import backend_names
+from qkv.nn.attend import DEFAULT_BUDGET, BackendPlan, attend_call
 from qkv.nn.kv_cache import LayerCache, end_aligned_bias
 from qkv.nn.masks import key_padding_mask
 from qkv.nn.positional import RotaryEmbedding
 
-__all__ = ["MultiHeadAttention", "AttentionOutput", "check_heads"]
+__all__ = ["MultiHeadAttention", "AttentionOutput", "ContextKV", "check_heads"]
 
 
 @dataclass
@@ -50,16 +55,32 @@ class AttentionOutput:
     weights: Tensor | None = None
 
 
+@dataclass(frozen=True)
+class ContextKV:
+    """A context's keys and values, projected once (:meth:`MultiHeadAttention.project_context`).
+
+    Attributes:
+        k: ``(B,G,S,D)`` keys (qk-norm applied). v: ``(B,G,S,D)`` values.
+    """
+
+    k: Tensor
+    v: Tensor
+
+
 class MultiHeadAttention(nn.Module):
-    """Multi-head self-attention composed of the parts it is given.
+    """Multi-head attention composed of the parts it is given: self-attention, or cross-attention
+    over a context when it is given ``q_proj`` and ``kv_proj``.
 
     Args:
         d_model: model width C.
         n_heads: number of heads H; must divide ``d_model``.
         similarity: a similarity module (:mod:`qkv.nn.similarity`), built for H heads of width D.
-        qkv_proj: the fused Q/K/V map, an ``nn.Linear(C, C + 2·G·D)`` (rows ``[0:C]`` queries, then
-            ``G·D`` keys, then ``G·D`` values; ``(C, 3C)`` when G = H), or ``None``: attend on the
-            embeddings themselves (queries = keys = values = X split into heads; needs G = H).
+        qkv_proj: self-attention's fused Q/K/V map, an ``nn.Linear(C, C + 2·G·D)`` (rows ``[0:C]``
+            queries, then ``G·D`` keys, then ``G·D`` values; ``(C, 3C)`` when G = H), or ``None``:
+            attend on the embeddings themselves (queries = keys = values = X split into heads; needs G = H).
+        q_proj: cross-attention's query map, ``nn.Linear(C, C)``; given together with ``kv_proj``.
+        kv_proj: cross-attention's fused key/value map of the context, ``nn.Linear(E, 2·G·D)`` (rows
+            ``[0:G·D]`` keys, then values).
         out_proj: the output map Ω_o, an ``nn.Linear(C, C)``, or ``None``.
         shared_qk: keys are the queries (one map Ω_q = Ω_k, so the score ``(Ω_q x_i)·(Ω_q x_j)`` is
             symmetric): ``qkv_proj`` is then ``nn.Linear(C, 2C)``, rows ``[0:C]`` queries = keys, then
@@ -68,44 +89,49 @@ class MultiHeadAttention(nn.Module):
             h // (H/G), Ainslie et al. 2023; 1 = multi-query attention, Shazeer 2019); ``None`` = H.
         qk_norm: optional module ``(q, k) -> (q, k)`` normalising each head's q and k over D
             (:class:`~qkv.nn.qk_norm.QKNorm`), applied before ``qk_transform``.
-        qk_transform: optional module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors (e.g. rotary).
+        qk_transform: optional module ``(q, k) -> (q, k)`` on ``(B,H,T,D)`` tensors (e.g. rotary); self only.
         score_bias: optional module ``(T, S) -> bias`` giving an additive score bias accepted by
-            :func:`~qkv.nn.attend.attend`.
+            :func:`~qkv.nn.attend.attend`; self only.
         dropout: dropout on the attention weights (0 keeps the fused kernel on CPU).
         window: sliding-window (local) attention: a query sees the keys within ``window // 2``
-            positions either side (ModernBERT's ``local_attention``); ``None`` = global.
-        backend: ``"auto"`` or a registered attention backend.
+            positions either side (ModernBERT's ``local_attention``); ``None`` = global; self only.
+        backend: a :class:`~qkv.nn.attend.BackendPlan`, or the name of one (``"auto"`` or a
+            registered backend), resolved here once.
         chunk_size: queries per block on the chunked backend.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, similarity: nn.Module, qkv_proj: nn.Linear | None,
-                 out_proj: nn.Linear | None, n_kv_heads: int | None = None, shared_qk: bool = False,
-                 qk_norm: nn.Module | None = None,
-                 qk_transform: nn.Module | None = None, score_bias: nn.Module | None = None,
-                 window: int | None = None, dropout: float = 0.0, backend: str = "auto",
-                 chunk_size: int | None = None):
+    def __init__(self, d_model: int, n_heads: int, *, similarity: nn.Module, qkv_proj: nn.Linear | None = None,
+                 q_proj: nn.Linear | None = None, kv_proj: nn.Linear | None = None,
+                 out_proj: nn.Linear | None = None, n_kv_heads: int | None = None, shared_qk: bool = False,
+                 qk_norm: nn.Module | None = None, qk_transform: nn.Module | None = None,
+                 score_bias: nn.Module | None = None, window: int | None = None, dropout: float = 0.0,
+                 backend: BackendPlan | str = "auto", chunk_size: int | None = None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if not isinstance(shared_qk, bool):
             raise ValueError(f"shared_qk must be a bool, got {shared_qk!r}")
-        if shared_qk and (qkv_proj is None or n_kv_heads != n_heads):
-            raise ValueError(f"shared_qk=True needs a qkv_proj and n_kv_heads = n_heads (got qkv_proj="
-                             f"{'None' if qkv_proj is None else 'a map'}, n_kv_heads={n_kv_heads})")
-        self.shared_qk = shared_qk
-        _check_sizes(d_model, n_heads, n_kv_heads, qkv_proj, out_proj, shared_qk)
+        self.cross = kv_proj is not None or q_proj is not None
+        if self.cross:
+            _check_cross(d_model, n_heads, n_kv_heads, q_proj, kv_proj, out_proj, qkv_proj=qkv_proj,
+                         shared_qk=shared_qk, positions=(qk_transform, score_bias, window))
+        else:
+            if shared_qk and (qkv_proj is None or n_kv_heads != n_heads):
+                raise ValueError(f"shared_qk=True needs a qkv_proj and n_kv_heads = n_heads (got qkv_proj="
+                                 f"{'None' if qkv_proj is None else 'a map'}, n_kv_heads={n_kv_heads})")
+            _check_sizes(d_model, n_heads, n_kv_heads, qkv_proj, out_proj, shared_qk)
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None (global attention), got {window!r}")
-        if backend not in backend_names():
-            plugins.load_plugins()  # a miss: the installed plugins may register it
-        if backend not in backend_names():
-            raise ValueError(plugins.unknown_part("attention backend", backend, backend_names()))
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.n_kv_heads, self.window = n_kv_heads, window
+        self.n_kv_heads, self.window, self.shared_qk = n_kv_heads, window, shared_qk
         self.similarity, self.qkv_proj, self.out_proj = similarity, qkv_proj, out_proj
+        if self.cross:
+            self.q_proj, self.kv_proj = q_proj, kv_proj
+            self.d_context = kv_proj.weight.shape[1]
         self.qk_norm, self.qk_transform, self.score_bias = qk_norm, qk_transform, score_bias
-        self.dropout, self.backend, self.chunk_size = dropout, backend, chunk_size
+        self.dropout, self.chunk_size = dropout, chunk_size
+        self.backend = backend if isinstance(backend, BackendPlan) else BackendPlan(backend)
 
     @property
     def qk_rows(self) -> int:
@@ -128,7 +154,7 @@ class MultiHeadAttention(nn.Module):
         qkv = self.qkv_proj(x)  # (B,T,C) -> (B,T,C+2GD), or (B,T,2C) with shared_qk
         qk = self.qk_rows  # query and key rows of the fused map
         if qk_pos is not None:  # Ω_q(X+Π) = Ω_q X + Ω_q Π, keys likewise; values see X only
-            w = self.qkv_proj.weight[:qk]  # an inference copy may hold it in bfloat16
+            w = self.qkv_proj.weight[:qk]  # an inference model may hold it in bfloat16
             pos = F.linear(qk_pos.to(w.dtype), w)  # (…,T,C) -> (…,T,C+GD)
             qkv = _cat_last(qkv[..., :qk] + pos, qkv[..., qk:])  # (B,T,C+2GD)
         if self.shared_qk:
@@ -144,17 +170,38 @@ class MultiHeadAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in parts)  # (B,H,T,D), 2 × (B,G,T,D)
         return q, k, v
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-                need_weights: bool, weights_out: Tensor | None = None):
-        """qk-norm, position transform and score bias, then :func:`attend`: ``(B,H,T,D)`` → ``AttendOutput``."""
+    def project_context(self, context: Tensor) -> ContextKV:
+        """Keys and values of a context (cross-attention): ``(B,S,E)`` → 2 × ``(B,G,S,D)``, k-norm applied.
+
+        Computed once per source while generating, and passed back as ``context=``.
+        """
+        if not self.cross:
+            raise ValueError("this attention was built for self-attention (a fused Q/K/V map); build it with "
+                             "q_proj and kv_proj for cross-attention")
+        if not isinstance(context, Tensor) or context.dim() != 3 or context.shape[-1] != self.d_context:
+            got = tuple(context.shape) if isinstance(context, Tensor) else type(context).__name__
+            raise ValueError(f"context must be a (B, S, E={self.d_context}) tensor, got {got}")
+        G, D = self.n_kv_heads, self.d_head
+        kv = self.kv_proj(context)  # (B,S,E) -> (B,S,2GD)
+        k, v = kv.unflatten(-1, (2, G, D)).unbind(2)  # (B,S,2GD) -> (B,S,2,G,D) -> 2 × (B,S,G,D)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B,S,G,D) -> (B,G,S,D)
+        if self.qk_norm is not None:
+            k = self.qk_norm.k_norm(k)
+        return ContextKV(k, v)
+
+    def _positioned(self, q: Tensor, k: Tensor):
+        """qk-norm and the position transform of q and k, and the score bias: ``(q, k, bias)``."""
         if self.qk_norm is not None:
             q, k = self.qk_norm(q, k)  # (B,H,T,D), (B,G,S,D) over D
         if self.qk_transform is not None:
             q, k = self.qk_transform(q, k)
         bias = self.score_bias(q.shape[2], k.shape[2]) if self.score_bias is not None else None
-        return attend(q, k, v, similarity=self.similarity, bias=bias, mask=mask, causal=causal, window=self.window,
-                      dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
-                      backend=self.backend, chunk_size=self.chunk_size, weights_out=weights_out)
+        return q, k, bias
+
+    def _call(self, q, k, v, bias, mask, causal: bool, need_weights: bool = False, weights_out=None):
+        """The :class:`~qkv.nn.backends.base.AttendCall` of this module for ``q``, ``k``, ``v``."""
+        return attend_call(q, k, v, self.similarity, bias, mask, causal, self.dropout if self.training else 0.0,
+                           need_weights, self.chunk_size, DEFAULT_BUDGET, weights_out, self.window)
 
     def _out(self, o: Tensor) -> Tensor:
         """Merge heads and apply the output map: ``(B,H,T,D)`` → ``(B,T,C)``."""
@@ -162,16 +209,19 @@ class MultiHeadAttention(nn.Module):
         out = o.transpose(1, 2).reshape(B, T, H * D)  # (B,H,T,D) -> (B,T,H,D) -> (B,T,C)
         return self.out_proj(out) if self.out_proj is not None else out  # (B,T,C) -> (B,T,C)
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, causal: bool = False,
-                need_weights: bool = False, qk_pos: Tensor | None = None,
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, context: Tensor | ContextKV | None = None,
+                causal: bool = False, need_weights: bool = False, qk_pos: Tensor | None = None,
                 cache: LayerCache | None = None) -> AttentionOutput:
-        """Self-attention of ``x``.
+        """Self-attention of ``x``, or (a module built for it) cross-attention of ``x`` over ``context``.
 
         Args:
-            x: ``(B,T,C)`` input.
-            padding_mask: ``(B,T)`` boolean key padding mask, True = real token.
+            x: ``(B,T,C)`` input (the queries).
+            padding_mask: the key padding mask, True = real token: ``(B,T)`` over ``x`` for
+                self-attention, ``(B,S)`` over the context for cross-attention.
+            context: cross-attention only: ``(B,S,E)`` context (an encoder's output), or its keys and
+                values from :meth:`project_context`.
             causal: each query attends only to itself and earlier keys.
-            need_weights: also return the exact ``(B,H,T,T)`` weights.
+            need_weights: also return the exact ``(B,H,T,S)`` weights.
             qk_pos: ``(T,C)`` or ``(B,T,C)`` positions added to the input of the query and key
                 maps only (the textbook's variant), never to the values.
             cache: a :class:`~qkv.nn.kv_cache.LayerCache` holding the keys and values of the S-T
@@ -180,9 +230,11 @@ class MultiHeadAttention(nn.Module):
                 aligned at the end); ``padding_mask`` is then ``(B,S)``. No weights.
 
         Returns:
-            :class:`AttentionOutput` with ``output (B,T,C)`` and ``weights (B,H,T,T) | None``.
+            :class:`AttentionOutput` with ``output (B,T,C)`` and ``weights (B,H,T,S) | None``.
         """
         self._check_x(x, qk_pos)
+        if self.cross or context is not None:
+            return self._forward_cross(x, context, padding_mask, need_weights)
         if cache is not None:
             if need_weights:
                 raise ValueError("need_weights is not available with a cache; run without cache= to get weights")
@@ -192,7 +244,31 @@ class MultiHeadAttention(nn.Module):
         if need_weights and B * T > 0:
             return self._forward_with_weights(x, mask, causal, qk_pos)
         q, k, v = self.project(x, qk_pos)  # (B,H,T,D), 2 × (B,G,T,D)
-        res = self._attend(q, k, v, mask, causal, need_weights)
+        q, k, bias = self._positioned(q, k)
+        res = self.backend.run(self._call(q, k, v, bias, mask, causal, need_weights))
+        return AttentionOutput(self._out(res.output), res.weights)
+
+    def _forward_cross(self, x: Tensor, context, padding_mask: Tensor | None, need_weights: bool) -> AttentionOutput:
+        """Queries from ``x`` over the context's keys and values (see :meth:`forward`)."""
+        if context is None:
+            raise ValueError("cross-attention needs context=: a (B,S,E) tensor or project_context(...) of one")
+        kv = context if isinstance(context, ContextKV) else self.project_context(context)
+        B, T, C = x.shape
+        S = kv.k.shape[2]
+        if kv.k.shape[0] != B:
+            raise ValueError(f"context has batch {kv.k.shape[0]}, but x has batch {B}")
+        mask = None
+        if padding_mask is not None:
+            if tuple(padding_mask.shape) != (B, S):
+                raise ValueError(f"the context's padding mask must have shape (B, S) = ({B}, {S}), "
+                                 f"got {tuple(padding_mask.shape)}")
+            keep = padding_mask.bool()
+            if not bool(keep.all()):
+                mask = keep[:, None, None, :]  # (B,S) -> (B,1,1,S)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B,T,C) -> (B,H,T,D)
+        if self.qk_norm is not None:
+            q = self.qk_norm.q_norm(q)
+        res = self.backend.run(self._call(q, kv.k, kv.v, None, mask, False, need_weights))
         return AttentionOutput(self._out(res.output), res.weights)
 
     def _forward_cached(self, x: Tensor, padding_mask: Tensor | None, causal: bool, qk_pos: Tensor | None,
@@ -218,9 +294,7 @@ class MultiHeadAttention(nn.Module):
         S = k.shape[2]
         bias = None if self.score_bias is None else end_aligned_bias(self.score_bias(S, S), T, S)
         mask = None if padding_mask is None else key_padding_mask(padding_mask, batch=B, length=S)  # (B,1,1,S)
-        res = attend(q, k, v, similarity=self.similarity, bias=bias, mask=mask, causal=causal and T > 1,
-                     window=self.window, dropout_p=self.dropout if self.training else 0.0,
-                     backend=self.backend, chunk_size=self.chunk_size)
+        res = self.backend.run(self._call(q, k, v, bias, mask, causal and T > 1))
         return AttentionOutput(self._out(res.output))
 
     def _forward_with_weights(self, x: Tensor, mask: Tensor | None, causal: bool,
@@ -236,7 +310,8 @@ class MultiHeadAttention(nn.Module):
             if weights is None:
                 weights = q.new_empty(B, self.n_heads, T, T)  # (B,H,T,T), in q's dtype
             m = None if mask is None else mask[i : i + 1]  # (1,1,1,T)
-            o = self._attend(q, k, v, m, causal, True, weights[i : i + 1]).output  # (1,H,T,D)
+            q, k, bias = self._positioned(q, k)
+            o = self.backend.run(self._call(q, k, v, bias, m, causal, True, weights[i : i + 1])).output  # (1,H,T,D)
             del q, k, v  # the row's projections go before its output map runs
             row = self._out(o)  # (1,T,C)
             if out is None:
@@ -276,7 +351,8 @@ class MultiHeadAttention(nn.Module):
         first = _first_sequences(lengths) if need_weights else None  # packed row -> its sequence's index
         for start, m, n in _runs_by_length(lengths):  # m consecutive sequences of length n
             qs, ks, vs = (_run_view(t, start, m, n) for t in (q, k, v))  # (m,H,n,D), 2 × (m,G,n,D) views
-            att = self._attend(qs, ks, vs, None, causal, need_weights)
+            qs, ks, bias = self._positioned(qs, ks)
+            att = self.backend.run(self._call(qs, ks, vs, bias, None, causal, need_weights))
             o[start : start + m * n].view(m, n, H, D).copy_(att.output.transpose(1, 2))  # (m,n,H,D) rows of o
             if weights is not None:
                 i = first[start]
@@ -298,7 +374,8 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
         window = f", window={self.window}" if self.window is not None else ""
-        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{window}, backend={self.backend!r}"
+        cross = f", cross (context width {self.d_context})" if self.cross else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{window}{cross}, backend={self.backend!r}"
 
 
 def check_heads(d_model: int, n_heads: int) -> None:
@@ -327,6 +404,27 @@ def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj
         if lin is not None and (not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != shape):
             got = tuple(lin.weight.shape) if isinstance(lin, nn.Linear) else type(lin).__name__
             raise ValueError(f"{name} must be an nn.Linear with weight {shape} or None, got {got}")
+
+
+def _check_cross(d_model: int, n_heads: int, n_kv_heads: int, q_proj, kv_proj, out_proj, *, qkv_proj,
+                 shared_qk: bool, positions) -> None:
+    """The parts of a cross-attention module (``q_proj`` and ``kv_proj``, no fused map, no positions)."""
+    check_heads(d_model, n_heads)
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing n_heads={n_heads}")
+    if qkv_proj is not None or shared_qk:
+        raise ValueError("cross-attention takes q_proj and kv_proj, not a fused qkv_proj or shared_qk")
+    if any(p is not None for p in positions):
+        raise ValueError("cross-attention takes no positions (qk_transform, score_bias, window): queries and keys "
+                         "live in different sequences")
+    D = d_model // n_heads
+    if not isinstance(q_proj, nn.Linear) or tuple(q_proj.weight.shape) != (d_model, d_model):
+        raise ValueError(f"q_proj must be an nn.Linear({d_model}, {d_model})")
+    if not isinstance(kv_proj, nn.Linear) or kv_proj.weight.shape[0] != 2 * n_kv_heads * D:
+        raise ValueError(f"kv_proj must be an nn.Linear(E, 2·G·D = {2 * n_kv_heads * D})")
+    if out_proj is not None and (not isinstance(out_proj, nn.Linear)
+                                 or tuple(out_proj.weight.shape) != (d_model, d_model)):
+        raise ValueError(f"out_proj must be an nn.Linear({d_model}, {d_model}) or None")
 
 
 def _first_sequences(lengths: list[int]) -> dict[int, int]:

@@ -5,13 +5,13 @@ Legend: B batch, T decoder length, S encoder length, C model width, H heads.
 Post-LN (the textbook's order, Prince §12.8, three sublayers as :class:`~qkv.nn.layer.TransformerLayer`)::
 
     h₁ = Norm₁(x  + Dropout(SelfAttention(x, causal)))
-    h₂ = Norm₂(h₁ + Dropout(CrossAttention(h₁, memory)))
+    h₂ = Norm₂(h₁ + Dropout(CrossAttention(h₁, context)))
     y  = Norm₃(h₂ + Dropout(FFN(h₂)))
 
 Pre-LN::
 
     h₁ = x  + Dropout(SelfAttention(Norm₁(x), causal))
-    h₂ = h₁ + Dropout(CrossAttention(Norm₂(h₁), memory))
+    h₂ = h₁ + Dropout(CrossAttention(Norm₂(h₁), context))
     y  = h₂ + Dropout(FFN(Norm₃(h₂)))
 """
 
@@ -43,8 +43,8 @@ class DecoderLayer(nn.Module):
     """One decoder layer around given attention, cross-attention and feed-forward modules.
 
     Args:
-        self_attention: a :class:`~qkv.nn.attention.MultiHeadAttention` (called with ``causal=True``).
-        cross_attention: a :class:`~qkv.nn.cross_attention.CrossAttention`.
+        self_attention: a self-attention :class:`~qkv.nn.attention.MultiHeadAttention` (called causal).
+        cross_attention: a cross-attention :class:`~qkv.nn.attention.MultiHeadAttention`.
         feed_forward: a module ``(…,C) -> (…,C)``.
         norm1, norm2, norm3: the norms of the three sublayers (``norm1`` may be ``nn.Identity()`` pre-LN).
         norm: ``"post"`` or ``"pre"``.
@@ -63,42 +63,34 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = norm == "pre"
 
-    def forward(self, x: Tensor, memory: Tensor | None, padding_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, *, need_weights: bool = False, qk_pos: Tensor | None = None,
-                memory_kv: tuple[Tensor, Tensor] | None = None) -> DecoderLayerOutput:
+    def forward(self, x: Tensor, context, padding_mask: Tensor | None = None, context_mask: Tensor | None = None, *,
+                need_weights: bool = False, qk_pos: Tensor | None = None, cache=None) -> DecoderLayerOutput:
         """Apply the layer.
 
         Args:
             x: ``(B,T,C)`` decoder states.
-            memory: ``(B,S,E)`` encoder output (``None`` allowed with ``memory_kv``).
-            padding_mask: ``(B,T)`` boolean decoder key padding mask, True = real token.
-            memory_mask: ``(B,S)`` source padding mask, True = real token.
+            context: ``(B,S,E)`` encoder output, or its keys and values
+                (:meth:`~qkv.nn.attention.MultiHeadAttention.project_context`, computed once per source).
+            padding_mask: ``(B,T)`` boolean decoder key padding mask, True = real token (``(B,S')``
+                over every cached position with ``cache``).
+            context_mask: ``(B,S)`` source padding mask, True = real token.
             need_weights: also return both attention maps.
             qk_pos: ``(T,C)`` positions added to the self-attention's query and key inputs only.
-            memory_kv: precomputed memory keys/values (:meth:`CrossAttention.project_memory`).
+            cache: the self-attention's :class:`~qkv.nn.kv_cache.LayerCache` (incremental decoding).
 
         Returns:
             :class:`DecoderLayerOutput`.
         """
-        pre = self.pre_norm
-
-        def sub(inp: Tensor, fn, norm: nn.Module):
-            out = fn(norm(inp) if pre else inp)
-            y = inp + self.dropout(out)
-            return y if pre else norm(y)
-
-        sa: list = []
-        ca: list = []
-
-        def self_fn(h):
-            sa.append(self.self_attention(h, padding_mask, causal=True, need_weights=need_weights, qk_pos=qk_pos))
-            return sa[0].output
-
-        def cross_fn(h):
-            ca.append(self.cross_attention(h, memory, memory_mask, need_weights=need_weights, memory_kv=memory_kv))
-            return ca[0].output
-
-        h = sub(x, self_fn, self.norm1)
-        h = sub(h, cross_fn, self.norm2)
-        y = sub(h, self.feed_forward, self.norm3)
-        return DecoderLayerOutput(y, sa[0].weights, ca[0].weights)
+        own = dict(causal=True, need_weights=need_weights, qk_pos=qk_pos, cache=cache)
+        drop = self.dropout
+        if self.pre_norm:
+            s = self.self_attention(self.norm1(x), padding_mask, **own)
+            h = x + drop(s.output)                                       # h₁ = x + SelfAtt(Norm₁(x))
+            c = self.cross_attention(self.norm2(h), context_mask, context=context, need_weights=need_weights)
+            h = h + drop(c.output)                                       # h₂ = h₁ + CrossAtt(Norm₂(h₁))
+            return DecoderLayerOutput(h + drop(self.feed_forward(self.norm3(h))), s.weights, c.weights)
+        s = self.self_attention(x, padding_mask, **own)
+        h = self.norm1(x + drop(s.output))                               # h₁ = Norm₁(x + SelfAtt(x))
+        c = self.cross_attention(h, context_mask, context=context, need_weights=need_weights)
+        h = self.norm2(h + drop(c.output))                               # h₂ = Norm₂(h₁ + CrossAtt(h₁))
+        return DecoderLayerOutput(self.norm3(h + drop(self.feed_forward(h))), s.weights, c.weights)

@@ -183,19 +183,10 @@ class TransformerLayer(nn.Module):
         self.norm1 = norm1  # attention sublayer
         self.norm2 = norm2  # feed-forward sublayer
         self.dropout = nn.Dropout(dropout)
-        self.pre_norm = norm == "pre"
-        self._sublayers = self._pre_ln if self.pre_norm else self._post_ln
+        self.pre_norm = norm == "pre"  # chosen once: the two forms below
 
-    def forward(
-        self,
-        x: Tensor,
-        padding_mask: Tensor | None = None,
-        *,
-        need_weights: bool = False,
-        qk_pos: Tensor | None = None,
-        causal: bool = False,
-        cache=None,
-    ) -> LayerOutput:
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, need_weights: bool = False,
+                qk_pos: Tensor | None = None, causal: bool = False, cache=None) -> LayerOutput:
         """Apply the layer.
 
         Args:
@@ -210,15 +201,14 @@ class TransformerLayer(nn.Module):
         Returns:
             :class:`LayerOutput` with ``output (B,T,C)``.
         """
-        att: list = []
-
-        kw = {"need_weights": need_weights} if cache is None else {"cache": cache}
-
-        def attend_fn(h: Tensor) -> Tensor:
-            att.append(self.attention(h, padding_mask, qk_pos=qk_pos, causal=causal, **kw))
-            return att[0].output
-
-        return LayerOutput(self._sublayers(x, attend_fn), att[0].weights)
+        attend = dict(qk_pos=qk_pos, causal=causal, need_weights=need_weights, cache=cache)
+        if self.pre_norm:
+            a = self.attention(self.norm1(x), padding_mask, **attend)
+            h = _residual(self.dropout(a.output), x)                              # h = x + Att(Norm₁(x))
+            return LayerOutput(_residual(self.dropout(self.feed_forward(self.norm2(h))), h), a.weights)
+        a = self.attention(x, padding_mask, **attend)
+        h = self.norm1(_residual(self.dropout(a.output), x))                      # h = Norm₁(x + Att(x))
+        return LayerOutput(self.norm2(_residual(self.dropout(self.feed_forward(h)), h)), a.weights)
 
     def forward_packed(self, x: Tensor, lengths: list[int], *, qk_pos: Tensor | None = None,
                        causal: bool = False, need_weights: bool = False) -> LayerOutput:
@@ -238,23 +228,14 @@ class TransformerLayer(nn.Module):
             at its real positions when it is right-padded in a batch with a padding mask (up to
             float rounding).
         """
-        att: list = []
-
-        def attend_fn(h: Tensor) -> Tensor:
-            att.append(self.attention.forward_packed(h, lengths, qk_pos, causal=causal, need_weights=need_weights))
-            return att[0].output
-
-        return LayerOutput(self._sublayers(x, attend_fn), att[0].weights)
-
-    def _post_ln(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
-        """``h = Norm₁(x + Drop(Att(x)))``, ``y = Norm₂(h + Drop(FFN(h)))``."""
-        h = self.norm1(_residual(self.dropout(attend_fn(x)), x))
-        return self.norm2(_residual(self.dropout(self.feed_forward(h)), h))
-
-    def _pre_ln(self, x: Tensor, attend_fn: Callable[[Tensor], Tensor]) -> Tensor:
-        """``h = x + Drop(Att(Norm₁(x)))``, ``y = h + Drop(FFN(Norm₂(h)))``."""
-        h = _residual(self.dropout(attend_fn(self.norm1(x))), x)
-        return _residual(self.dropout(self.feed_forward(self.norm2(h))), h)
+        attend = dict(causal=causal, need_weights=need_weights)
+        if self.pre_norm:
+            a = self.attention.forward_packed(self.norm1(x), lengths, qk_pos, **attend)
+            h = _residual(self.dropout(a.output), x)
+            return LayerOutput(_residual(self.dropout(self.feed_forward(self.norm2(h))), h), a.weights)
+        a = self.attention.forward_packed(x, lengths, qk_pos, **attend)
+        h = self.norm1(_residual(self.dropout(a.output), x))
+        return LayerOutput(self.norm2(_residual(self.dropout(self.feed_forward(h)), h)), a.weights)
 
 
 def _residual(out: Tensor, x: Tensor) -> Tensor:

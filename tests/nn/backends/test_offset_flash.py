@@ -197,7 +197,10 @@ def test_no_table_gradient_needed_for_alibi_like_fixed_biases(spy):
                               (q, k, v), go)
     for a, e in zip(g_f, g_x):
         torch.testing.assert_close(a, e, atol=1e-10, rtol=0)
-    assert blockwise.offset_fast_ok(q, v, bias, None, False, 0.0)
+    from qkv.nn.attend import attend_call, features_of
+
+    f = features_of(attend_call(q, k, v, sim, bias, None, False, 0.0, False, None, 2**24))
+    assert blockwise.OffsetFlashBackend.supports.missing(f) is None  # the declaration admits it
 
 
 def test_auto_routes_small_learned_biases_to_the_explicit_path_and_large_ones_to_the_kernel(spy):

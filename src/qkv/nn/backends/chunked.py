@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from qkv.nn.backends import AttendCall, Backend, needs_grad, register_backend
+from qkv.nn.backends.base import AttendCall, Backend, Features, Supports, needs_grad
 from qkv.nn.stages import AttendOutput, bias_rows, block_mask, staged_attention, window_keys
 
 __all__ = ["ChunkedBackend", "chunk_length"]
@@ -88,11 +88,14 @@ class _Parts:
         return q, band(self.k), band(self.v)
 
 
-@register_backend("chunked", builtin=True)
 class ChunkedBackend(Backend):
     """The explicit computation one block of queries at a time (see the module docstring)."""
 
-    window_ok = grouped_kv_ok = True
+    supports = Supports(weights=True, any_similarity=True, window=True, grouped_kv=True, memory="blocks")
+
+    def speed(self, f: Features) -> float:
+        # a narrow window: each block visits only its band of keys, less work than any dense band
+        return -1.0 if f.window and f.band_narrow else 4.0
 
     def run(self, call: AttendCall) -> AttendOutput:
         q = call.q

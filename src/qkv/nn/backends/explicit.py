@@ -7,17 +7,19 @@ Legend: B batch, H heads, T query length, S key length. Keys and values may have
 
 from __future__ import annotations
 
-from qkv.nn.backends import AttendCall, Backend, register_backend
+from qkv.nn.backends.base import AttendCall, Backend, Features, Supports
 from qkv.nn.stages import AttendOutput, bias_rows, block_mask, staged_attention
 
 __all__ = ["ExplicitBackend"]
 
 
-@register_backend("explicit", builtin=True)
 class ExplicitBackend(Backend):
     """:func:`~qkv.nn.stages.staged_attention` over all queries at once."""
 
-    window_ok = grouped_kv_ok = True
+    supports = Supports(weights=True, any_similarity=True, window=True, grouped_kv=True, memory="scores")
+
+    def speed(self, f: Features) -> float:
+        return 3.0
 
     def run(self, call: AttendCall) -> AttendOutput:
         _, _, T, S = call.shape

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.nn.backends import AttendCall, Backend, needs_grad, register_backend
+from qkv.nn.backends.base import AttendCall, Backend, Features, Supports
 from qkv.nn.stages import AttendOutput, Bias, bias_rows, block_mask, mix
 
 __all__ = ["InplaceBackend", "dot_scores_", "softmax_scores_"]
@@ -81,18 +81,15 @@ def softmax_scores_(scores: Tensor, *, bias: Bias | None, mask: Tensor | None, c
     return scores
 
 
-@register_backend("inplace", builtin=True)
 class InplaceBackend(Backend):
     """Weights filled in place (see the module docstring)."""
 
-    window_ok = grouped_kv_ok = True
+    supports = Supports(weights=True, window=True, window_as_mask=True, dropout=False, autograd=False,
+                        grouped_kv=True, empty=False, memory="blocks")
 
-    def refuse(self, call: AttendCall) -> str | None:
-        if not call.has_dot:
-            return call.no_dot_form()
-        if call.dropout_p > 0 or needs_grad(call):
-            return "the inplace backend runs without autograd or dropout; use backend 'explicit' or 'chunked'"
-        return None
+    def speed(self, f: Features) -> float:
+        # the weights' own memory only; without a wish for weights it makes them for nothing
+        return 1.0 if f.need_weights else 9.0
 
     def run(self, call: AttendCall) -> AttendOutput:
         B, H, T, S = call.shape

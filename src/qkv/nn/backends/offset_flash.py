@@ -21,8 +21,8 @@ in T):
   and ``d ≥ R`` from the rows of dS summing to zero.
 
 Nothing of size ``(T,S)`` is kept between forward and backward: q, k, v, outputs and log-sum-exps
-only. :func:`offset_fast_ok` says when this backend applies (CPU, no dropout, no causal mask, a
-mask over keys only, equal q and v head sizes, no sliding window); otherwise the chunked backend
+only. The backend's declaration (:attr:`OffsetFlashBackend.supports`) says when it applies (CPU, no dropout,
+no causal mask, a mask over keys only, equal q and v head sizes, no sliding window); otherwise the chunked backend
 runs the bias. Grouped-query keys and values (G < H heads) are expanded to H heads first (a copy).
 """
 
@@ -31,12 +31,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.nn.backends import AttendCall, Backend, register_backend
+from qkv.nn.backends.base import AttendCall, Backend, Features, Supports
 from qkv.nn.backends.offset_grad import table_grad
 from qkv.nn.offset_bias import OffsetBias
 from qkv.nn.stages import AttendOutput, expand_kv
 
-__all__ = ["OffsetFlashBackend", "offset_attention", "offset_fast_ok"]
+__all__ = ["OffsetFlashBackend", "offset_attention"]
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -44,19 +44,6 @@ _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 #: Queries per kernel call for the keys right of the left triangle (the split forward): at least
 #: this many, and T/8 for long sequences (fewer, larger calls; measured on a 2-core EPYC).
 REST_BLOCK = 256
-
-
-def offset_fast_ok(q: Tensor, v: Tensor, bias, mask: Tensor | None, causal: bool, dropout_p: float) -> bool:
-    """Whether :func:`offset_attention` can run ``bias`` (``mask`` already 4-D, as in ``attend``)."""
-    return (
-        isinstance(bias, OffsetBias)
-        and q.device.type == "cpu"
-        and q.dtype in _FLASH_DTYPES
-        and q.shape[-1] == v.shape[-1]
-        and not causal
-        and dropout_p == 0.0
-        and (mask is None or (mask.shape[1] == 1 and mask.shape[2] == 1))
-    )
 
 
 def offset_attention(q: Tensor, k: Tensor, v: Tensor, *, similarity, bias: OffsetBias,
@@ -289,21 +276,17 @@ class _OffsetAttention(torch.autograd.Function):
         return dq_f.flip(2), dk, dv, dtable, None, None
 
 
-@register_backend("offset_flash", builtin=True)
 class OffsetFlashBackend(Backend):
     """:func:`offset_attention` behind the backend interface."""
 
+    supports = Supports(weights=False, offset_bias_only=True, dense_bias=False, causal=False, masks="keys",
+                        dropout=False, grouped_kv=True, devices=("cpu",),
+                        dtypes=tuple(str(d).removeprefix("torch.") for d in _FLASH_DTYPES), equal_head_dims=True,
+                        memory="linear")
+    stands_in_for = ("sdpa",)  # naming sdpa with an offset bias this kernel can run takes it (never a dense bias)
 
-    window_ok = grouped_kv_ok = True  # refuses a window with a message; expands grouped k, v itself
-    def refuse(self, call: AttendCall) -> str | None:
-        if not isinstance(call.bias, OffsetBias) or not call.has_dot or call.need_weights:
-            return ("the offset_flash backend runs an OffsetBias (relative, t5, alibi positions) with a "
-                    "dot-product similarity and no weights; use backend 'auto'")
-        kernel_ok = offset_fast_ok(call.q, call.v, call.bias, call.mask, call.causal, call.dropout_p)
-        if not kernel_ok or call.window is not None:
-            return ("the offset_flash backend needs a CPU tensor, no causal mask, no sliding window, a mask over "
-                    "keys only and no dropout; use backend 'chunked'")
-        return None
+    def speed(self, f: Features) -> float:
+        return 3.5 if f.small and f.learned_bias else 0.5  # a small learned table: the explicit path is faster
 
     def run(self, call: AttendCall) -> AttendOutput:
         H = call.q.shape[1]

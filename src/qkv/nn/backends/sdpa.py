@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qkv.nn.backends import AttendCall, Backend, register_backend
+from qkv.nn.backends.base import AttendCall, Backend, Features, Supports
 from qkv.nn.stages import AttendOutput, bias_rows, block_mask, expand_kv
 
 __all__ = ["SdpaBackend"]
@@ -35,18 +35,14 @@ def _grouped(kd, v, n_heads: int):
     return expand_kv(kd, n_heads), expand_kv(v, n_heads), {}  # (B,G,S,·) -> (B,H,S,·)
 
 
-@register_backend("sdpa", builtin=True)
 class SdpaBackend(Backend):
     """torch's fused kernel (see the module docstring)."""
 
-    window_ok = grouped_kv_ok = True
+    supports = Supports(weights=False, offset_as_dense=True, window=True, window_as_mask=True, grouped_kv=True,
+                        memory="linear")
 
-    def refuse(self, call: AttendCall) -> str | None:
-        if not call.has_dot:
-            return call.no_dot_form()
-        if call.need_weights:
-            return "the sdpa backend cannot return weights; use backend 'explicit' or 'chunked'"
-        return None
+    def speed(self, f: Features) -> float:
+        return 1.0 if f.offset_bias else 0.0  # an offset bias made dense: the offset kernel is faster
 
     def run(self, call: AttendCall) -> AttendOutput:
         q, k, v, bias, mask = call.q, call.k, call.v, call.bias, call.mask
