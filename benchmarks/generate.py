@@ -49,7 +49,7 @@ def build_model(size: str, max_len: int, *, position: str = "learned", seed: int
     """A GPT-2-shaped qkv CausalLM with random weights, eval mode."""
     s = SIZES[size]
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=s["vocab_size"], d_model=s["d_model"], n_heads=s["n_heads"],
+    cfg = ModelConfig.from_flat(vocab_size=s["vocab_size"], d_model=s["d_model"], n_heads=s["n_heads"],
                       d_ff=4 * s["d_model"], n_layers=s["n_layers"], max_len=max_len, norm="pre",
                       activation="gelu_tanh", layer_norm_eps=1e-5, type_vocab_size=0, embedding_norm=False,
                       pad_token_id=None, position=position, dropout=0.0)
@@ -62,7 +62,7 @@ def copy_to_gpt2(model):
 
     c = model.config
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=c.vocab_size, n_embd=c.d_model, n_head=c.n_heads, n_layer=c.n_layers, n_positions=c.max_len,
+        vocab_size=c.vocab_size, n_embd=c.d_model, n_head=c.attention.n_heads, n_layer=c.n_layers, n_positions=c.max_len,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)).eval()
     dec, src = model.decoder, hf.transformer
     with torch.no_grad():

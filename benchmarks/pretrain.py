@@ -170,7 +170,7 @@ def build_pair(preset: str, *, seed: int = 0, vocab_size: int | None = None, max
 
 def flops_per_token(cfg: ModelConfig, length: int, head_fraction: float) -> dict[str, float]:
     """Model FLOPs per token of one training step (see the module docstring)."""
-    C, F, L, V = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab_size
+    C, F, L, V = cfg.d_model, cfg.ffn.d_ff, cfg.n_layers, cfg.vocab_size
     enc = 6 * L * (4 * C * C + 2 * C * F)
     att = 12 * L * length * C
     head = 6 * (C * C + C * V) * head_fraction
@@ -249,7 +249,7 @@ def run_preset(preset: str, args) -> dict:
     times: dict[str, list[float]] = {k: [] for k in IMPLS}
     gemm: list[float] = [gemm_probe()]
     gemm_bf16: list[float] = []
-    print(f"\n## {preset}: L={cfg.n_layers}, C={cfg.d_model}, H={cfg.n_heads}, F={cfg.d_ff}, "
+    print(f"\n## {preset}: L={cfg.n_layers}, C={cfg.d_model}, H={cfg.attention.n_heads}, F={cfg.ffn.d_ff}, "
           f"V={cfg.vocab_size}; batch {args.batch_size} × {args.seq_len}; {args.warmup} warm-up + "
           f"{steps} timed steps; dropout 0 (hidden and attention) on both sides", flush=True)
     print(f"data: {source}")

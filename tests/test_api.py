@@ -78,7 +78,7 @@ def test_save_is_atomic_and_overwrites(tmp_path):
 def test_overrides_on_load(tmp_path):
     model = build_encoder(ModelConfig.preset("tiny", attention_dropout=0.1))
     qkv.save(model, tmp_path / "m")
-    assert qkv.load(tmp_path / "m", attention_dropout=0.0).model.config.attention_dropout == 0.0
+    assert qkv.load(tmp_path / "m", attention_dropout=0.0).model.config.attention.dropout == 0.0
 
 
 def test_qkv_folder_bad_tensors(tmp_path):
@@ -100,9 +100,9 @@ def test_qkv_folder_bad_tensors(tmp_path):
     (folder / "qkv.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match=r"unexpected tensor\(s\) \['layers.1.*the config disagrees"):
         qkv.load(folder)
-    meta["config"]["n_heads"] = 5
+    meta["config"]["attention"]["n_heads"] = 5
     (folder / "qkv.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"qkv.json: n_heads=5 does not divide d_model=24"):
+    with pytest.raises(CheckpointError, match=r"qkv.json: attention.n_heads=5 does not divide d_model=24"):
         qkv.load(folder)
 
 

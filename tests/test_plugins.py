@@ -20,6 +20,7 @@ import pytest
 
 from qkv import plugins
 from qkv.config import ModelConfig
+from qkv.models.parts import check_parts
 from qkv.nn.positional import POSITION_SCHEMES, register_position
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
@@ -89,7 +90,7 @@ model = qkv.load(sys.argv[1]{plugins}).model
 with torch.no_grad():
     got = model(want["ids"]).logits
 torch.testing.assert_close(got, want["logits"], rtol=0, atol=0)
-print("same", "qkvplug_demo" in sys.modules, model.config.similarity)
+print("same", "qkvplug_demo" in sys.modules, model.config.attention.similarity)
 """
 
 
@@ -259,8 +260,8 @@ def test_a_plugin_position_scheme_in_a_model_and_its_record(tmp_path, monkeypatc
             return Ramp(sizes.d_model)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ValueError, match="position='unit_ramp' is not allowed.*--plugin MODULE"):
-        ModelConfig.preset("tiny", position="unit_ramp")
+    with pytest.raises(ValueError, match="positions.scheme='unit_ramp' is not allowed.*--plugin MODULE"):
+        check_parts(ModelConfig.preset("tiny", position="unit_ramp"))
     assert plugins.import_plugins(["qkvplug_unit"]) == ["qkvplug_unit"]
     cfg = ModelConfig.preset("tiny", position="unit_ramp", position_qk_only=True)  # an input scheme: allowed
     assert plugins.registered_by("position", "unit_ramp") == "qkvplug_unit"
@@ -295,7 +296,7 @@ def test_broken_installed_plugin_warns_and_is_named_on_a_miss(tmp_path, monkeypa
     plugins.load_plugins()  # once per process: no second warning, no second import
     assert plugins.failed_plugins() == {"qkvplug_fails": "ImportError: needs acme-kernels"}
     with pytest.raises(ValueError, match="plugins that failed to import: qkvplug_fails"):
-        ModelConfig(similarity="acme_l2")
+        check_parts(ModelConfig.from_flat(similarity="acme_l2"))
 
 
 def test_named_plugins_are_passed_to_child_processes(monkeypatch):

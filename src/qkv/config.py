@@ -1,11 +1,19 @@
-"""Frozen, serialisable configurations: :class:`ModelConfig`, its presets and JSON round-trip.
+"""Frozen, nested, serialisable model configurations: :class:`ModelConfig`, its parts, presets, JSON.
 
-A config holds only plain values (ints, floats, strings, bools, a dict of similarity keyword
-arguments). Modules never read it: the builders in :mod:`qkv.models.builders` do. Every field is
-checked in ``__post_init__``; a bad value raises ``ValueError`` naming the field, the value and
-what is allowed. A name of a registered part (similarity, attention path, position scheme, norm)
-not registered loads the installed plugins first (:mod:`qkv.plugins`), and the message says how to
-load one.
+A configuration holds only plain values. Sizes and the embeddings sit at the top; the attention,
+positions, feed-forward and norm fields each in their own sub-configuration
+(:class:`AttentionConfig`, :class:`PositionConfig`, :class:`FeedForwardConfig`,
+:class:`NormConfig`); ``layer_types`` says which layers attend globally and which in a sliding
+window. Every field is checked once, in ``__post_init__``; a bad value raises ``ValueError`` naming
+the field, the value and what is allowed.
+
+Names of parts (a similarity, an attention backend, a position scheme, a norm, an activation) are
+plain strings here: the builders (:mod:`qkv.models.builders`) resolve them to parts and refuse the
+unknown ones. This module imports nothing of qkv's models, modules or plugins.
+
+Format 1 (flat, 45 fields) is read through :func:`qkv.config_migrate.nest`: :meth:`ModelConfig.from_dict`
+accepts it, and :meth:`ModelConfig.preset` / :meth:`ModelConfig.from_flat` take the flat names
+(``n_heads``, ``position``, ``attention_path`` …) as short forms of the nested fields.
 """
 
 from __future__ import annotations
@@ -16,18 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qkv.validation import check_bool, check_choice, check_int, check_positive, check_range
+from qkv.config_migrate import FLAT, SECTIONS, layer_types_for, nest
+from qkv.validation import check_bool, check_choice, check_heads, check_int, check_positive, check_range
 
-__all__ = ["ModelConfig", "PRESETS", "NORMS"]
+__all__ = ["ModelConfig", "AttentionConfig", "PositionConfig", "FeedForwardConfig", "NormConfig", "PRESETS",
+           "NORM_PLACEMENTS", "LAYER_TYPES", "flat_value", "field_path", "layer_period"]
 
-#: Where the LayerNorm sits: after each residual sum (BERT, the textbook) or before each sublayer.
-NORMS = ("post", "pre")
+#: Where the norm sits: after each residual sum (BERT, the textbook) or before each sublayer.
+NORM_PLACEMENTS = ("post", "pre")
+#: What a layer's attention sees: every key, or a sliding window of ``attention.window`` keys.
+LAYER_TYPES = ("global", "local")
 _BERT_VOCAB = 30522
 
-#: Named sizes. ``tiny`` uses small *distinct* sizes so that a swapped axis fails a test.
+#: Named sizes, in the flat short names (:meth:`ModelConfig.preset`). ``tiny`` uses small *distinct*
+#: sizes so that a swapped axis fails a test.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=19,
-                 type_vocab_size=4),
+    "tiny": dict(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=19, type_vocab_size=4),
     # chosen by measurement for masked-LM pretraining in minutes on a 2-core CPU (docs/pretraining.md)
     "cpu-small": dict(vocab_size=8192, d_model=128, n_heads=4, d_ff=512, n_layers=2, max_len=512,
                       norm="pre", dropout=0.0, position="relative-alibi"),
@@ -37,7 +49,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mini": dict(vocab_size=_BERT_VOCAB, d_model=256, n_heads=4, d_ff=1024, n_layers=4, max_len=512),
     "small": dict(vocab_size=_BERT_VOCAB, d_model=512, n_heads=8, d_ff=2048, n_layers=6, max_len=512),
     "base": dict(vocab_size=_BERT_VOCAB, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=512),
-    # shaped like answerdotai/ModernBERT-base (transformers' ModernBertConfig defaults)
+    # shaped like answerdotai/ModernBERT-base (transformers' ModernBertConfig defaults); every third
+    # layer global (``global_every``: the layer types follow n_layers when it is overridden)
     "modernbert": dict(vocab_size=50368, d_model=768, n_heads=12, d_ff=1152, n_layers=22, max_len=8192,
                        type_vocab_size=0, norm="pre", dropout=0.0, layer_norm_eps=1e-5,
                        pad_token_id=50283, position="rope", rope_base=160000.0, local_rope_base=10000.0,
@@ -52,220 +65,305 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Everything needed to build an encoder or a masked-LM model (defaults: BERT-base).
+class AttentionConfig:
+    """The attention of every layer.
 
     Attributes:
-        vocab_size: token vocabulary V.
-        d_model: model width C.
-        n_heads: attention heads H (must divide ``d_model``).
-        d_ff: hidden width of the feed-forward network.
-        n_layers: number of transformer layers.
-        max_len: longest sequence accepted (size of a learned position table).
-        type_vocab_size: number of segment (token type) ids; 0 = no segment embeddings.
-        activation: feed-forward non-linearity, one of :data:`qkv.nn.layer.ACTIVATIONS`.
-        norm: ``"post"`` (BERT) or ``"pre"`` LayerNorm placement.
-        dropout: dropout on embeddings and on each sublayer output before the residual sum.
-        attention_dropout: dropout on attention weights. Keep 0 (the default): any other value
-            forces the quadratic math path instead of the fused kernel while training.
-        similarity: score function name (see :data:`qkv.nn.similarity.SIMILARITIES`; a plugin's
-            too, docs/plugins.md).
+        n_heads: heads H (must divide ``d_model``).
+        n_kv_heads: key/value heads for grouped-query attention (1 = multi-query); ``None`` = H.
+        similarity: the score function's name (:mod:`qkv.nn.similarity`, or a plugin's).
         similarity_kwargs: extra keyword arguments for the similarity (e.g. ``temperature``).
         qkv_proj: learn the Q/K/V maps (``False``: attend on the inputs themselves).
         out_proj: learn the output map after the heads are merged.
-        shared_qk: one learned map for queries and keys (keys = queries; the score matrix of a head
-            is symmetric); needs ``qkv_proj`` and no grouped keys/values.
-        attention_bias: biases in the attention maps.
-        attention_path: the attention backend: ``"auto"`` (chosen per call), or a registered one
-            (``"sdpa"``, ``"explicit"``, ``"chunked"``, ``"offset_flash"``, ``"inplace"``, yours;
-            see :mod:`qkv.nn.backends`).
+        shared_qk: one learned map for queries and keys (keys = queries; needs ``qkv_proj`` and no
+            grouped keys/values).
+        bias: biases in the attention maps.
+        dropout: dropout on the attention weights. Keep 0 (the default): any other value forces
+            the quadratic math path instead of the fused kernel while training.
+        backend: ``"auto"`` (chosen per kind of call) or a registered backend (``"sdpa"``,
+            ``"explicit"``, ``"chunked"``, ``"offset_flash"``, ``"inplace"``, yours;
+            :mod:`qkv.nn.backends`). Format 1 called it ``attention_path``.
         chunk_size: queries per block on the chunked backend (``None``: sized automatically).
-        position: position scheme, one of :data:`qkv.nn.positional.POSITION_SCHEMES` (the built-in
-            :data:`~qkv.nn.positional.POSITIONS` or a plugin's).
-        position_qk_only: add input positions to the query and key maps only, not the values.
-        max_distance: largest relative distance distinguished (relative, T5 buckets).
-        num_buckets: number of T5 relative-position buckets.
-        rope_base: base of the rotary frequencies.
-        layer_norm_eps: LayerNorm epsilon (BERT: 1e-12).
-        pad_token_id: id of the padding token (its embedding row starts at zero, gets no grad);
-            ``None`` = no padding row (GPT-2, whose every row is a real token).
-        initializer_range: standard deviation of the normal weight initialisation.
-        n_kv_heads: key/value heads for grouped-query attention (GQA; 1 = multi-query, MQA);
-            ``None`` = ``n_heads`` (plain multi-head). Must divide ``n_heads``.
         qk_norm: normalise each head's queries and keys before the similarity: ``"none"``,
             ``"layernorm"`` or ``"rmsnorm"`` (over the head width D).
         qk_norm_scale: the qk-norm has a learned per-dimension scale.
-        local_window: sliding-window (local) attention: a query attends to the keys within
-            ``local_window // 2`` positions either side (ModernBERT's ``local_attention``);
-            ``None`` = every layer global.
-        global_every: with ``local_window``, layer i is global when ``i % global_every == 0``
-            (ModernBERT: 3), the others local.
-        local_rope_base: rotary base on local layers (ModernBERT: 10000 local, 160000 global);
-            ``None`` = ``rope_base``.
-        norm_type: the normalisation layer, one of :data:`qkv.nn.norms.NORM_TYPES`
-            (``"layernorm"``, ``"rmsnorm"``).
-        norm_bias: biases (β) in the LayerNorms.
-        mlp_bias: biases in the feed-forward maps.
-        feed_forward: ``"mlp"`` (``W₂ act(W₁x)``) or ``"glu"`` (gated: ``W₂ (act(W x) ⊙ V x)``;
-            GeGLU with ``activation="gelu"``, SwiGLU with ``"silu"``).
-        embed_scale: multiply the token embeddings by √C before positions are added.
-        embedding_size: token embedding width E when it differs from C (ELECTRA): the embeddings
-            are projected E → C before the layers; ``None`` = C.
-        position_offset: first row of the learned position table used (RoBERTa: pad id + 1 = 2);
-            the table has ``max_len + position_offset`` rows.
-        first_attention_norm: pre-LN only: ``False`` = the first layer's attention takes the
-            (already normalised) embeddings without its own norm (ModernBERT).
-        embedding_norm: normalise the sum of the embeddings (BERT); ``False`` = no norm there
-            (GPT-2: token + position embeddings go straight into the first pre-LN layer).
-        head_bias: a bias in the masked-LM head's dense transform (BERT: yes; ModernBERT's
-            ``classifier_bias``: no). The decoder's per-token bias is always there.
-        pooler: give the encoder BERT's pooler (``tanh(dense(h[:, 0]))``, its ``pooler_output``).
-            Set on import when a Hugging Face checkpoint has one (so that it is kept and exported
-            again), and by the task-model builders for sequence tasks that pool with it.
-        family: the Hugging Face model family the model was imported from and is exported to
-            again (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"electra"``, ``"modernbert"``,
-            ``"gpt2"``: the keys of :data:`qkv.models.families.FAMILIES`); ``None`` = a qkv model,
-            exported as BERT.
-            Set on import and by the ``modernbert`` and ``gpt2`` presets; it builds nothing.
+        window: the sliding window of ``"local"`` layers (``layer_types``): a query attends to the
+            keys within ``window // 2`` positions either side (ModernBERT's ``local_attention``).
     """
 
-    vocab_size: int = _BERT_VOCAB
-    d_model: int = 768
     n_heads: int = 12
-    d_ff: int = 3072
-    n_layers: int = 12
-    max_len: int = 512
-    type_vocab_size: int = 2
-    activation: str = "gelu"
-    norm: str = "post"
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
+    n_kv_heads: int | None = None
     similarity: str = "scaled_dot"
     similarity_kwargs: dict[str, Any] = field(default_factory=dict)
     qkv_proj: bool = True
     out_proj: bool = True
     shared_qk: bool = False
-    attention_bias: bool = True
-    attention_path: str = "auto"
+    bias: bool = True
+    dropout: float = 0.0
+    backend: str = "auto"
     chunk_size: int | None = None
-    position: str = "learned"
-    position_qk_only: bool = False
+    qk_norm: str = "none"
+    qk_norm_scale: bool = True
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("attention.n_heads", self.n_heads)
+        for name in ("n_kv_heads", "chunk_size", "window"):
+            check_int(f"attention.{name}", getattr(self, name), optional=True)
+        for name in ("qkv_proj", "out_proj", "shared_qk", "bias", "qk_norm_scale"):
+            check_bool(f"attention.{name}", getattr(self, name))
+        for name in ("similarity", "backend", "qk_norm"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"attention.{name}={getattr(self, name)!r} must be a name (a non-empty string)")
+        check_range("attention.dropout", self.dropout, 0, 1, number=True)
+        if not isinstance(self.similarity_kwargs, dict):
+            raise ValueError(f"attention.similarity_kwargs must be a dict, got {self.similarity_kwargs!r}")
+        if self.shared_qk and (not self.qkv_proj or self.n_kv_heads not in (None, self.n_heads)):
+            raise ValueError(f"attention.shared_qk=True needs qkv_proj=True and n_kv_heads=None (got qkv_proj="
+                             f"{self.qkv_proj}, n_kv_heads={self.n_kv_heads}): the keys are the queries' own map")
+
+
+@dataclass(frozen=True)
+class PositionConfig:
+    """Where positions enter (:mod:`qkv.nn.positional`: added to the input, a q/k transform, a score bias).
+
+    Attributes:
+        scheme: the position scheme's name (``learned``, ``sinusoidal``, ``rope``, ``relative``,
+            ``t5``, ``alibi``, ``relative-alibi``, ``none``, or a plugin's).
+        qk_only: add input positions to the query and key maps only, not the values.
+        max_distance: largest relative distance distinguished (relative, T5 buckets).
+        num_buckets: number of T5 relative-position buckets.
+        rope_base: base of the rotary frequencies.
+        local_rope_base: rotary base of local layers (ModernBERT: 10000 local, 160000 global);
+            ``None`` = ``rope_base``.
+        offset: first row of the learned position table used (RoBERTa: pad id + 1 = 2); the table
+            has ``max_len + offset`` rows.
+    """
+
+    scheme: str = "learned"
+    qk_only: bool = False
     max_distance: int = 128
     num_buckets: int = 32
     rope_base: float = 10000.0
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int | None = 0
-    initializer_range: float = 0.02
-    pooler: bool = False
-    n_kv_heads: int | None = None
-    qk_norm: str = "none"
-    qk_norm_scale: bool = True
-    local_window: int | None = None
-    global_every: int = 1
     local_rope_base: float | None = None
-    norm_type: str = "layernorm"
-    norm_bias: bool = True
-    mlp_bias: bool = True
-    feed_forward: str = "mlp"
-    embed_scale: bool = False
-    embedding_size: int | None = None
-    position_offset: int = 0
-    first_attention_norm: bool = True
-    head_bias: bool = True
-    embedding_norm: bool = True
-    family: str | None = None
+    offset: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len",
-                     "max_distance", "num_buckets"):
-            check_int(name, getattr(self, name), low=1)
+        if not isinstance(self.scheme, str) or not self.scheme:
+            raise ValueError(f"positions.scheme={self.scheme!r} must be a name (a non-empty string)")
+        check_bool("positions.qk_only", self.qk_only)
+        check_int("positions.max_distance", self.max_distance)
+        check_int("positions.num_buckets", self.num_buckets)
+        check_int("positions.offset", self.offset, low=0)
+        check_positive("positions.rope_base", self.rope_base)
+        check_positive("positions.local_rope_base", self.local_rope_base, optional=True)
+
+
+@dataclass(frozen=True)
+class FeedForwardConfig:
+    """The position-wise feed-forward network of every layer.
+
+    Attributes:
+        d_ff: hidden width F.
+        activation: the non-linearity's name (``gelu``, ``gelu_tanh``, ``relu``, ``silu``).
+        kind: ``"mlp"`` (``W₂ act(W₁x)``) or ``"glu"`` (gated: ``W₂ (act(W x) ⊙ V x)``; GeGLU with
+            ``gelu``, SwiGLU with ``silu``).
+        bias: biases in the feed-forward maps.
+    """
+
+    d_ff: int = 3072
+    activation: str = "gelu"
+    kind: str = "mlp"
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("ffn.d_ff", self.d_ff)
+        check_bool("ffn.bias", self.bias)
+        for name in ("activation", "kind"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"ffn.{name}={getattr(self, name)!r} must be a name (a non-empty string)")
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """The norms: their placement and kind.
+
+    Attributes:
+        placement: ``"post"`` (BERT, the textbook) or ``"pre"``.
+        kind: the norm's name (``"layernorm"``, ``"rmsnorm"``, or a plugin's).
+        eps: the norms' epsilon (BERT: 1e-12).
+        bias: biases (β) in the norms.
+        first_attention: pre-LN only: ``False`` = the first layer's attention takes the (already
+            normalised) embeddings without its own norm (ModernBERT).
+        embeddings: normalise the sum of the embeddings (BERT); ``False`` = no norm there (GPT-2).
+    """
+
+    placement: str = "post"
+    kind: str = "layernorm"
+    eps: float = 1e-12
+    bias: bool = True
+    first_attention: bool = True
+    embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("norm.placement", self.placement, NORM_PLACEMENTS)
+        if not isinstance(self.kind, str) or not self.kind:
+            raise ValueError(f"norm.kind={self.kind!r} must be a name (a non-empty string)")
+        check_positive("norm.eps", self.eps)
+        for name in ("bias", "first_attention", "embeddings"):
+            check_bool(f"norm.{name}", getattr(self, name))
+        if not self.first_attention and self.placement != "pre":
+            raise ValueError(f"norm.first_attention=False needs norm.placement='pre' (got {self.placement!r}): a "
+                             "post-LN layer must normalise its residual sum; set placement='pre' or "
+                             "first_attention=True")
+
+
+_SUBCONFIGS = {"attention": AttentionConfig, "positions": PositionConfig, "ffn": FeedForwardConfig,
+               "norm": NormConfig}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to build a model (defaults: BERT-base).
+
+    Attributes:
+        vocab_size: token vocabulary V.
+        d_model: model width C.
+        n_layers: number of transformer layers.
+        max_len: longest sequence accepted (size of a learned position table).
+        type_vocab_size: number of segment (token type) ids; 0 = no segment embeddings.
+        dropout: dropout on embeddings and on each sublayer output before the residual sum.
+        pad_token_id: id of the padding token (its embedding row starts at zero, gets no grad);
+            ``None`` = no padding row (GPT-2, whose every row is a real token).
+        initializer_range: standard deviation of the normal weight initialisation.
+        embed_scale: multiply the token embeddings by √C before positions are added.
+        embedding_size: token embedding width E when it differs from C (ELECTRA): the embeddings
+            are projected E → C before the layers; ``None`` = C.
+        pooler: give the encoder BERT's pooler (``tanh(dense(h[:, 0]))``, its ``pooler_output``).
+        head_bias: a bias in the masked-LM head's dense transform (BERT: yes; ModernBERT: no).
+        family: the Hugging Face family the model was imported from and is exported to again
+            (``"bert"``, ``"roberta"``, ``"distilbert"``, ``"electra"``, ``"modernbert"``, ``"gpt2"``);
+            ``None`` = a qkv model, exported as BERT. It builds nothing.
+        attention: :class:`AttentionConfig`. positions: :class:`PositionConfig`.
+        ffn: :class:`FeedForwardConfig`. norm: :class:`NormConfig`.
+        layer_types: each layer's attention, ``"global"`` or ``"local"`` (a sliding window of
+            ``attention.window``), as Hugging Face's ``layer_types``; ``None`` = every layer global.
+    """
+
+    vocab_size: int = _BERT_VOCAB
+    d_model: int = 768
+    n_layers: int = 12
+    max_len: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    pad_token_id: int | None = 0
+    initializer_range: float = 0.02
+    embed_scale: bool = False
+    embedding_size: int | None = None
+    pooler: bool = False
+    head_bias: bool = True
+    family: str | None = None
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    positions: PositionConfig = field(default_factory=PositionConfig)
+    ffn: FeedForwardConfig = field(default_factory=FeedForwardConfig)
+    norm: NormConfig = field(default_factory=NormConfig)
+    layer_types: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "max_len"):
+            check_int(name, getattr(self, name))
         check_int("type_vocab_size", self.type_vocab_size, low=0)
         check_int("pad_token_id", self.pad_token_id, low=0, optional=True)
-        check_int("chunk_size", self.chunk_size, low=1, optional=True)
-        for name in ("n_kv_heads", "local_window", "embedding_size"):
-            check_int(name, getattr(self, name), low=1, optional=True)
-        check_int("global_every", self.global_every, low=1)
-        check_int("position_offset", self.position_offset, low=0)
+        check_int("embedding_size", self.embedding_size, optional=True)
         if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
             raise ValueError(f"pad_token_id={self.pad_token_id} must be < vocab_size={self.vocab_size}")
-        if self.d_model % self.n_heads:
-            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
-            raise ValueError(
-                f"n_heads={self.n_heads} does not divide d_model={self.d_model}; allowed: {divisors}"
-            )
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
-            raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}; "
-                             f"allowed: {divisors} (1 = multi-query attention)")
-        from qkv.nn.layer import ACTIVATIONS, FEED_FORWARDS
-        from qkv.nn.qk_norm import QK_NORM_TYPES
-
-        for name, allowed in (("activation", tuple(ACTIVATIONS)), ("norm", NORMS), ("qk_norm", QK_NORM_TYPES),
-                              ("feed_forward", tuple(FEED_FORWARDS))):
-            check_choice(name, getattr(self, name), allowed)
-        _check_registered(self)
-        if self.family is not None:
-            from qkv.models.families import FAMILIES
-
-            check_choice("family", self.family, tuple(FAMILIES))
-        for name in ("dropout", "attention_dropout"):
-            check_range(name, getattr(self, name), 0, 1, number=True)
-        for name in ("rope_base", "layer_norm_eps", "initializer_range"):
-            check_positive(name, getattr(self, name))
-        if self.local_rope_base is not None:
-            check_positive("local_rope_base", self.local_rope_base)
-        for name in ("qkv_proj", "out_proj", "shared_qk", "attention_bias", "position_qk_only", "pooler", "qk_norm_scale",
-                     "norm_bias", "mlp_bias", "embed_scale", "first_attention_norm", "head_bias", "embedding_norm"):
+        check_range("dropout", self.dropout, 0, 1, number=True)
+        check_positive("initializer_range", self.initializer_range)
+        for name in ("embed_scale", "pooler", "head_bias"):
             check_bool(name, getattr(self, name))
-        if self.shared_qk and (not self.qkv_proj or self.n_kv_heads not in (None, self.n_heads)):
-            raise ValueError(f"shared_qk=True needs qkv_proj=True and n_kv_heads=None (got qkv_proj={self.qkv_proj}, "
-                             f"n_kv_heads={self.n_kv_heads}): the keys are the queries' own map")
-        if not self.first_attention_norm and self.norm != "pre":
-            raise ValueError(f"first_attention_norm=False needs norm='pre' (got norm={self.norm!r}): a "
-                             "post-LN layer must normalise its residual sum; set norm='pre' or "
-                             "first_attention_norm=True")
-        if not isinstance(self.similarity_kwargs, dict):
-            raise ValueError(f"similarity_kwargs must be a dict, got {self.similarity_kwargs!r}")
-        from qkv.nn.positional import POSITION_SCHEMES
+        if self.family is not None and not isinstance(self.family, str):
+            raise ValueError(f"family={self.family!r} must be a family name or None")
+        for name, cls in _SUBCONFIGS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        check_heads(self.d_model, self.attention.n_heads, self.attention.n_kv_heads, prefix="attention.")
+        self._check_layer_types()
 
-        if self.position_qk_only and POSITION_SCHEMES[self.position].slot != "input":
-            absolute = [n for n, s in POSITION_SCHEMES.items() if s.slot == "input"]
-            raise ValueError(
-                f"position_qk_only=True needs an input encoding; position={self.position!r} is not "
-                f"one; allowed with it: {', '.join(absolute)}"
-            )
+    def _check_layer_types(self) -> None:
+        types = self.layer_types
+        if types is None:
+            return
+        if isinstance(types, list):
+            object.__setattr__(self, "layer_types", types := tuple(types))
+        if not isinstance(types, tuple) or len(types) != self.n_layers:
+            raise ValueError(f"layer_types must list one type per layer ({self.n_layers}), got {types!r}")
+        for t in types:
+            check_choice("layer_types entry", t, LAYER_TYPES)
+        if "local" in types and self.attention.window is None:
+            raise ValueError("layer_types has local layers but attention.window is None; set the window "
+                             "(e.g. attention.window=128) or make every layer global")
 
     @property
     def d_head(self) -> int:
-        """Width of one attention head, ``d_model // n_heads``."""
-        return self.d_model // self.n_heads
+        """Width of one attention head, ``d_model // attention.n_heads``."""
+        return self.d_model // self.attention.n_heads
+
+    def is_local(self, index: int) -> bool:
+        """Whether layer ``index`` attends in a sliding window (``layer_types``)."""
+        return self.layer_types is not None and self.layer_types[index] == "local"
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """The preset ``name`` (``tiny``, ``cpu-small``, ``cpu-small-clm``, ``mini``, ``small``, ``base``,
-        ``modernbert``, ``gpt2``: a causal LM's shape) with fields overridden."""
+        ``modernbert``, ``gpt2``: a causal LM's shape) with fields overridden: top-level fields,
+        sections as dicts (``attention={"n_heads": 8}``) or flat short names (``n_heads=8``,
+        ``position="rope"``; :data:`qkv.config_migrate.FLAT`)."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
-        return cls.from_dict({**PRESETS[name], **overrides})
+        return cls.from_dict(_merge(nest(PRESETS[name]), nest(overrides)))
+
+    @classmethod
+    def from_flat(cls, **fields: Any) -> ModelConfig:
+        """A config from top-level fields and flat short names (format 1's), e.g.
+        ``ModelConfig.from_flat(d_model=24, n_heads=3, d_ff=40, position="rope")``."""
+        return cls.from_dict(fields)
 
     def replace(self, **changes: Any) -> ModelConfig:
-        """A copy with ``changes`` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` applied (top-level fields, sections as dicts, or flat short names),
+        validated again."""
+        return type(self).from_dict(_merge(self.to_dict(), nest(changes)))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain ``dict`` of every field (JSON-serialisable)."""
+        """Plain nested ``dict`` of every field (JSON-serialisable)."""
         out = dataclasses.asdict(self)
-        out["similarity_kwargs"] = dict(self.similarity_kwargs)
+        out["attention"]["similarity_kwargs"] = dict(self.attention.similarity_kwargs)
+        out["layer_types"] = None if self.layer_types is None else list(self.layer_types)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        """Build from a ``dict``; unknown keys are an error naming them and the allowed ones."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(names))
+        """Build from a ``dict``: nested (format 2) or flat (format 1, migrated); unknown keys are an
+        error naming them and the allowed ones."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a model config must be a JSON object, got {type(data).__name__}")
+        data = nest(data)
+        every = data.pop("global_every", None)
+        window = (data.get("attention") or {}).get("window") if isinstance(data.get("attention"), dict) else None
+        if every is not None and window is not None and data.get("layer_types") is None:
+            data["layer_types"] = layer_types_for(int(data.get("n_layers", 12)), int(every))
+        top = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(top))
         if unknown:
-            raise ValueError(f"unknown ModelConfig field(s) {unknown}; allowed: {', '.join(names)}")
-        return cls(**data)
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; allowed: {', '.join(top)} and the flat "
+                             f"names {', '.join(sorted(FLAT))}")
+        kwargs = dict(data)
+        for section in SECTIONS:
+            value = kwargs.get(section)
+            if isinstance(value, dict):
+                kwargs[section] = _section(section, value)
+        if isinstance(kwargs.get("layer_types"), list):
+            kwargs["layer_types"] = tuple(kwargs["layer_types"])
+        return cls(**kwargs)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -278,28 +376,70 @@ class ModelConfig:
         return cls.from_dict(json.loads(text))
 
 
-def _registries() -> dict[str, tuple[str, Any]]:
-    """Field → (kind, names) of the fields that name a registered part (built-in or a plugin's)."""
-    from qkv.nn.backends import backend_names
-    from qkv.nn.norms import NORM_TYPES
-    from qkv.nn.positional import POSITION_SCHEMES
-    from qkv.nn.similarity import SIMILARITIES
-
-    return {"similarity": ("similarity", sorted(SIMILARITIES)),
-            "attention_path": ("backend", backend_names()), "position": ("position", tuple(POSITION_SCHEMES)), "norm_type": ("norm", sorted(NORM_TYPES))}
+def _section(name: str, values: dict[str, Any]):
+    cls = _SUBCONFIGS[name]
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {name} field(s) {unknown}; allowed: {', '.join(allowed)}")
+    return cls(**values)
 
 
-def _check_registered(config: ModelConfig) -> None:
-    """Each part ``config`` names is registered; on a miss, the installed plugins are loaded first
-    (:func:`qkv.plugins.load_plugins`), and the message says how to load a plugin."""
-    from qkv import plugins
+def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` applied, sections merged field by field; the layer types follow a
+    changed ``n_layers`` when the base's came from format 1's ``global_every`` pattern, and a window
+    set to ``None`` makes every layer global."""
+    out = dict(base)
+    for key, value in changes.items():
+        if key in SECTIONS and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        elif key in SECTIONS and isinstance(value, dict) and out.get(key) is not None:
+            out[key] = {**dataclasses.asdict(out[key]), **value}
+        else:
+            out[key] = value
+    window_off = isinstance(changes.get("attention"), dict) and "window" in changes["attention"] \
+        and changes["attention"]["window"] is None
+    if window_off and "layer_types" not in changes:
+        out["layer_types"] = None  # no window: every layer global (format 1's local_window=None)
+    types = out.get("layer_types")
+    n = out.get("n_layers")
+    if types and "layer_types" not in changes and n is not None and len(types) != n:
+        every = _period(tuple(types))
+        if every is not None:
+            out["layer_types"] = layer_types_for(n, every)
+    return out
 
-    registries = _registries()
-    if any(getattr(config, name) not in allowed for name, (_, allowed) in registries.items()):
-        plugins.load_plugins()
-        registries = _registries()
-    for field_name, (kind, allowed) in registries.items():
-        value = getattr(config, field_name)
-        if value not in allowed:
-            raise ValueError(f"{field_name}={value!r} is not allowed; allowed: "
-                             f"{', '.join(map(str, allowed))}. A {kind} from a plugin: {plugins.how_to_load()}")
+
+def _period(types: tuple[str, ...]) -> int | None:
+    """k when ``types`` is format 1's pattern (layer i global iff i % k == 0), else ``None``."""
+    for k in range(1, len(types) + 1):
+        if types == layer_types_for(len(types), k):
+            return k
+    return None
+
+
+def layer_period(config: ModelConfig) -> int | None:
+    """k when layer i of ``config`` is global exactly when ``i % k == 0`` (1: every layer global; the
+    ``global_attn_every_n_layers`` of Hugging Face's ModernBERT), else ``None``."""
+    if config.layer_types is None or "local" not in config.layer_types:
+        return 1
+    return _period(config.layer_types)
+
+
+def field_path(name: str) -> str:
+    """Where a flat short name lives (``"n_kv_heads"`` → ``"attention.n_kv_heads"``; ``"norm"`` →
+    ``"norm.placement"``); a top-level field's name as it is."""
+    if name == "norm":
+        return "norm.placement"
+    if name in FLAT:
+        section, field_name = FLAT[name]
+        return f"{section}.{field_name}"
+    return name
+
+
+def flat_value(config: ModelConfig, name: str) -> Any:
+    """The value of ``config`` at a flat short name or a dotted path (``"position"``, ``"attention.backend"``)."""
+    value: Any = config
+    for part in field_path(name).split("."):
+        value = getattr(value, part)
+    return value

@@ -168,8 +168,8 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     cfg = demo_config(out, minutes=minutes, seed=seed, precision=precision)
     mc = ModelConfig.preset(cfg.preset)
     used, note = resolve_precision(precision)
-    print(f"qkv demo: masked-LM pretraining of {cfg.preset} ({mc.n_layers} layers × {mc.d_model}, {mc.n_heads} "
-          f"heads, {mc.position} positions, {mc.norm}-LN, {cfg.select_rate:.0%} masking) on the 20 Newsgroups "
+    print(f"qkv demo: masked-LM pretraining of {cfg.preset} ({mc.n_layers} layers × {mc.d_model}, {mc.attention.n_heads} "
+          f"heads, {mc.positions.scheme} positions, {mc.norm.placement}-LN, {cfg.select_rate:.0%} masking) on the 20 Newsgroups "
           f"training split for "
           f"{minutes:g} min of training, batch {cfg.batch_size} × {cfg.max_len} tokens, {used}"
           f"{' (' + note + ')' if note else ''}; held out: the test split")

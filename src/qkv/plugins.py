@@ -40,7 +40,8 @@ GROUP = "qkv.plugins"
 #: Environment variable of extra plugin modules (comma-separated), imported with the entry points.
 ENV = "QKV_PLUGINS"
 #: The kinds of part a plugin may register, and the :class:`~qkv.config.ModelConfig` field that names each.
-KINDS = {"similarity": "similarity", "backend": "attention_path", "norm": "norm_type", "position": "position"}
+KINDS = {"similarity": "attention.similarity", "backend": "attention.backend", "norm": "norm.kind",
+         "position": "positions.scheme"}
 
 _PARTS: dict[tuple[str, str], str] = {}  # (kind, name) -> the module that registered it
 _importing: list[str] = []  # plugin modules being imported now (innermost last)
@@ -170,7 +171,8 @@ def plugins_needed(config) -> list[dict[str, str]]:
     ``[{"kind", "name", "module"}]`` — what :func:`qkv.save` records in ``qkv.json``."""
     needed = []
     for kind, field in KINDS.items():
-        name = getattr(config, field)
+        section, attr = field.split(".")
+        name = getattr(getattr(config, section), attr)
         module = registered_by(kind, name)
         if module is not None and module != "qkv":
             needed.append({"kind": kind, "name": name, "module": module})

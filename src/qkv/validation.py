@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["is_int", "is_number", "check_int", "check_choice", "check_bool", "check_positive", "check_range",
-           "check_field_types"]
+           "check_field_types", "check_heads"]
 
 
 def is_int(value: Any) -> bool:
@@ -131,3 +131,22 @@ def check_field_types(cfg: Any) -> None:
             raise ValueError(f"{f.name}={v!r} must be a finite number")
         if wrong:
             raise ValueError(f"{f.name}={v!r} must be {_WANT[base]}{' or null' if optional else ''}")
+
+
+def check_heads(d_model: Any, n_heads: Any, n_kv_heads: Any = None, *, prefix: str = "") -> None:
+    """``ValueError`` unless ``d_model`` and ``n_heads`` are positive ints with H dividing C, and
+    ``n_kv_heads`` (``None`` = H) divides H: the one home of the heads check. ``prefix`` goes before
+    the field names (``"attention."``)."""
+    check_int("d_model", d_model)
+    check_int(f"{prefix}n_heads", n_heads)
+    if d_model % n_heads:
+        divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+        raise ValueError(f"{prefix}n_heads={n_heads} does not divide d_model={d_model} (d_model is not divisible by "
+                         f"n_heads); allowed: {divisors}")
+    if n_kv_heads is None:
+        return
+    check_int(f"{prefix}n_kv_heads", n_kv_heads)
+    if n_heads % n_kv_heads:
+        divisors = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
+        raise ValueError(f"{prefix}n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}; allowed: "
+                         f"{divisors} (1 = multi-query attention)")

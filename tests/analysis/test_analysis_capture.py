@@ -106,7 +106,7 @@ def test_a_model_without_segment_embeddings_is_captured():
     from qkv.config import ModelConfig
     from qkv.models.builders import build_masked_lm
 
-    cfg = ModelConfig(vocab_size=29, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16,
+    cfg = ModelConfig.from_flat(vocab_size=29, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16,
                       type_vocab_size=0, dropout=0.0)
     model = build_masked_lm(cfg).eval()
     ids = torch.randint(1, 29, (2, 7))

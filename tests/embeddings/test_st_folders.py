@@ -268,9 +268,9 @@ def test_round_trip_of_other_families(tiny_model, tmp_path, family):
 
     tok = qkv.load(tiny_model).tokenizer
     sizes = dict(vocab_size=tok.get_vocab_size(), d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=32)
-    config = {"roberta": lambda: ModelConfig(**sizes, family="roberta", position_offset=1),
-              "distilbert": lambda: ModelConfig(**sizes, family="distilbert", type_vocab_size=0),
-              "electra": lambda: ModelConfig(**sizes, family="electra", embedding_size=16),
+    config = {"roberta": lambda: ModelConfig.from_flat(**sizes, family="roberta", position_offset=1),
+              "distilbert": lambda: ModelConfig.from_flat(**sizes, family="distilbert", type_vocab_size=0),
+              "electra": lambda: ModelConfig.from_flat(**sizes, family="electra", embedding_size=16),
               "modernbert": lambda: ModelConfig.preset("modernbert", **{**sizes, "n_layers": 4}, pad_token_id=0,
                                                        local_window=4)}[family]()
     torch.manual_seed(0)

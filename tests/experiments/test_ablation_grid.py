@@ -83,7 +83,7 @@ def test_grid_files_bad_json_unknown_names_and_bad_values(tmp_path):
     good = tmp_path / "mine.json"
     good.write_text(json.dumps(_grid(variants={"h5": {"model": {"n_heads": 5}}})))
     grid = load_grid(str(good))
-    with pytest.raises(ValueError, match=r"variant 'h5': n_heads=5 does not divide d_model=24"):
+    with pytest.raises(ValueError, match=r"variant 'h5': attention.n_heads=5 does not divide d_model=24"):
         validate_grid(grid)
     with pytest.raises(ValueError, match=r"--set/options: 'out' is set by the harness"):
         validate_grid(load_grid("heads"), {"out": "x"})

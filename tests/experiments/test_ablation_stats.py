@@ -152,4 +152,4 @@ def test_head_summary_matches_a_loop_and_counts_self_heads():
     with torch.no_grad():
         raw.encoder.embeddings.tokens.weight.normal_(0.0, 1.0)
     r = head_summary(encoder_attentions(raw, ids, mask), ids, mask, cls_id=2, sep_id=3)
-    assert r["specialised_heads"] == raw.config.n_heads and r["head_entropy"] < 0.5, r
+    assert r["specialised_heads"] == raw.config.attention.n_heads and r["head_entropy"] < 0.5, r

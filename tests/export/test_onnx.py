@@ -70,7 +70,7 @@ def test_refusals(hf_folder, exported, tmp_path):
     from qkv.config import ModelConfig
     from qkv.models.builders import build_encoder
 
-    enc = build_encoder(ModelConfig(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=1, max_len=16,
+    enc = build_encoder(ModelConfig.from_flat(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=1, max_len=16,
                                     position="alibi"))
     with pytest.raises(ExportError, match="alibi"):
         export_onnx(enc, tmp_path / "a.onnx")

@@ -17,7 +17,7 @@ def gpt2_pair(*, vocab=101, d_model=32, n_heads=4, n_layers=2, n_positions=64, s
                                      n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=0, eos_token_id=0)
     hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
-    cfg = ModelConfig(vocab_size=vocab, d_model=d_model, n_heads=n_heads, d_ff=4 * d_model, n_layers=n_layers,
+    cfg = ModelConfig.from_flat(vocab_size=vocab, d_model=d_model, n_heads=n_heads, d_ff=4 * d_model, n_layers=n_layers,
                       max_len=n_positions, norm="pre", activation="gelu_tanh", layer_norm_eps=1e-5,
                       type_vocab_size=0, embedding_norm=False, pad_token_id=None, position="learned", dropout=0.0)
     model = build_causal_lm(cfg).eval()

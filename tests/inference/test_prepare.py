@@ -26,7 +26,7 @@ needs_int8 = pytest.mark.skipif(INT8 is not None, reason=f"int8 not offered here
 
 def _encoder(**changes):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16, dropout=0.0,
+    cfg = ModelConfig.from_flat(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16, dropout=0.0,
                       attention_dropout=0.0, **changes)
     return build_encoder(cfg).eval()
 
@@ -214,7 +214,7 @@ def test_int8_linear_with_smoothing_computes_the_same_product():
 
 def test_masked_lm_and_its_head_are_prepared():
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16, dropout=0.0,
+    cfg = ModelConfig.from_flat(vocab_size=97, d_model=24, n_heads=3, d_ff=40, n_layers=2, max_len=16, dropout=0.0,
                       attention_dropout=0.0)
     mlm = build_masked_lm(cfg).eval()
     ids, mask = _batch()

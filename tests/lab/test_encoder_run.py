@@ -38,7 +38,7 @@ def test_the_model_is_sized_for_the_task_and_its_longest_evaluation_row():
     assert m.vocab_size == 5 + 9 and m.max_len == 256 == cfg.longest_row()  # 128 symbols + 128 slots
     assert (m.d_model, m.n_layers, m.type_vocab_size, m.dropout) == (64, 2, 0, 0.0)  # the defaults
     assert EncoderTaskConfig(task="mqar").model_config().max_len == 2 * 8 + 1 + 8
-    whole = ModelConfig(vocab_size=21, max_len=64, d_model=24, n_heads=3, d_ff=40, n_layers=1,
+    whole = ModelConfig.from_flat(vocab_size=21, max_len=64, d_model=24, n_heads=3, d_ff=40, n_layers=1,
                         type_vocab_size=0)
     assert EncoderTaskConfig(model=whole).model_config() is whole
     json.dumps(EncoderTaskConfig(model=whole, eval_lengths=(64,)).to_dict())
@@ -61,7 +61,7 @@ def test_the_model_is_sized_for_the_task_and_its_longest_evaluation_row():
     (dict(model=dict(n_head=2)), r"unknown ModelConfig field\(s\) \['n_head'\]"),
     (dict(model=dict(vocab_size=30)), "model: vocab_size is the task's; leave it out of the overrides"),
     (dict(model=dict(max_len=5)), r"model.max_len=5 is shorter than the longest row \(8 tokens\)"),
-    (dict(model=ModelConfig(vocab_size=99)), "model.vocab_size=99 must be the task's 13"),
+    (dict(model=ModelConfig.from_flat(vocab_size=99)), "model.vocab_size=99 must be the task's 13"),
     (dict(model="tiny"), "model must be a dict of ModelConfig overrides or a ModelConfig, got str"),
     (dict(model=dict(TINY, n_heads=5)), "n_heads=5 does not divide d_model=32"),
 ])
@@ -159,7 +159,7 @@ def test_a_shared_query_key_map_reports_its_one_gradient_for_both():
 def test_attention_entropy_by_hand_on_a_padded_batch():
     task = get_synthetic_task("copy", n_symbols=5, min_len=1, train_len=6)
     torch.manual_seed(3)
-    model = build_masked_lm(ModelConfig(vocab_size=task.vocab_size, max_len=12, d_model=24, n_heads=3,
+    model = build_masked_lm(ModelConfig.from_flat(vocab_size=task.vocab_size, max_len=12, d_model=24, n_heads=3,
                                         d_ff=40, n_layers=2, type_vocab_size=0, dropout=0.0))
     b = task.batch(0, 5, seed=1)
     assert not b.attention_mask.all()  # padding in the batch

@@ -1,5 +1,5 @@
 """``ModelConfig`` → builders for the attention variants: grouped-query heads, qk-norm, and
-sliding-window layers with a global layer every ``global_every`` and their own RoPE base.
+sliding-window layers (``layer_types``; format 1's ``global_every`` pattern) and their own RoPE base.
 
 The numbers of each part are tested in tests/nn (test_gqa.py, test_window.py); here: that the
 config's fields reach the right modules, and that the built encoder runs every path (fused,
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from qkv.config import ModelConfig
-from qkv.models.builders import build_encoder, build_masked_lm, is_local_layer
+from qkv.models.builders import build_encoder, build_masked_lm
 from qkv.nn.norms import RMSNorm
 from qkv.nn.packed import PackedBatch
 from qkv.nn.positional import RotaryEmbedding
@@ -22,13 +22,13 @@ BASE = dict(vocab_size=97, d_model=24, n_heads=6, d_ff=40, n_layers=5, max_len=3
 
 
 def _config(**kw):
-    return ModelConfig(**{**BASE, **kw})
+    return ModelConfig.from_flat(**{**BASE, **kw})
 
 
 def test_local_and_global_layers_get_their_windows_and_rope_bases():
     cfg = _config(local_window=6, global_every=3, rope_base=160000.0, local_rope_base=10000.0)
     layers = build_encoder(cfg).layers
-    kinds = [is_local_layer(cfg, i) for i in range(5)]
+    kinds = [cfg.is_local(i) for i in range(5)]
     assert kinds == [False, True, True, False, True]  # ModernBERT: layer i global iff i % 3 == 0
     for layer, local in zip(layers, kinds):
         att = layer.attention

@@ -8,6 +8,7 @@ import pytest
 
 import qkv
 from qkv.config import ModelConfig
+from qkv.models.parts import check_parts
 from qkv.models import families
 from qkv.models.builders import build_encoder
 from qkv.models.errors import CheckpointError
@@ -33,22 +34,22 @@ def test_dispatch_by_model_type_and_family():
 
 def test_family_field_is_checked():
     with pytest.raises(ValueError, match=r"family='llama' is not allowed; allowed: bert, roberta, distilbert, electra"):
-        ModelConfig.preset("tiny", family="llama")
+        check_parts(ModelConfig.preset("tiny", family="llama"))
 
 
 VARIANTS = [  # (field overrides, the field named in the refusal)
-    (dict(norm_type="rmsnorm"), "norm_type='rmsnorm'"),
-    (dict(feed_forward="glu"), "feed_forward='glu'"),
-    (dict(n_kv_heads=1), "n_kv_heads=1"),
-    (dict(qk_norm="layernorm"), "qk_norm='layernorm'"),
-    (dict(local_window=4), "local_window=4"),
+    (dict(norm_type="rmsnorm"), "norm.kind='rmsnorm'"),
+    (dict(feed_forward="glu"), "ffn.kind='glu'"),
+    (dict(n_kv_heads=1), "attention.n_kv_heads=1"),
+    (dict(qk_norm="layernorm"), "attention.qk_norm='layernorm'"),
+    (dict(local_window=4), "attention.window=4"),
     (dict(embed_scale=True), "embed_scale=True"),
-    (dict(norm_bias=False), "norm_bias=False"),
-    (dict(mlp_bias=False), "mlp_bias=False"),
-    (dict(norm="pre", first_attention_norm=False), "first_attention_norm=False"),
-    (dict(position="rope"), "position='rope'"),
-    (dict(attention_bias=False), "attention_bias=False"),
-    (dict(embedding_norm=False), "embedding_norm=False"),
+    (dict(norm_bias=False), "norm.bias=False"),
+    (dict(mlp_bias=False), "ffn.bias=False"),
+    (dict(norm="pre", first_attention_norm=False), "norm.first_attention=False"),
+    (dict(position="rope"), "positions.scheme='rope'"),
+    (dict(attention_bias=False), "attention.bias=False"),
+    (dict(embedding_norm=False), "norm.embeddings=False"),
 ]
 BASES = {"bert": {}, "roberta": dict(pad_token_id=1, position_offset=2), "electra": {},
          "distilbert": dict(type_vocab_size=0)}
@@ -68,7 +69,7 @@ def test_export_refuses_every_variant_field(tmp_path, family, overrides, named):
 def test_export_of_a_variant_model_writes_nothing(tmp_path):
     model = build_encoder(ModelConfig.preset("tiny", family="roberta", pad_token_id=1, position_offset=2,
                                              norm_bias=False))
-    with pytest.raises(CheckpointError, match=r"norm_bias=False \(RoBERTa needs True\)"):
+    with pytest.raises(CheckpointError, match=r"norm.bias=False \(RoBERTa needs True\)"):
         qkv.export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
 

@@ -49,7 +49,7 @@ def test_distilbert_model_matches_transformers(tmp_path):
 def test_distilbert_masked_lm_matches_transformers(tmp_path, sinusoidal):
     hf, folder = _folder(tmp_path, "masked_lm", sinusoidal_pos_embds=sinusoidal, activation="relu")
     model = qkv.load(folder).model
-    assert isinstance(model, MaskedLM) and model.config.activation == "relu"
+    assert isinstance(model, MaskedLM) and model.config.ffn.activation == "relu"
     ids, mask, _ = batch(97, 0)
     compare(model, hf, ids, mask)
 
@@ -109,6 +109,6 @@ def test_export_refuses_what_distilbert_cannot_express(tmp_path):
                                               r"needs 0\)"):
         qkv.export_hf(build_encoder(tiny), tmp_path / "x")
     bert_model = build_encoder(ModelConfig.preset("tiny", type_vocab_size=0, mlp_bias=False))
-    with pytest.raises(CheckpointError, match=r"DistilBERT: mlp_bias=False \(DistilBERT needs True\)"):
+    with pytest.raises(CheckpointError, match=r"DistilBERT: ffn.bias=False \(DistilBERT needs True\)"):
         qkv.export_hf(bert_model, tmp_path / "x", family="distilbert")
     assert not (tmp_path / "x").exists()

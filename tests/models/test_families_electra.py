@@ -128,7 +128,7 @@ def test_export_refuses_what_electra_and_bert_cannot_express(tmp_path):
     qkv.export_hf(narrow, tmp_path / "e", family="electra")  # ELECTRA can
     assert json.loads((tmp_path / "e" / "config.json").read_text())["model_type"] == "electra"
     glu = build_discriminator(ModelConfig.preset("tiny", family="electra", feed_forward="glu", activation="silu"))
-    with pytest.raises(CheckpointError, match=r"ELECTRA: feed_forward='glu' \(ELECTRA needs 'mlp'\)"):
+    with pytest.raises(CheckpointError, match=r"ELECTRA: ffn.kind='glu' \(ELECTRA needs 'mlp'\)"):
         qkv.export_hf(glu, tmp_path / "x")
     with pytest.raises(CheckpointError, match=r"BERT: .*kind 'discriminator' \(BERT has no such head"):
         qkv.export_hf(glu.__class__(glu.encoder, glu.head, config=glu.config.replace(family="bert",

@@ -55,11 +55,11 @@ def test_gpt2_lm_head_model_matches_transformers_on_a_right_padded_batch(tmp_pat
     model = qkv.load(folder).model
     assert isinstance(model, CausalLM)
     cfg = model.config
-    assert (cfg.family, cfg.norm, cfg.activation, cfg.position, cfg.similarity) == (
+    assert (cfg.family, cfg.norm.placement, cfg.ffn.activation, cfg.positions.scheme, cfg.attention.similarity) == (
         "gpt2", "pre", "gelu_tanh", "learned", "scaled_dot")
-    assert (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.max_len, cfg.vocab_size) == (24, 3, 2, 40, 19, V)
-    assert (cfg.type_vocab_size, cfg.embedding_norm, cfg.pad_token_id, cfg.layer_norm_eps) == (0, False, None, 1e-5)
-    assert (cfg.dropout, cfg.attention_dropout) == (0.1, 0.1)
+    assert (cfg.d_model, cfg.attention.n_heads, cfg.n_layers, cfg.ffn.d_ff, cfg.max_len, cfg.vocab_size) == (24, 3, 2, 40, 19, V)
+    assert (cfg.type_vocab_size, cfg.norm.embeddings, cfg.pad_token_id, cfg.norm.eps) == (0, False, None, 1e-5)
+    assert (cfg.dropout, cfg.attention.dropout) == (0.1, 0.1)
     ids, mask, _ = batch(V, 0)  # right padding after 7, 4, 7, 2, 5 tokens
     compare(model, hf, ids, mask)
 
@@ -76,7 +76,7 @@ def test_gpt2_matches_transformers_at_different_lengths(tmp_path, length):
 def test_n_inner_none_is_four_times_the_width(tmp_path):
     hf, folder = _folder(tmp_path, n_inner=None)
     model = qkv.load(folder).model
-    assert model.config.d_ff == 96
+    assert model.config.ffn.d_ff == 96
     ids, mask, _ = batch(V, 1)
     compare(model, hf, ids, mask)
 
@@ -132,7 +132,7 @@ def test_an_older_pickle_checkpoint_with_bare_names_mask_buffers_and_lm_head(tmp
 def test_activation_functions(tmp_path, act, ours):
     hf, folder = _folder(tmp_path, activation_function=act)
     model = qkv.load(folder).model
-    assert model.config.activation == ours
+    assert model.config.ffn.activation == ours
     ids, mask, _ = batch(V, 4)
     compare(model, hf, ids, mask)
 
@@ -140,7 +140,7 @@ def test_activation_functions(tmp_path, act, ours):
 def test_unscaled_scores_read_as_the_dot_similarity_and_export_back(tmp_path):
     hf, folder = _folder(tmp_path, scale_attn_weights=False)
     model = qkv.load(folder).model
-    assert model.config.similarity == "dot"
+    assert model.config.attention.similarity == "dot"
     ids, mask, _ = batch(V, 5)
     compare(model, hf, ids, mask)
     qkv.export_hf(model, tmp_path / "back")
@@ -208,7 +208,7 @@ def test_the_gpt2_preset_has_gpt2_small_parameter_count():
     count = sum(p.numel() for p in ours.parameters())
     assert count == sum(p.numel() for p in theirs.parameters()) == 124_439_808  # lm_head tied: counted once
     cfg = ours.config
-    assert (cfg.norm, cfg.activation, cfg.layer_norm_eps, cfg.type_vocab_size, cfg.embedding_norm,
+    assert (cfg.norm.placement, cfg.ffn.activation, cfg.norm.eps, cfg.type_vocab_size, cfg.norm.embeddings,
             cfg.pad_token_id, cfg.dropout, cfg.family) == ("pre", "gelu_tanh", 1e-5, 0, False, None, 0.1, "gpt2")
 
 
@@ -265,24 +265,24 @@ def _gpt2_config(**overrides):
 
 
 VARIANTS = [  # (field overrides, the field named in the refusal)
-    (dict(norm="post"), "norm='post'"),
-    (dict(position="rope"), "position='rope'"),
-    (dict(position="sinusoidal"), "position='sinusoidal'"),
-    (dict(similarity="cosine"), "similarity='cosine'"),
-    (dict(n_kv_heads=1), "n_kv_heads=1"),
-    (dict(qk_norm="layernorm"), "qk_norm='layernorm'"),
-    (dict(local_window=4), "local_window=4"),
-    (dict(norm_type="rmsnorm"), "norm_type='rmsnorm'"),
-    (dict(feed_forward="glu"), "feed_forward='glu'"),
-    (dict(attention_bias=False), "attention_bias=False"),
-    (dict(mlp_bias=False), "mlp_bias=False"),
-    (dict(norm_bias=False), "norm_bias=False"),
-    (dict(embedding_norm=True), "embedding_norm=True"),
-    (dict(position_offset=2), "position_offset=2"),
+    (dict(norm="post"), "norm.placement='post'"),
+    (dict(position="rope"), "positions.scheme='rope'"),
+    (dict(position="sinusoidal"), "positions.scheme='sinusoidal'"),
+    (dict(similarity="cosine"), "attention.similarity='cosine'"),
+    (dict(n_kv_heads=1), "attention.n_kv_heads=1"),
+    (dict(qk_norm="layernorm"), "attention.qk_norm='layernorm'"),
+    (dict(local_window=4), "attention.window=4"),
+    (dict(norm_type="rmsnorm"), "norm.kind='rmsnorm'"),
+    (dict(feed_forward="glu"), "ffn.kind='glu'"),
+    (dict(attention_bias=False), "attention.bias=False"),
+    (dict(mlp_bias=False), "ffn.bias=False"),
+    (dict(norm_bias=False), "norm.bias=False"),
+    (dict(embedding_norm=True), "norm.embeddings=True"),
+    (dict(position_offset=2), "positions.offset=2"),
     (dict(embed_scale=True), "embed_scale=True"),
     (dict(type_vocab_size=2), "type_vocab_size=2"),
-    (dict(first_attention_norm=False), "first_attention_norm=False"),
-    (dict(qkv_proj=False), "qkv_proj=False"),
+    (dict(first_attention_norm=False), "norm.first_attention=False"),
+    (dict(qkv_proj=False), "attention.qkv_proj=False"),
 ]
 
 
@@ -300,7 +300,7 @@ def test_export_names_every_field_at_once_and_writes_nothing(tmp_path):
     model = build_causal_lm(_gpt2_config(norm="post", norm_type="rmsnorm", n_kv_heads=1, position="alibi"))
     with pytest.raises(CheckpointError) as err:
         qkv.export_hf(model, tmp_path / "x")
-    for named in ("norm='post'", "norm_type='rmsnorm'", "n_kv_heads=1", "position='alibi'"):
+    for named in ("norm.placement='post'", "norm.kind='rmsnorm'", "attention.n_kv_heads=1", "positions.scheme='alibi'"):
         assert named in str(err.value)
     assert len(str(err.value).splitlines()) == 1
     assert not (tmp_path / "x").exists()

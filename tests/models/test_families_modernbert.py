@@ -10,7 +10,7 @@ import torch
 from families_support import batch, compare, perturb
 
 import qkv
-from qkv.config import ModelConfig
+from qkv.config import ModelConfig, layer_period
 from qkv.models.builders import build_masked_lm
 from qkv.models.errors import CheckpointError
 from qkv.models.mlm import MaskedLM
@@ -71,10 +71,10 @@ def test_modernbert_model_matches_transformers(tmp_path, biases):
     model = qkv.load(folder).model
     assert isinstance(model, Encoder)
     cfg = model.config
-    assert (cfg.family, cfg.norm, cfg.position, cfg.feed_forward, cfg.first_attention_norm) == (
+    assert (cfg.family, cfg.norm.placement, cfg.positions.scheme, cfg.ffn.kind, cfg.norm.first_attention) == (
         "modernbert", "pre", "rope", "glu", False)
-    assert (cfg.local_window, cfg.global_every, cfg.rope_base, cfg.local_rope_base) == (4, 3, 160_000.0, 10.0)
-    assert (cfg.norm_bias, cfg.attention_bias, cfg.mlp_bias) == (biases,) * 3
+    assert (cfg.attention.window, layer_period(cfg), cfg.positions.rope_base, cfg.positions.local_rope_base) == (4, 3, 160_000.0, 10.0)
+    assert (cfg.norm.bias, cfg.attention.bias, cfg.ffn.bias) == (biases,) * 3
     ids, mask, _ = batch(97, 0)
     _compare(model, hf, ids, mask, logits=False)
 
@@ -154,5 +154,5 @@ def test_modernbert_refusals(tmp_path):
     bert_shaped = build_masked_lm(ModelConfig.preset("tiny"))
     with pytest.raises(CheckpointError, match="ModernBERT needs") as err:
         qkv.export_hf(bert_shaped, tmp_path / "no", family="modernbert")
-    assert "norm='post'" in str(err.value) and "feed_forward='mlp'" in str(err.value)
+    assert "norm.placement='post'" in str(err.value) and "ffn.kind='mlp'" in str(err.value)
     assert not (tmp_path / "no").exists()

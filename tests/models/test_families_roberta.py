@@ -45,7 +45,7 @@ def test_roberta_model_matches_transformers(tmp_path):
     model = qkv.load(folder).model
     assert isinstance(model, Encoder) and model.pooler is not None
     cfg = model.config
-    assert (cfg.family, cfg.position_offset, cfg.max_len, cfg.type_vocab_size) == ("roberta", 2, 11, 1)
+    assert (cfg.family, cfg.positions.offset, cfg.max_len, cfg.type_vocab_size) == ("roberta", 2, 11, 1)
     assert model.embeddings.positions.weight.shape == (13, 24)  # max_len + offset rows
     ids, mask, types = batch(97, 1)
     a, b = compare(model, hf, ids, mask, logits=False)
@@ -123,13 +123,13 @@ def test_masked_lm_with_another_activation_is_refused(tmp_path):
 
 
 def test_export_refuses_what_roberta_cannot_express(tmp_path):
-    roberta = dict(ModelConfig.preset("tiny").to_dict(), family="roberta", pad_token_id=1, position_offset=2)
-    model = build_encoder(ModelConfig.from_dict({**roberta, "position_offset": 0}))
-    with pytest.raises(CheckpointError, match=r"as a Hugging Face RoBERTa: position_offset=0 \(RoBERTa needs "
+    roberta = ModelConfig.preset("tiny").replace(family="roberta", pad_token_id=1, position_offset=2)
+    model = build_encoder(roberta.replace(position_offset=0))
+    with pytest.raises(CheckpointError, match=r"as a Hugging Face RoBERTa: positions.offset=0 \(RoBERTa needs "
                                               r"pad_token_id \+ 1 = 2\).*keep it in the qkv format"):
         qkv.export_hf(model, tmp_path / "x")
-    model = build_encoder(ModelConfig.from_dict({**roberta, "norm_type": "rmsnorm"}))
-    with pytest.raises(CheckpointError, match=r"RoBERTa: norm_type='rmsnorm' \(RoBERTa needs 'layernorm'\)"):
+    model = build_encoder(roberta.replace(norm_type="rmsnorm"))
+    with pytest.raises(CheckpointError, match=r"RoBERTa: norm.kind='rmsnorm' \(RoBERTa needs 'layernorm'\)"):
         qkv.export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
 
@@ -144,6 +144,6 @@ def test_export_refuses_a_sequence_head_roberta_writes_differently(tmp_path):
                                               r"RobertaModel, RobertaForMaskedLM, RobertaForTokenClassification; "
                                               r"RobertaForSequenceClassification's head is two layers, qkv's one\)"):
         qkv.export_hf(model, tmp_path / "x")
-    with pytest.raises(CheckpointError, match=r"as a Hugging Face BERT: position_offset=2 \(BERT needs 0\)"):
+    with pytest.raises(CheckpointError, match=r"as a Hugging Face BERT: positions.offset=2 \(BERT needs 0\)"):
         qkv.export_hf(model, tmp_path / "x", family="bert")  # BERT has the head but not the offset
     assert not (tmp_path / "x").exists()

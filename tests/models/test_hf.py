@@ -95,7 +95,7 @@ def test_hf_relu_and_pickle_weights(tmp_path):
     os.remove(folder / "model.safetensors")
     torch.save(tensors, folder / "pytorch_model.bin")
     ours = qkv.load(folder).model
-    assert ours.config.activation == "relu"
+    assert ours.config.ffn.activation == "relu"
     _compare(ours, _hf_load(folder), True)
 
 
@@ -117,7 +117,7 @@ def test_export_loads_in_transformers_with_parity(tmp_path, masked_lm):
 
 def test_export_refuses_what_bert_cannot_express(tmp_path):
     model = build_encoder(ModelConfig.preset("tiny", norm="pre", similarity="cosine"))
-    with pytest.raises(CheckpointError, match=r"cannot be exported.*similarity='cosine'.*norm='pre'"):
+    with pytest.raises(CheckpointError, match=r"cannot be exported.*attention.similarity='cosine'.*norm.placement='pre'"):
         qkv.export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
 

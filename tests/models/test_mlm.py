@@ -43,7 +43,7 @@ def test_logits_without_labels_follow_the_head_formula():
     assert out.logits.shape == (B, T, m.config.vocab_size)
     h = m.encoder(ids, mask).last_hidden_state
     t = F.layer_norm(F.gelu(h @ m.head.dense.weight.T + m.head.dense.bias), (m.config.d_model,),
-                     m.head.norm.weight, m.head.norm.bias, eps=m.config.layer_norm_eps)
+                     m.head.norm.weight, m.head.norm.bias, eps=m.config.norm.eps)
     want = t @ m.encoder.embeddings.tokens.weight.T + m.head.bias
     torch.testing.assert_close(out.logits, want, atol=1e-5, rtol=1e-5)
 
@@ -82,7 +82,7 @@ def test_hidden_states_and_attentions_pass_through():
     ids, mask, labels = _batch(m.config)
     out = m(ids, mask, labels=labels, output_hidden_states=True, output_attentions=True)
     assert len(out.hidden_states) == m.config.n_layers + 1
-    assert out.attentions[0].shape == (B, m.config.n_heads, T, T)
+    assert out.attentions[0].shape == (B, m.config.attention.n_heads, T, T)
 
 
 def _count(model):

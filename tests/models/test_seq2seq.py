@@ -16,7 +16,7 @@ from qkv.models.seq2seq import shift_right
 
 def _config(**kw):
     base = dict(vocab_size=20, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=24, type_vocab_size=0, dropout=0.0)
-    return ModelConfig(**{**base, **kw})
+    return ModelConfig.from_flat(**{**base, **kw})
 
 
 def _model(**kw):

@@ -38,7 +38,7 @@ def test_outputs_and_shapes():
     assert len(full.hidden_states) == cfg.n_layers + 1
     assert all(h.shape == (B, T, cfg.d_model) for h in full.hidden_states)
     assert len(full.attentions) == cfg.n_layers
-    assert all(a.shape == (B, cfg.n_heads, T, T) for a in full.attentions)
+    assert all(a.shape == (B, cfg.attention.n_heads, T, T) for a in full.attentions)
     torch.testing.assert_close(full.hidden_states[-1], full.last_hidden_state, atol=0, rtol=0)
     # the exact (explicit) path used for the maps agrees with the fused default path
     torch.testing.assert_close(full.last_hidden_state, out.last_hidden_state, atol=1e-6, rtol=1e-6)
@@ -51,7 +51,7 @@ def test_attention_maps_are_distributions_over_real_keys():
     mask[2, 3:] = 0
     out = enc(ids, mask, output_attentions=True)
     for a in out.attentions:
-        torch.testing.assert_close(a.sum(-1), torch.ones(B, cfg.n_heads, T))
+        torch.testing.assert_close(a.sum(-1), torch.ones(B, cfg.attention.n_heads, T))
         assert torch.all(a[2, :, :, 3:] == 0)
 
 
@@ -144,7 +144,7 @@ def test_positions_on_queries_and_keys_only(position):
 def test_attention_options_from_config(overrides):
     enc, cfg = _encoder(**overrides)
     out = enc(_ids(cfg), output_attentions=True)
-    assert out.attentions[0].shape == (B, cfg.n_heads, T, T)
+    assert out.attentions[0].shape == (B, cfg.attention.n_heads, T, T)
 
 
 # --- norm, feed-forward and embedding variants (ModelConfig → builders) ---------------------------
@@ -192,8 +192,8 @@ def test_gated_feed_forward_is_built_from_the_config():
     for layer in enc.layers:
         ff = layer.feed_forward
         assert isinstance(ff, GatedFeedForward) and ff.activation_name == "silu"
-        assert ff.linear1.weight.shape == (2 * cfg.d_ff, cfg.d_model) and ff.linear1.bias is None
-        assert ff.linear2.weight.shape == (cfg.d_model, cfg.d_ff) and ff.linear2.bias is None
+        assert ff.linear1.weight.shape == (2 * cfg.ffn.d_ff, cfg.d_model) and ff.linear1.bias is None
+        assert ff.linear2.weight.shape == (cfg.d_model, cfg.ffn.d_ff) and ff.linear2.bias is None
     assert all(isinstance(layer.feed_forward, FeedForward) for layer in _encoder()[0].layers)
 
 
@@ -207,7 +207,7 @@ def test_embed_scale_multiplies_token_embeddings_by_sqrt_c(scale):
     with torch.no_grad():
         x = e.tokens.weight[ids] * s + e.positions.weight[:T] + e.segments.weight[seg]  # by hand
         mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
-        want = (x - mean) / torch.sqrt(var + cfg.layer_norm_eps) * e.norm.weight + e.norm.bias
+        want = (x - mean) / torch.sqrt(var + cfg.norm.eps) * e.norm.weight + e.norm.bias
         got = enc(ids, token_type_ids=seg, output_hidden_states=True).hidden_states[0]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 

@@ -282,7 +282,7 @@ def test_weights_path_and_packed_path_with_grouped_heads():
 
 def test_bad_grouped_sizes_give_one_clear_line():
     sim = build_similarity("scaled_dot", n_heads=H, d_head=D)
-    with pytest.raises(ValueError, match=r"n_kv_heads=4 must be a positive int dividing n_heads=6; allowed: \[1, 2, 3, 6\]"):
+    with pytest.raises(ValueError, match=r"n_kv_heads=4 does not divide n_heads=6; allowed: \[1, 2, 3, 6\]"):
         MultiHeadAttention(C, H, similarity=sim, qkv_proj=torch.nn.Linear(C, 3 * C), out_proj=None, n_kv_heads=4)
     with pytest.raises(ValueError, match=r"qkv_proj must be an nn.Linear with weight \(80, 48\)"):
         MultiHeadAttention(C, H, similarity=sim, qkv_proj=torch.nn.Linear(C, 3 * C), out_proj=None, n_kv_heads=2)

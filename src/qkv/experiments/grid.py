@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from qkv.config import ModelConfig
+from qkv.config_migrate import FLAT
 from qkv.training.config import TrainConfig
 from qkv.validation import check_int, check_positive
 
@@ -64,7 +65,8 @@ _TOP_KEYS = ("name", "question", "base", "variants", "extra_eval", "stats", "ear
 _EXTRA_EVAL_KEYS = ("length_factor",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
-_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+#: what a grid's "model" object may set: the config's fields and the flat short names (qkv.config_migrate.FLAT)
+_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig)) + tuple(FLAT) + ("global_every",)
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def _long_eval(model, cfg, data, factor: int) -> dict:
                          shuffle=False)
     ev = evaluate(model, batches, device=next(model.parameters()).device, max_batches=cfg.eval_batches)
     out.update(long_eval_loss=ev["eval_loss"], long_accuracy=ev["accuracy"])
-    if model.config.position == "learned":
+    if model.config.positions.scheme == "learned":
         out["long_note"] = f"learned rows ≥ {cfg.max_len} never trained"
     return out
 

@@ -120,9 +120,9 @@ def _encoder_of(model) -> nn.Module:
 
 def _check_supported(encoder: nn.Module) -> None:
     config = encoder.config
-    position = getattr(config, "position", None)
+    position = config.positions.scheme
     if position in REFUSED_POSITIONS:
-        raise ExportError(f"position={position!r} cannot be exported to ONNX ({REFUSED_POSITIONS[position]}); "
+        raise ExportError(f"positions.scheme={position!r} cannot be exported to ONNX ({REFUSED_POSITIONS[position]}); "
                           "export a model with learned, sinusoidal, rope or no positions")
 
 

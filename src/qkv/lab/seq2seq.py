@@ -39,7 +39,7 @@ def preset_config(task: Task, preset: str = "small", **overrides) -> ModelConfig
         raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
     fields = dict(vocab_size=task.vocab_size, max_len=max(task.max_len, task.max_target_len) + 1, type_vocab_size=0,
                   pad_token_id=PAD, layer_norm_eps=1e-5, **PRESETS[preset]["model"])
-    return ModelConfig(**{**fields, **overrides})
+    return ModelConfig.from_flat(**{**fields, **overrides})
 
 
 @dataclass

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from qkv.config import ModelConfig
+from qkv.models.parts import check_parts
 from qkv.nn.attend import BackendPlan
-from qkv.nn.attention import MultiHeadAttention, check_heads
+from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.embeddings import Embeddings
 from qkv.nn.encoder import Encoder
 from qkv.nn.layer import FEED_FORWARDS, TransformerLayer
@@ -26,8 +27,9 @@ from qkv.nn.pooler import Pooler
 from qkv.nn.qk_norm import build_qk_norm
 from qkv.nn.positional import build_positions
 from qkv.nn.similarity import build_similarity
+from qkv.validation import check_heads
 
-__all__ = ["build_attention", "build_layer", "is_local_layer", "build_norm_for", "build_encoder",
+__all__ = ["build_attention", "build_layer", "build_norm_for", "build_encoder",
            "build_masked_lm", "build_causal_lm", "build_model", "build_discriminator",
            "init_weights", "build_encoder_decoder"]
 
@@ -93,58 +95,52 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
 
 
 def build_norm_for(config: ModelConfig, width: int | None = None) -> nn.Module:
-    """A fresh ``config.norm_type`` norm over C, or ``width`` (``layer_norm_eps``, β when
+    """A fresh ``config.norm.kind`` norm over C, or ``width`` (``layer_norm_eps``, β when
     ``norm_bias``): every norm of the model (embeddings — E wide with ``embedding_size`` —, layers,
     final norm, masked-LM head) is one of these."""
-    return build_norm(config.norm_type, width or config.d_model, eps=config.layer_norm_eps,
-                      bias=config.norm_bias)
-
-
-def is_local_layer(config: ModelConfig, index: int) -> bool:
-    """Whether layer ``index`` is a sliding-window (local) layer: ``local_window`` is set and
-    ``index % global_every != 0`` (ModernBERT: layers 0, 3, 6, … global)."""
-    return config.local_window is not None and index % config.global_every != 0
+    return build_norm(config.norm.kind, width or config.d_model, eps=config.norm.eps,
+                      bias=config.norm.bias)
 
 
 def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLayer:
     """Layer ``index`` of the stack; position slots give each layer its own q/k transform and bias.
 
-    A local layer (:func:`is_local_layer`) attends within ``config.local_window`` and rotates
-    with ``config.local_rope_base`` (``None``: ``rope_base``); a global one sees every key.
-    The feed-forward is ``config.feed_forward`` (``mlp`` or gated ``glu``) with ``mlp_bias``. With
+    A local layer (``config.layer_types``) attends within ``config.attention.window`` and rotates
+    with ``config.positions.local_rope_base`` (``None``: ``rope_base``); a global one sees every key.
+    The feed-forward is ``config.ffn.kind`` (``mlp`` or gated ``glu``) with ``mlp_bias``. With
     ``first_attention_norm=False`` (pre-LN) layer 0's attention takes its input unnormalised
     (``norm1`` is ``nn.Identity()``): the embeddings are normalised already.
     """
-    local = is_local_layer(config, index)
+    local = config.is_local(index)
     attention = build_attention(
         config.d_model,
-        config.n_heads,
-        similarity=config.similarity,
-        similarity_kwargs=dict(config.similarity_kwargs),
-        qkv_proj=config.qkv_proj,
-        out_proj=config.out_proj,
-        shared_qk=config.shared_qk,
-        bias=config.attention_bias,
-        dropout=config.attention_dropout,
-        qk_transform=slots.make_qk_transform(rope_base=config.local_rope_base if local else None),
+        config.attention.n_heads,
+        similarity=config.attention.similarity,
+        similarity_kwargs=dict(config.attention.similarity_kwargs),
+        qkv_proj=config.attention.qkv_proj,
+        out_proj=config.attention.out_proj,
+        shared_qk=config.attention.shared_qk,
+        bias=config.attention.bias,
+        dropout=config.attention.dropout,
+        qk_transform=slots.make_qk_transform(rope_base=config.positions.local_rope_base if local else None),
         score_bias=slots.make_score_bias(),
-        backend=config.attention_path,
-        chunk_size=config.chunk_size,
-        n_kv_heads=config.n_kv_heads,
-        qk_norm=config.qk_norm,
-        qk_norm_scale=config.qk_norm_scale,
-        qk_norm_eps=config.layer_norm_eps,
-        window=config.local_window if local else None,
+        backend=config.attention.backend,
+        chunk_size=config.attention.chunk_size,
+        n_kv_heads=config.attention.n_kv_heads,
+        qk_norm=config.attention.qk_norm,
+        qk_norm_scale=config.attention.qk_norm_scale,
+        qk_norm_eps=config.norm.eps,
+        window=config.attention.window if local else None,
     )
-    feed_forward = FEED_FORWARDS[config.feed_forward](config.d_model, config.d_ff, activation=config.activation,
-                                                      bias=config.mlp_bias)
-    skip_norm1 = index == 0 and not config.first_attention_norm
+    feed_forward = FEED_FORWARDS[config.ffn.kind](config.d_model, config.ffn.d_ff, activation=config.ffn.activation,
+                                                      bias=config.ffn.bias)
+    skip_norm1 = index == 0 and not config.norm.first_attention
     return TransformerLayer(
         attention,
         feed_forward,
         norm1=nn.Identity() if skip_norm1 else build_norm_for(config),
         norm2=build_norm_for(config),
-        norm=config.norm,
+        norm=config.norm.placement,
         dropout=config.dropout,
     )
 
@@ -154,26 +150,27 @@ def build_encoder(config: ModelConfig, *, init: bool = True, causal: bool = Fals
     ``causal`` every layer's attention is causal (the stack of a decoder).
 
     With ``config.embedding_size`` E ≠ C the embeddings (their positions and LayerNorm too) are E
-    wide and a ``Linear(E, C)`` follows them (ELECTRA); ``config.position_offset`` shifts the
+    wide and a ``Linear(E, C)`` follows them (ELECTRA); ``config.positions.offset`` shifts the
     learned position rows used (RoBERTa).
     """
+    check_parts(config)
     width = config.embedding_size or config.d_model
-    if width != config.d_model and config.position_qk_only:
+    if width != config.d_model and config.positions.qk_only:
         raise ValueError(f"embedding_size={width} (≠ d_model={config.d_model}) cannot be combined with "
-                         "position_qk_only=True: the positions would be E wide but q and k are C wide")
-    kw = dict(max_len=config.max_len, qk_only=config.position_qk_only, max_distance=config.max_distance,
-              num_buckets=config.num_buckets, rope_base=config.rope_base, offset=config.position_offset)
-    slots = build_positions(config.position, d_model=config.d_model, n_heads=config.n_heads, **kw)
+                         "positions.qk_only=True: the positions would be E wide but q and k are C wide")
+    kw = dict(max_len=config.max_len, qk_only=config.positions.qk_only, max_distance=config.positions.max_distance,
+              num_buckets=config.positions.num_buckets, rope_base=config.positions.rope_base, offset=config.positions.offset)
+    slots = build_positions(config.positions.scheme, d_model=config.d_model, n_heads=config.attention.n_heads, **kw)
     inputs = slots.input
     if width != config.d_model:  # the input encoding is E wide (heads play no part in it)
-        inputs = build_positions(config.position, d_model=width, n_heads=1, **kw).input
+        inputs = build_positions(config.positions.scheme, d_model=width, n_heads=1, **kw).input
     embeddings = Embeddings(
         config.vocab_size,
         width,
         type_vocab_size=config.type_vocab_size,
         positions=None if slots.qk_only else inputs,
         pad_token_id=config.pad_token_id,
-        norm=build_norm_for(config, width) if config.embedding_norm else nn.Identity(),
+        norm=build_norm_for(config, width) if config.norm.embeddings else nn.Identity(),
         dropout=config.dropout,
         token_scale=math.sqrt(config.d_model) if config.embed_scale else 1.0,
     )
@@ -181,7 +178,7 @@ def build_encoder(config: ModelConfig, *, init: bool = True, causal: bool = Fals
         embeddings,
         [build_layer(config, slots, index=i) for i in range(config.n_layers)],
         max_len=config.max_len,
-        final_norm=build_norm_for(config) if config.norm == "pre" else None,
+        final_norm=build_norm_for(config) if config.norm.placement == "pre" else None,
         qk_positions=slots.input if slots.qk_only else None,
         pooler=Pooler(config.d_model) if config.pooler else None,
         embed_proj=nn.Linear(width, config.d_model) if width != config.d_model else None,
@@ -199,7 +196,7 @@ def build_discriminator(config: ModelConfig, *, init: bool = True):
     from qkv.models.discriminator import Discriminator, DiscriminatorHead
 
     encoder = build_encoder(config, init=False)
-    head = DiscriminatorHead(config.d_model, activation=config.activation)
+    head = DiscriminatorHead(config.d_model, activation=config.ffn.activation)
     model = Discriminator(encoder, head, config=config)
     if init:
         init_weights(model, config.initializer_range)
@@ -226,7 +223,7 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
         config.d_model,
         config.vocab_size,
         norm=build_norm_for(config),
-        activation=config.activation,
+        activation=config.ffn.activation,
         dense_bias=config.head_bias,
     )
     model = MaskedLM(encoder, head, sparse_prediction=sparse_prediction, config=config)
@@ -313,29 +310,29 @@ def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_sta
         raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the LM head "
                          "ties its output map to C-wide token embeddings")
     encoder = build_encoder(config, init=False)
-    kw = dict(max_len=config.max_len, qk_only=config.position_qk_only, max_distance=config.max_distance,
-              num_buckets=config.num_buckets, rope_base=config.rope_base, offset=config.position_offset)
-    slots = build_positions(config.position, d_model=config.d_model, n_heads=config.n_heads, **kw)
+    kw = dict(max_len=config.max_len, qk_only=config.positions.qk_only, max_distance=config.positions.max_distance,
+              num_buckets=config.positions.num_buckets, rope_base=config.positions.rope_base, offset=config.positions.offset)
+    slots = build_positions(config.positions.scheme, d_model=config.d_model, n_heads=config.attention.n_heads, **kw)
     embeddings = SharedTokenEmbeddings(
         encoder.embeddings.tokens, config.d_model, type_vocab_size=0,
         positions=None if slots.qk_only else slots.input,
-        norm=build_norm_for(config) if config.embedding_norm else nn.Identity(), dropout=config.dropout,
+        norm=build_norm_for(config) if config.norm.embeddings else nn.Identity(), dropout=config.dropout,
         token_scale=math.sqrt(config.d_model) if config.embed_scale else 1.0)
-    C, H = config.d_model, config.n_heads
+    C, H = config.d_model, config.attention.n_heads
     layers = []
     for i in range(config.n_layers):
         base = build_layer(config, slots, index=i)  # causal self-attention, feed-forward, their norms
-        cross = build_attention(C, H, similarity=config.similarity, similarity_kwargs=dict(config.similarity_kwargs),
-                                out_proj=config.out_proj, bias=config.attention_bias, dropout=config.attention_dropout,
-                                backend=config.attention_path, chunk_size=config.chunk_size,
-                                n_kv_heads=config.n_kv_heads, qk_norm=config.qk_norm,
-                                qk_norm_scale=config.qk_norm_scale, qk_norm_eps=config.layer_norm_eps,
+        cross = build_attention(C, H, similarity=config.attention.similarity, similarity_kwargs=dict(config.attention.similarity_kwargs),
+                                out_proj=config.attention.out_proj, bias=config.attention.bias, dropout=config.attention.dropout,
+                                backend=config.attention.backend, chunk_size=config.attention.chunk_size,
+                                n_kv_heads=config.attention.n_kv_heads, qk_norm=config.attention.qk_norm,
+                                qk_norm_scale=config.attention.qk_norm_scale, qk_norm_eps=config.norm.eps,
                                 context_width=C)
         layers.append(DecoderLayer(base.attention, cross, base.feed_forward, norm1=base.norm1,
-                                   norm2=build_norm_for(config), norm3=base.norm2, norm=config.norm,
+                                   norm2=build_norm_for(config), norm3=base.norm2, norm=config.norm.placement,
                                    dropout=config.dropout))
     decoder = Decoder(embeddings, layers, max_len=config.max_len,
-                      final_norm=build_norm_for(config) if config.norm == "pre" else None,
+                      final_norm=build_norm_for(config) if config.norm.placement == "pre" else None,
                       qk_positions=slots.input if slots.qk_only else None)
     model = EncoderDecoder(encoder, decoder, decoder_start_token_id=decoder_start_token_id,
                            pad_token_id=0 if config.pad_token_id is None else config.pad_token_id, config=config)

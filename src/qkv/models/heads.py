@@ -206,7 +206,7 @@ def _class_ids(labels: Tensor, shape: tuple[int, ...], num_labels: int, *, what:
 class SequenceClassifier(TaskModel):
     """One prediction per sequence: pooling, dropout, ``nn.Linear(C, L)`` (also regression, L = 1).
 
-    Pooling ``"pooler"`` needs an encoder with a pooler (``ModelConfig(pooler=True)``).
+    Pooling ``"pooler"`` needs an encoder with a pooler (``ModelConfig.from_flat(pooler=True)``).
     """
 
     _tasks = _SEQUENCE_TASKS
@@ -214,7 +214,7 @@ class SequenceClassifier(TaskModel):
     def __init__(self, encoder: Encoder, task: TaskConfig, classifier: nn.Linear, *, config: ModelConfig):
         super().__init__(encoder, task, classifier, config=config)
         if task.pooling == "pooler" and encoder.pooler is None:
-            raise ValueError("pooling='pooler' needs an encoder with a pooler (ModelConfig(pooler=True)); "
+            raise ValueError("pooling='pooler' needs an encoder with a pooler (ModelConfig.from_flat(pooler=True)); "
                              "build the model with build_task_model or attach_task_head, or choose pooling "
                              "'cls' or 'mean'")
 

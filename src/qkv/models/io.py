@@ -2,7 +2,7 @@
 
 Two folder formats:
 
-* **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 1, "kind": "masked_lm" | "encoder" |
+* **qkv**: ``qkv.json`` (``{"format": "qkv", "version": 2, "kind": "masked_lm" | "encoder" |
   "sequence_classification" | "token_classification" | "discriminator" | "causal_lm" | "encoder_decoder",
   "config": {…ModelConfig…}}``, plus
   ``"task": {…TaskConfig…}`` for the two task kinds; regression is a ``sequence_classification``
@@ -58,7 +58,8 @@ QKV_CONFIG = "qkv.json"
 HF_CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 HF_PICKLE = "pytorch_model.bin"
-FORMAT_VERSION = 1
+#: 2: the nested ModelConfig (1: flat, read and migrated).
+FORMAT_VERSION = 2
 #: ``qkv.json`` kinds: the model classes :func:`load` builds.
 KINDS = families.KINDS
 #: The files a model folder consists of (what :func:`save` / :func:`export_hf` may write or replace).
@@ -199,8 +200,12 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
             plugin_registry.check_recorded(meta.get("plugins", []), str(folder / QKV_CONFIG))
         except plugin_registry.PluginError as e:
             raise CheckpointError(str(e)) from None
-        try:
-            config = ModelConfig.from_dict({**meta.get("config", {}), **overrides})
+        if meta.get("version", 1) not in (1, FORMAT_VERSION):
+            raise CheckpointError(f"{folder / QKV_CONFIG}: format version {meta.get('version')!r} is newer than this "
+                                  f"qkv reads ({FORMAT_VERSION}); upgrade qkv")
+        try:  # version 1 holds the flat config: ModelConfig.from_dict migrates it
+            config = ModelConfig.from_dict(meta.get("config", {}))
+            config = config.replace(**overrides) if overrides else config
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{folder / QKV_CONFIG}: {e}") from e
         kind, task = meta["kind"], None

@@ -38,8 +38,9 @@ from qkv.nn.attend import DEFAULT_BUDGET, BackendPlan, attend_call
 from qkv.nn.kv_cache import LayerCache, end_aligned_bias
 from qkv.nn.masks import key_padding_mask
 from qkv.nn.positional import RotaryEmbedding
+from qkv.validation import check_heads
 
-__all__ = ["MultiHeadAttention", "AttentionOutput", "ContextKV", "check_heads"]
+__all__ = ["MultiHeadAttention", "AttentionOutput", "ContextKV"]
 
 
 @dataclass
@@ -378,23 +379,8 @@ class MultiHeadAttention(nn.Module):
         return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{window}{cross}, backend={self.backend!r}"
 
 
-def check_heads(d_model: int, n_heads: int) -> None:
-    """``ValueError`` unless ``d_model`` and ``n_heads`` are positive ints and H divides C."""
-    if not isinstance(d_model, int) or d_model < 1:
-        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
-    if not isinstance(n_heads, int) or n_heads < 1:
-        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
-    if d_model % n_heads != 0:
-        raise ValueError(
-            f"d_model={d_model} is not divisible by n_heads={n_heads}; choose n_heads among "
-            f"the divisors of d_model: {[h for h in range(1, d_model + 1) if d_model % h == 0]}")
-
-
 def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj, shared_qk: bool = False) -> None:
-    check_heads(d_model, n_heads)
-    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
-        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing n_heads={n_heads}; allowed: "
-                         f"{[g for g in range(1, n_heads + 1) if n_heads % g == 0]} (1 = multi-query attention)")
+    check_heads(d_model, n_heads, n_kv_heads)
     if qkv_proj is None and n_kv_heads != n_heads:
         raise ValueError(f"n_kv_heads={n_kv_heads} < n_heads={n_heads} needs a qkv_proj (without one queries, "
                          "keys and values are the embeddings themselves, H heads each)")
@@ -409,9 +395,7 @@ def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj
 def _check_cross(d_model: int, n_heads: int, n_kv_heads: int, q_proj, kv_proj, out_proj, *, qkv_proj,
                  shared_qk: bool, positions) -> None:
     """The parts of a cross-attention module (``q_proj`` and ``kv_proj``, no fused map, no positions)."""
-    check_heads(d_model, n_heads)
-    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or n_heads % n_kv_heads:
-        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing n_heads={n_heads}")
+    check_heads(d_model, n_heads, n_kv_heads)
     if qkv_proj is not None or shared_qk:
         raise ValueError("cross-attention takes q_proj and kv_proj, not a fused qkv_proj or shared_qk")
     if any(p is not None for p in positions):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkv.config import ModelConfig
+from qkv.models.parts import check_parts
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range, is_int
@@ -226,7 +227,7 @@ def model_config_for(cfg: TrainConfig, vocab_size: int | None = None, *, hint: s
         if overrides["vocab_size"] != vocab_size:
             raise ValueError(f"model vocab_size={overrides['vocab_size']} differs from the tokenizer's "
                              f"{vocab_size}")
-    mc = ModelConfig.preset(cfg.preset, **overrides)
+    mc = check_parts(ModelConfig.preset(cfg.preset, **overrides))
     if mc.max_len < cfg.max_len:
         raise ValueError(f"max_len={cfg.max_len} exceeds the model's position table ({mc.max_len}){hint}")
     return mc

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from qkv.config import ModelConfig
+from qkv.config import ModelConfig, field_path, flat_value
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 
@@ -204,7 +204,7 @@ def label_fields(task: TaskConfig) -> dict[str, Any]:
 
 #: Fields that none of the families here express otherwise: name → the value they need, or a
 #: ``(predicate on the config, what it needs)`` pair.
-_PLAIN = {"n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads),
+_PLAIN = {"n_kv_heads": (lambda c: c.attention.n_kv_heads in (None, c.attention.n_heads),
                          "None: one key/value head per query head"),
           "qk_norm": "none",
           "local_window": None, "norm_type": "layernorm", "norm_bias": True, "mlp_bias": True,
@@ -212,7 +212,7 @@ _PLAIN = {"n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads),
           "position": "learned", "position_qk_only": False, "similarity": "scaled_dot",
           "similarity_kwargs": {}, "qkv_proj": True, "shared_qk": False, "out_proj": True, "attention_bias": True,
           "norm": "post", "embedding_norm": True,
-          "activation": (lambda c: c.activation in ACT_TO_HF, f"one of {', '.join(ACT_TO_HF)}")}
+          "activation": (lambda c: c.ffn.activation in ACT_TO_HF, f"one of {', '.join(ACT_TO_HF)}")}
 
 
 def refuse_causal_lm(kind: str, name: str) -> None:
@@ -240,13 +240,13 @@ def refuse_unexpressible(config: ModelConfig, name: str, needs: dict[str, Any],
     reasons already worded."""
     bad = []
     for key, want in {**_PLAIN, **needs}.items():
-        value = getattr(config, key)
+        value = flat_value(config, key)
         if isinstance(want, tuple):
             ok, text = want[0](config), want[1]
         else:
             ok, text = value == want, repr(want)
         if not ok:
-            bad.append(f"{key}={value!r} ({name} needs {text})")
+            bad.append(f"{field_path(key)}={value!r} ({name} needs {text})")
     bad += extra or []
     if bad:
         raise CheckpointError(f"this model cannot be exported as a Hugging Face {name}: " + "; ".join(bad)

@@ -97,7 +97,7 @@ def bert_like_config(hf: dict[str, Any], source: str, *, family: str, pooler: bo
             raise CheckpointError(f"{source}: {key}={hf[key]!r} is not supported; expected {want!r}")
     act = activation_from_hf(hf.get("hidden_act", "gelu"), source)
     try:
-        return ModelConfig(
+        return ModelConfig.from_flat(
             vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_heads=hf["num_attention_heads"],
             d_ff=hf["intermediate_size"], n_layers=hf["num_hidden_layers"],
             max_len=hf.get("max_position_embeddings", 512) if max_len is None else max_len,
@@ -121,15 +121,15 @@ def bert_like_hf_config(config: ModelConfig, model_type: str, arch: str) -> dict
         "vocab_size": config.vocab_size,
         "hidden_size": config.d_model,
         "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads,
-        "intermediate_size": config.d_ff,
-        "hidden_act": ACT_TO_HF[config.activation],
+        "num_attention_heads": config.attention.n_heads,
+        "intermediate_size": config.ffn.d_ff,
+        "hidden_act": ACT_TO_HF[config.ffn.activation],
         "hidden_dropout_prob": config.dropout,
-        "attention_probs_dropout_prob": config.attention_dropout,
-        "max_position_embeddings": config.max_len + config.position_offset,
+        "attention_probs_dropout_prob": config.attention.dropout,
+        "max_position_embeddings": config.max_len + config.positions.offset,
         "type_vocab_size": config.type_vocab_size,
         "initializer_range": config.initializer_range,
-        "layer_norm_eps": config.layer_norm_eps,
+        "layer_norm_eps": config.norm.eps,
         "pad_token_id": config.pad_token_id,
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,
@@ -140,8 +140,8 @@ def encoder_plan(config: ModelConfig, prefix: str, enc: str, *, n_labels: int = 
     """The embeddings and layers of a BERT-layout encoder: Hugging Face names under ``prefix``
     (``"bert."`` in a headed checkpoint), qkv names under ``enc`` (``"encoder."`` in a headed model)."""
     width = config.embedding_size or config.d_model
-    dims = {"C": config.d_model, "E": width, "F": config.d_ff, "V": config.vocab_size,
-            "P": config.max_len + config.position_offset, "S": config.type_vocab_size, "L": n_labels}
+    dims = {"C": config.d_model, "E": width, "F": config.ffn.d_ff, "V": config.vocab_size,
+            "P": config.max_len + config.positions.offset, "S": config.type_vocab_size, "L": n_labels}
     plan = Plan(dims, {**FIELDS, "E": "embedding_size" if config.embedding_size else "hidden_size"})
     plan.rows += [(prefix + hf, enc + ours, sym) for hf, ours, sym in EMBEDDINGS]
     for i in range(config.n_layers):

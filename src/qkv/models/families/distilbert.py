@@ -72,7 +72,7 @@ _CLASSIFIER = [("classifier.weight", "classifier.weight", "LC"), ("classifier.bi
 
 def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str) -> Plan:
     enc = "" if kind == "encoder" else "encoder."
-    dims = {"C": config.d_model, "F": config.d_ff, "V": config.vocab_size, "P": config.max_len,
+    dims = {"C": config.d_model, "F": config.ffn.d_ff, "V": config.vocab_size, "P": config.max_len,
             "L": task.num_labels if task is not None else 0}
     plan = Plan(dims, _FIELDS)
     plan.rows += [(prefix + hf, enc + ours, sym) for hf, ours, sym in _EMBEDDINGS]
@@ -94,7 +94,7 @@ def _config(hf: dict[str, Any], source: str) -> ModelConfig:
     if missing:
         raise CheckpointError(f"{source}: missing field(s) {missing}")
     try:
-        return ModelConfig(
+        return ModelConfig.from_flat(
             vocab_size=hf["vocab_size"], d_model=hf["dim"], n_heads=hf["n_heads"], d_ff=hf["hidden_dim"],
             n_layers=hf["n_layers"], max_len=hf.get("max_position_embeddings", 512), type_vocab_size=0,
             activation=activation_from_hf(hf.get("activation", "gelu"), source, "activation"), norm="post",
@@ -140,9 +140,9 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
         "embedding_size": (lambda c: c.embedding_size in (None, c.d_model), f"{config.d_model} = dim")},
         extra)
     out = {"architectures": [ARCHITECTURES[kind]], "model_type": MODEL_TYPE, "vocab_size": config.vocab_size,
-           "dim": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads,
-           "hidden_dim": config.d_ff, "activation": ACT_TO_HF[config.activation], "dropout": config.dropout,
-           "attention_dropout": config.attention_dropout, "max_position_embeddings": config.max_len,
+           "dim": config.d_model, "n_layers": config.n_layers, "n_heads": config.attention.n_heads,
+           "hidden_dim": config.ffn.d_ff, "activation": ACT_TO_HF[config.ffn.activation], "dropout": config.dropout,
+           "attention_dropout": config.attention.dropout, "max_position_embeddings": config.max_len,
            "initializer_range": config.initializer_range, "pad_token_id": config.pad_token_id,
            "sinusoidal_pos_embds": False, "tie_word_embeddings": True}
     if task is not None:

@@ -91,7 +91,7 @@ _BUFFERS = ("attn.bias", "attn.masked_bias")  # older checkpoints' causal-mask b
 def _plan(config: ModelConfig, prefix: str) -> Plan:
     """The tensors of a GPT-2 checkpoint, Hugging Face names under ``prefix`` (``"transformer."``
     in a ``GPT2LMHeadModel``), shapes as Hugging Face stores them."""
-    plan = Plan({"C": config.d_model, "Q": 3 * config.d_model, "F": config.d_ff, "V": config.vocab_size,
+    plan = Plan({"C": config.d_model, "Q": 3 * config.d_model, "F": config.ffn.d_ff, "V": config.vocab_size,
                  "P": config.max_len}, FIELDS)
     plan.rows += [(prefix + "wte.weight", "decoder.embeddings.tokens.weight", "VC"),
                   (prefix + "wpe.weight", "decoder.embeddings.positions.weight", "PC")]
@@ -146,7 +146,7 @@ def _config(hf: dict[str, Any], source: str) -> ModelConfig:
     width = hf["n_embd"]
     inner = hf.get("n_inner")
     try:
-        return ModelConfig(
+        return ModelConfig.from_flat(
             vocab_size=hf["vocab_size"], d_model=width, n_heads=hf["n_head"],
             d_ff=4 * width if inner is None else inner, n_layers=hf["n_layer"],
             max_len=hf.get("n_positions", 1024), type_vocab_size=0, activation=act, norm="pre",
@@ -197,9 +197,9 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
         "norm": "pre", "type_vocab_size": 0, "embedding_norm": False, "position_offset": 0,
         "embedding_size": (lambda c: c.embedding_size in (None, c.d_model), f"{config.d_model} = n_embd"),
         "pooler": False,
-        "similarity": (lambda c: c.similarity in ("scaled_dot", "dot"),
+        "similarity": (lambda c: c.attention.similarity in ("scaled_dot", "dot"),
                        "'scaled_dot', or 'dot' (scale_attn_weights=false)"),
-        "activation": (lambda c: c.activation in ACT_TO_GPT2, f"one of {', '.join(ACT_TO_GPT2)}")}, extra)
+        "activation": (lambda c: c.ffn.activation in ACT_TO_GPT2, f"one of {', '.join(ACT_TO_GPT2)}")}, extra)
     return {
         "architectures": [ARCHITECTURES["causal_lm"]],
         "model_type": MODEL_TYPE,
@@ -207,15 +207,15 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
         "n_positions": config.max_len,
         "n_embd": config.d_model,
         "n_layer": config.n_layers,
-        "n_head": config.n_heads,
-        "n_inner": config.d_ff,
-        "activation_function": ACT_TO_GPT2[config.activation],
+        "n_head": config.attention.n_heads,
+        "n_inner": config.ffn.d_ff,
+        "activation_function": ACT_TO_GPT2[config.ffn.activation],
         "resid_pdrop": config.dropout,
         "embd_pdrop": config.dropout,
-        "attn_pdrop": config.attention_dropout,
-        "layer_norm_epsilon": config.layer_norm_eps,
+        "attn_pdrop": config.attention.dropout,
+        "layer_norm_epsilon": config.norm.eps,
         "initializer_range": config.initializer_range,
-        "scale_attn_weights": config.similarity == "scaled_dot",
+        "scale_attn_weights": config.attention.similarity == "scaled_dot",
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
         "add_cross_attention": False,

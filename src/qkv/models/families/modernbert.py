@@ -11,7 +11,7 @@ field:
   ``sliding_attention`` one);
 * sliding-window attention (``local_window`` = ``local_attention``: keys within
   ``local_attention // 2`` positions either side) with a global layer every
-  ``global_every`` = ``global_attn_every_n_layers`` layers (``layer_types`` must follow that pattern);
+  ``global_attn_every_n_layers`` layers (qkv's ``layer_types`` and Hugging Face's must follow that pattern);
 * the fused ``Wqkv`` map (rows ``[q; k; v]``, as qkv's ``qkv_proj``) and ``Wo``;
 * a gated feed-forward (GeGLU, ``feed_forward="glu"``): ``Wi`` C → 2F (first half through the
   activation, second half the gate), ``Wo`` F → C;
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkv.config import ModelConfig
+from qkv.config import ModelConfig, layer_period
 from qkv.models.errors import CheckpointError
 from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
                                          check_tied, kind_from_hf, refuse_causal_lm, refuse_unexpressible,
@@ -64,7 +64,7 @@ _OLD_THETA = {"full_attention": "global_rope_theta", "sliding_attention": "local
 
 def _norm(hf_name: str, ours: str, config: ModelConfig) -> list[tuple[str, str, str]]:
     rows = [(hf_name + ".weight", ours + ".weight", "C")]
-    return rows + ([(hf_name + ".bias", ours + ".bias", "C")] if config.norm_bias else [])
+    return rows + ([(hf_name + ".bias", ours + ".bias", "C")] if config.norm.bias else [])
 
 
 def _linear(hf_name: str, ours: str, sym: str, bias: bool) -> list[tuple[str, str, str]]:
@@ -75,19 +75,19 @@ def _linear(hf_name: str, ours: str, sym: str, bias: bool) -> list[tuple[str, st
 def _plan(config: ModelConfig, kind: str) -> Plan:
     """The tensors of a ModernBERT checkpoint of ``kind`` (``"encoder"`` or ``"masked_lm"``)."""
     prefix, enc = ("", "") if kind == "encoder" else ("model.", "encoder.")
-    plan = Plan({"C": config.d_model, "G": 2 * config.d_ff, "F": config.d_ff, "V": config.vocab_size,
+    plan = Plan({"C": config.d_model, "G": 2 * config.ffn.d_ff, "F": config.ffn.d_ff, "V": config.vocab_size,
                  "Q": 3 * config.d_model}, FIELDS)
     rows = [(prefix + "embeddings.tok_embeddings.weight", enc + "embeddings.tokens.weight", "VC")]
     rows += _norm(prefix + "embeddings.norm", enc + "embeddings.norm", config)
     for i in range(config.n_layers):
         hf, ours = f"{prefix}layers.{i}.", f"{enc}layers.{i}."
-        if i > 0 or config.first_attention_norm:
+        if i > 0 or config.norm.first_attention:
             rows += _norm(hf + "attn_norm", ours + "norm1", config)
-        rows += _linear(hf + "attn.Wqkv", ours + "attention.qkv_proj", "QC", config.attention_bias)
-        rows += _linear(hf + "attn.Wo", ours + "attention.out_proj", "CC", config.attention_bias)
+        rows += _linear(hf + "attn.Wqkv", ours + "attention.qkv_proj", "QC", config.attention.bias)
+        rows += _linear(hf + "attn.Wo", ours + "attention.out_proj", "CC", config.attention.bias)
         rows += _norm(hf + "mlp_norm", ours + "norm2", config)
-        rows += _linear(hf + "mlp.Wi", ours + "feed_forward.linear1", "GC", config.mlp_bias)
-        rows += _linear(hf + "mlp.Wo", ours + "feed_forward.linear2", "CF", config.mlp_bias)
+        rows += _linear(hf + "mlp.Wi", ours + "feed_forward.linear1", "GC", config.ffn.bias)
+        rows += _linear(hf + "mlp.Wo", ours + "feed_forward.linear2", "CF", config.ffn.bias)
     rows += _norm(prefix + "final_norm", enc + "final_norm", config)
     if kind == "masked_lm":
         rows += _linear("head.dense", "head.dense", "CC", config.head_bias)
@@ -150,7 +150,7 @@ def _config(hf: dict[str, Any], source: str) -> ModelConfig:
     local, every = _layer_pattern(hf, source)
     bases = _rope_bases(hf, source)
     try:
-        return ModelConfig(
+        return ModelConfig.from_flat(
             vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_heads=hf["num_attention_heads"],
             d_ff=hf["intermediate_size"], n_layers=hf["num_hidden_layers"],
             max_len=hf.get("max_position_embeddings", 8192), type_vocab_size=0, activation=act,
@@ -204,33 +204,35 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
         "type_vocab_size": 0, "position_offset": 0, "embedding_size": None, "pooler": False,
         "local_window": (lambda c: True, "any"), "norm_bias": (lambda c: True, "any"),
         "mlp_bias": (lambda c: True, "any"), "attention_bias": (lambda c: True, "any")}, extra)
-    full = {"rope_type": "default", "rope_theta": config.rope_base}
-    local = {"rope_type": "default", "rope_theta": config.local_rope_base or config.rope_base}
-    every = config.global_every if config.local_window is not None else 1
-    types = ["sliding_attention" if config.local_window is not None and i % every else "full_attention"
-             for i in range(config.n_layers)]
+    full = {"rope_type": "default", "rope_theta": config.positions.rope_base}
+    local = {"rope_type": "default", "rope_theta": config.positions.local_rope_base or config.positions.rope_base}
+    every = layer_period(config)
+    if every is None:
+        raise CheckpointError(f"layer_types={list(config.layer_types)} is not 'a global layer every k layers, the "
+                              "first global', which is what ModernBERT expresses; keep it in the qkv format (qkv.save)")
+    types = ["sliding_attention" if config.is_local(i) else "full_attention" for i in range(config.n_layers)]
     return {
         "architectures": [ARCHITECTURES[kind]] if kind in ARCHITECTURES else [],
         "model_type": MODEL_TYPE,
         "vocab_size": config.vocab_size,
         "hidden_size": config.d_model,
-        "intermediate_size": config.d_ff,
+        "intermediate_size": config.ffn.d_ff,
         "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads,
-        "hidden_activation": ACT_TO_HF[config.activation],
-        "classifier_activation": ACT_TO_HF[config.activation],
+        "num_attention_heads": config.attention.n_heads,
+        "hidden_activation": ACT_TO_HF[config.ffn.activation],
+        "classifier_activation": ACT_TO_HF[config.ffn.activation],
         "max_position_embeddings": config.max_len,
         "initializer_range": config.initializer_range,
-        "norm_eps": config.layer_norm_eps,
-        "norm_bias": config.norm_bias,
-        "attention_bias": config.attention_bias,
-        "mlp_bias": config.mlp_bias,
+        "norm_eps": config.norm.eps,
+        "norm_bias": config.norm.bias,
+        "attention_bias": config.attention.bias,
+        "mlp_bias": config.ffn.bias,
         "classifier_bias": config.head_bias,
         "decoder_bias": True,
-        "attention_dropout": config.attention_dropout,
+        "attention_dropout": config.attention.dropout,
         "embedding_dropout": config.dropout,
         "mlp_dropout": config.dropout,
-        "local_attention": config.local_window if config.local_window is not None else 128,
+        "local_attention": config.attention.window if config.attention.window is not None else 128,
         "global_attn_every_n_layers": every,
         "layer_types": types,
         "rope_parameters": {"full_attention": full, "sliding_attention": local},

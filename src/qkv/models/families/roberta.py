@@ -100,12 +100,12 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     if kind not in ARCHITECTURES:
         extra.append(f"kind {kind!r} (qkv writes RoBERTa as {', '.join(ARCHITECTURES.values())}; "
                      "RobertaForSequenceClassification's head is two layers, qkv's one)")
-    if kind == "masked_lm" and config.activation != "gelu":
-        extra.append(f"activation={config.activation!r} with a masked-LM head (RoBERTa's head applies gelu)")
+    if kind == "masked_lm" and config.ffn.activation != "gelu":
+        extra.append(f"activation={config.ffn.activation!r} with a masked-LM head (RoBERTa's head applies gelu)")
     refuse_unexpressible(config, NAME, {
         "embedding_size": (lambda c: c.embedding_size in (None, c.d_model),
                            f"{config.d_model} = hidden_size"),
-        "position_offset": (lambda c: c.position_offset == c.pad_token_id + 1,
+        "position_offset": (lambda c: c.positions.offset == c.pad_token_id + 1,
                             f"pad_token_id + 1 = {config.pad_token_id + 1}")}, extra)
     out = bert.bert_like_hf_config(config, MODEL_TYPE, ARCHITECTURES[kind])
     if task is not None:
