@@ -110,7 +110,7 @@ def test_cli_analyze_and_inspect_on_a_model_folder(tiny_hf_folder, tiny_hf_model
 @pytest.mark.parametrize("precision, entropy_tol", [("bf16", 0.01), ("int8", 0.03)])
 def test_analysis_in_a_reduced_precision_stays_close_to_float32(tiny_hf_folder, precision, entropy_tol):
     import qkv
-    from qkv.inference.support import precision_unsupported
+    from qkv.hardware import precision_unsupported
 
     if precision_unsupported(precision, torch.device("cpu")) is not None:
         pytest.skip(precision_unsupported(precision, torch.device("cpu")))

@@ -10,7 +10,7 @@ import torch
 
 from qkv.data.windows import length_batches
 from qkv.embeddings import EmbeddingError, Embedder
-from qkv.inference import precision_unsupported
+from qkv.hardware import precision_unsupported
 
 CPU = torch.device("cpu")
 #: the bounds docs/inference.md states (worst cosine of a vector to its float32 vector)

@@ -16,7 +16,8 @@ from qkv.finetune import FinetuneConfig, finetune
 from qkv.finetune.encode import encode_sequences, encode_tagged
 from qkv.finetune.inputs import load_task_model
 from qkv.finetune.predict import score, score_packed
-from qkv.inference import for_inference, precision_unsupported
+from qkv.hardware import precision_unsupported
+from qkv.inference import for_inference
 
 FAST = dict(batch_size=16, lr=3e-3, warmup_steps=5, progress=False, eval_sample=40, baselines=(), epochs=2)
 

@@ -8,7 +8,7 @@ from torch import nn
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder, build_masked_lm, init_weights
 from qkv.nn.encoder import EncoderOutput
-from qkv.nn.layer import FeedForward, GatedFeedForward
+from qkv.nn.feed_forward import FeedForward, GatedFeedForward
 from qkv.nn.norms import RMSNorm
 from qkv.nn.packed import PackedBatch
 from qkv.nn.positional import POSITIONS

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.models.builders import build_attention
-from qkv.nn.layer import FEED_FORWARDS, FeedForward, GatedFeedForward, TransformerLayer
+from qkv.nn.feed_forward import FEED_FORWARDS, FeedForward, GatedFeedForward
+from qkv.nn.layer import TransformerLayer
 from qkv.nn.norms import RMSNorm
 
 B, T, C, H, FF = 5, 7, 24, 3, 40

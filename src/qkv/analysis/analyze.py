@@ -76,7 +76,7 @@ class AnalyzeOptions:
     precision: str = "fp32"
 
     def __post_init__(self) -> None:
-        from qkv.inference.prepare import PRECISIONS
+        from qkv.nn.maps import PRECISIONS
 
         check_choice("precision", self.precision, PRECISIONS, error=AnalysisInputError)
         for name in ("batch_size", "token_sample", "max_word_types", "probe_top_tokens", "max_label_docs"):

@@ -39,7 +39,7 @@ from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
 from qkv.embeddings.options import EMBEDDING_JSON, EMPTY_MODES, EmbedOptions, as_options, folder_defaults
 from qkv.embeddings.pooling import forward_pooled_packed, pooling_modes
 from qkv.errors import QkvError
-from qkv.inference import check_precision, for_inference_calibrated
+from qkv.inference import check_precision, for_inference_calibrated, inference_precision
 from qkv.nn.packed import PackedBatch
 
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
@@ -151,6 +151,13 @@ class Embedder:
         self.stride, self.truncate, self.empty, self.progress = o.stride, o.truncate, o.empty, o.progress
         self.batch_size, self.chunk_size = o.batch_size, o.chunk_size
         self.batch_tokens, self.precision = o.batch_tokens, o.precision
+        prepared = inference_precision(self.encoder)  # a model for_inference built: it runs as it is
+        if prepared is not None:
+            if o.precision not in ("fp32", prepared):  # fp32 is the default: the prepared model's own is meant
+                raise EmbeddingError(f"the model was prepared for {prepared} inference (for_inference); embed it "
+                                     f"with precision={prepared!r}, or pass the original model for {o.precision}")
+            self.precision = prepared
+            self.options = o = o.replace(precision=prepared)
         self.encoder.to(self.device)
         try:
             check_precision(self.precision, self.device)
@@ -213,7 +220,10 @@ class Embedder:
     # -- internals ------------------------------------------------------------------------------------
     def _prepared(self) -> torch.nn.Module:
         """The encoder prepared for inference in :attr:`precision` (:func:`qkv.inference.for_inference`),
-        prepared again when the encoder's weights have changed since (a model trained between calls)."""
+        prepared again when the encoder's weights have changed since (a model trained between calls);
+        an encoder built for inference already is used as it is."""
+        if inference_precision(self.encoder) is not None:
+            return self.encoder
         version = tuple((p.data_ptr(), p._version) for p in self.encoder.parameters())
         if self._runner is None or version != self._runner_version:
             self._runner = for_inference_calibrated(self.encoder, self.precision, self.tokenizer, self.window,

@@ -31,7 +31,7 @@ from typing import Any
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, normalize_layers
 from qkv.errors import check_device
-from qkv.inference.prepare import PRECISIONS
+from qkv.nn.maps import PRECISIONS
 from qkv.validation import check_choice, check_int
 
 __all__ = ["EmbedOptions", "as_options", "EMPTY_MODES", "EMBEDDING_JSON", "VECTOR_FIELDS", "CHUNK_DOCS",

@@ -2,7 +2,7 @@
 
 Legend: I a map's input width, W window length.
 
-int8 mode smooths each quantised map's input (see :mod:`qkv.inference.int8`); the smoothing
+int8 mode smooths each quantised map's input (see :mod:`qkv.nn.linear`); the smoothing
 scales come from the largest absolute value of every input channel over calibration text. The
 text is fixed and ships with Python: the standard library's ``pydoc`` help topics (English prose
 and code), all but the first :data:`HELD_OUT` in sorted order — those are kept out so that tests can

@@ -21,7 +21,9 @@ from qkv.nn.attend import BackendPlan
 from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.embeddings import Embeddings
 from qkv.nn.encoder import Encoder
-from qkv.nn.layer import FEED_FORWARDS, TransformerLayer
+from qkv.nn.feed_forward import FEED_FORWARDS
+from qkv.nn.layer import TransformerLayer
+from qkv.nn.maps import TRAINING, LinearMaps
 from qkv.nn.norms import RMSNorm, build_norm
 from qkv.nn.pooler import Pooler
 from qkv.nn.qk_norm import build_qk_norm
@@ -41,7 +43,7 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
                     chunk_size: int | None = None, n_kv_heads: int | None = None, qk_norm: str = "none",
                     qk_norm_scale: bool = True, qk_norm_eps: float = 1e-6,
                     window: int | None = None, shared_qk: bool = False,
-                    context_width: int | None = None) -> MultiHeadAttention:
+                    context_width: int | None = None, maps: LinearMaps = TRAINING) -> MultiHeadAttention:
     """A :class:`~qkv.nn.attention.MultiHeadAttention` from plain options: its parts are made here,
     and its backend resolved (:class:`~qkv.nn.attend.BackendPlan`).
 
@@ -65,6 +67,8 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
         shared_qk: one map for queries and keys (``C → 2C``: queries = keys, values).
         context_width: cross-attention over a context of width E: a ``C → C`` query map and an
             ``E → 2·G·D`` key/value map (no positions, window or shared map then); ``None`` = self-attention.
+        maps: how the linear maps are made (:class:`~qkv.nn.maps.LinearMaps`: trainable by default,
+            or for inference in a precision).
     """
     check_heads(d_model, n_heads)
     d_head = d_model // n_heads
@@ -77,11 +81,11 @@ def build_attention(d_model: int, n_heads: int, *, similarity: str = "scaled_dot
         d_model,
         n_heads,
         similarity=build_similarity(similarity, n_heads=n_heads, d_head=d_head, **(similarity_kwargs or {})),
-        qkv_proj=nn.Linear(d_model, (2 * d_model if shared_qk else d_model + 2 * kv_width), bias=bias)
+        qkv_proj=maps.linear(d_model, (2 * d_model if shared_qk else d_model + 2 * kv_width), bias, kind="qkv")
         if qkv_proj and not cross else None,
-        q_proj=nn.Linear(d_model, d_model, bias=bias) if cross else None,
-        kv_proj=nn.Linear(context_width, 2 * kv_width, bias=bias) if cross else None,
-        out_proj=nn.Linear(d_model, d_model, bias=bias) if out_proj else None,
+        q_proj=maps.linear(d_model, d_model, bias, kind="qkv") if cross else None,
+        kv_proj=maps.linear(context_width, 2 * kv_width, bias, kind="qkv") if cross else None,
+        out_proj=maps.linear(d_model, d_model, bias, kind="out") if out_proj else None,
         n_kv_heads=n_kv_heads,
         shared_qk=shared_qk,
         qk_norm=build_qk_norm(qk_norm, d_head, scale=qk_norm_scale, eps=qk_norm_eps),
@@ -102,7 +106,7 @@ def build_norm_for(config: ModelConfig, width: int | None = None) -> nn.Module:
                       bias=config.norm.bias)
 
 
-def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLayer:
+def build_layer(config: ModelConfig, slots, *, index: int = 0, maps: LinearMaps = TRAINING) -> TransformerLayer:
     """Layer ``index`` of the stack; position slots give each layer its own q/k transform and bias.
 
     A local layer (``config.layer_types``) attends within ``config.attention.window`` and rotates
@@ -131,9 +135,10 @@ def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLay
         qk_norm_scale=config.attention.qk_norm_scale,
         qk_norm_eps=config.norm.eps,
         window=config.attention.window if local else None,
+        maps=maps,
     )
     feed_forward = FEED_FORWARDS[config.ffn.kind](config.d_model, config.ffn.d_ff, activation=config.ffn.activation,
-                                                      bias=config.ffn.bias)
+                                                  bias=config.ffn.bias, maps=maps)
     skip_norm1 = index == 0 and not config.norm.first_attention
     return TransformerLayer(
         attention,
@@ -145,9 +150,11 @@ def build_layer(config: ModelConfig, slots, *, index: int = 0) -> TransformerLay
     )
 
 
-def build_encoder(config: ModelConfig, *, init: bool = True, causal: bool = False) -> Encoder:
+def build_encoder(config: ModelConfig, *, init: bool = True, causal: bool = False,
+                  maps: LinearMaps = TRAINING) -> Encoder:
     """The encoder described by ``config`` (BERT-initialised unless ``init=False``); with
-    ``causal`` every layer's attention is causal (the stack of a decoder).
+    ``causal`` every layer's attention is causal (the stack of a decoder). ``maps``: how its linear
+    maps are made (trainable, or for inference in a precision: :func:`qkv.inference.for_inference`).
 
     With ``config.embedding_size`` E ≠ C the embeddings (their positions and LayerNorm too) are E
     wide and a ``Linear(E, C)`` follows them (ELECTRA); ``config.positions.offset`` shifts the
@@ -176,12 +183,12 @@ def build_encoder(config: ModelConfig, *, init: bool = True, causal: bool = Fals
     )
     encoder = Encoder(
         embeddings,
-        [build_layer(config, slots, index=i) for i in range(config.n_layers)],
+        [build_layer(config, slots, index=i, maps=maps) for i in range(config.n_layers)],
         max_len=config.max_len,
         final_norm=build_norm_for(config) if config.norm.placement == "pre" else None,
         qk_positions=slots.input if slots.qk_only else None,
-        pooler=Pooler(config.d_model) if config.pooler else None,
-        embed_proj=nn.Linear(width, config.d_model) if width != config.d_model else None,
+        pooler=Pooler(config.d_model, maps=maps) if config.pooler else None,
+        embed_proj=maps.linear(width, config.d_model) if width != config.d_model else None,
         causal=causal,
         config=config,
     )
@@ -190,13 +197,13 @@ def build_encoder(config: ModelConfig, *, init: bool = True, causal: bool = Fals
     return encoder
 
 
-def build_discriminator(config: ModelConfig, *, init: bool = True):
+def build_discriminator(config: ModelConfig, *, init: bool = True, maps: LinearMaps = TRAINING):
     """The replaced-token discriminator (encoder + ELECTRA's per-token head) described by
     ``config``; see :class:`qkv.models.discriminator.Discriminator`."""
     from qkv.models.discriminator import Discriminator, DiscriminatorHead
 
-    encoder = build_encoder(config, init=False)
-    head = DiscriminatorHead(config.d_model, activation=config.ffn.activation)
+    encoder = build_encoder(config, init=False, maps=maps)
+    head = DiscriminatorHead(config.d_model, activation=config.ffn.activation, maps=maps)
     model = Discriminator(encoder, head, config=config)
     if init:
         init_weights(model, config.initializer_range)
@@ -205,7 +212,8 @@ def build_discriminator(config: ModelConfig, *, init: bool = True):
     return model
 
 
-def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction: bool = True):
+def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction: bool = True,
+                    maps: LinearMaps = TRAINING):
     """The masked-LM model (encoder + head tied to the word embeddings) described by ``config``.
 
     With ``config.pooler`` the encoder carries BERT's pooler so that it round-trips (import,
@@ -218,13 +226,14 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
         raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the "
                          "masked-LM head ties its decoder to C-wide token embeddings; build an encoder or "
                          "a discriminator")
-    encoder = build_encoder(config, init=False)
+    encoder = build_encoder(config, init=False, maps=maps)
     head = MaskedLMHead(
         config.d_model,
         config.vocab_size,
         norm=build_norm_for(config),
         activation=config.ffn.activation,
         dense_bias=config.head_bias,
+        maps=maps,
     )
     model = MaskedLM(encoder, head, sparse_prediction=sparse_prediction, config=config)
     if init:
@@ -234,7 +243,7 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
     return model
 
 
-def build_causal_lm(config: ModelConfig, *, init: bool = True):
+def build_causal_lm(config: ModelConfig, *, init: bool = True, maps: LinearMaps = TRAINING):
     """The causal language model (a causal stack + the LM head tied to the word embeddings, GPT-2's)
     described by ``config``; see :class:`qkv.models.causal_lm.CausalLM`.
 
@@ -250,15 +259,17 @@ def build_causal_lm(config: ModelConfig, *, init: bool = True):
     if config.embedding_size not in (None, config.d_model):
         raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the LM head "
                          "ties its output map to C-wide token embeddings")
-    model = CausalLM(build_encoder(config, init=False, causal=True), config=config)
+    model = CausalLM(build_encoder(config, init=False, causal=True, maps=maps), config=config)
     if init:
         init_weights(model, config.initializer_range)
     return model
 
 
-def build_model(config: ModelConfig, *, masked_lm: bool, init: bool = True):
+def build_model(config: ModelConfig, *, masked_lm: bool, init: bool = True, maps: LinearMaps = TRAINING):
     """:func:`build_masked_lm` when ``masked_lm`` else :func:`build_encoder`."""
-    return build_masked_lm(config, init=init) if masked_lm else build_encoder(config, init=init)
+    if masked_lm:
+        return build_masked_lm(config, init=init, maps=maps)
+    return build_encoder(config, init=init, maps=maps)
 
 
 def init_weights(model: nn.Module, std: float) -> None:
@@ -292,7 +303,8 @@ def init_weights(model: nn.Module, std: float) -> None:
                 nn.init.normal_(table, std=std)
 
 
-def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_start_token_id: int = 1):
+def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_start_token_id: int = 1,
+                          maps: LinearMaps = TRAINING):
     """The encoder–decoder (:class:`qkv.models.seq2seq.EncoderDecoder`) described by ``config``:
     encoder and decoder of the same sizes (``n_layers`` each), one vocabulary (the decoder reads the
     encoder's token table; the LM head is tied to it).
@@ -309,7 +321,7 @@ def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_sta
     if config.embedding_size not in (None, config.d_model):
         raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the LM head "
                          "ties its output map to C-wide token embeddings")
-    encoder = build_encoder(config, init=False)
+    encoder = build_encoder(config, init=False, maps=maps)
     kw = dict(max_len=config.max_len, qk_only=config.positions.qk_only, max_distance=config.positions.max_distance,
               num_buckets=config.positions.num_buckets, rope_base=config.positions.rope_base, offset=config.positions.offset)
     slots = build_positions(config.positions.scheme, d_model=config.d_model, n_heads=config.attention.n_heads, **kw)
@@ -321,13 +333,13 @@ def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_sta
     C, H = config.d_model, config.attention.n_heads
     layers = []
     for i in range(config.n_layers):
-        base = build_layer(config, slots, index=i)  # causal self-attention, feed-forward, their norms
+        base = build_layer(config, slots, index=i, maps=maps)  # causal self-attention, feed-forward, their norms
         cross = build_attention(C, H, similarity=config.attention.similarity, similarity_kwargs=dict(config.attention.similarity_kwargs),
                                 out_proj=config.attention.out_proj, bias=config.attention.bias, dropout=config.attention.dropout,
                                 backend=config.attention.backend, chunk_size=config.attention.chunk_size,
                                 n_kv_heads=config.attention.n_kv_heads, qk_norm=config.attention.qk_norm,
                                 qk_norm_scale=config.attention.qk_norm_scale, qk_norm_eps=config.norm.eps,
-                                context_width=C)
+                                context_width=C, maps=maps)
         layers.append(DecoderLayer(base.attention, cross, base.feed_forward, norm1=base.norm1,
                                    norm2=build_norm_for(config), norm3=base.norm2, norm=config.norm.placement,
                                    dropout=config.dropout))

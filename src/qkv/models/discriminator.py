@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.nn.encoder import Encoder
-from qkv.nn.layer import get_activation
+from qkv.nn.activations import get_activation
+from qkv.nn.maps import TRAINING, LinearMaps
 
 __all__ = ["Discriminator", "DiscriminatorHead", "DiscriminatorOutput"]
 
@@ -48,14 +49,15 @@ class DiscriminatorHead(nn.Module):
 
     Args:
         d_model: C.
-        activation: a name in :data:`qkv.nn.layer.ACTIVATIONS` (ELECTRA: the encoder's).
+        activation: a name in :data:`qkv.nn.activations.ACTIVATIONS` (ELECTRA: the encoder's).
+        maps: how the two maps are made (default: trainable).
     """
 
-    def __init__(self, d_model: int, *, activation: str = "gelu"):
+    def __init__(self, d_model: int, *, activation: str = "gelu", maps: LinearMaps = TRAINING):
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = maps.linear(d_model, d_model)
         self.activation = get_activation(activation)
-        self.prediction = nn.Linear(d_model, 1)
+        self.prediction = maps.linear(d_model, 1)
 
     def forward(self, h: Tensor) -> Tensor:
         """``(…,C)`` hidden states → ``(…)`` logits."""

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
+from qkv.nn.maps import linear_shape
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.nn.encoder import Encoder
 from qkv.nn.packed import PackedBatch
@@ -170,9 +171,9 @@ class TaskModel(nn.Module):
                              f"{'has' if encoder.pooler is not None else 'has no'} pooler; build the encoder "
                              "from the same config")
         want = (config.d_model, task.num_labels)
-        if not isinstance(classifier, nn.Linear) or (classifier.in_features, classifier.out_features) != want:
-            got = ((classifier.in_features, classifier.out_features) if isinstance(classifier, nn.Linear)
-                   else type(classifier).__name__)
+        shape = linear_shape(classifier)  # (out, in)
+        if shape is None or shape[::-1] != want:
+            got = shape[::-1] if shape is not None else type(classifier).__name__
             raise ValueError(f"{name}: classifier must be nn.Linear(d_model={want[0]}, num_labels={want[1]}), "
                              f"got {got}")
         self.encoder = encoder

@@ -46,10 +46,9 @@ from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
 from qkv.models import families
-from qkv.models.builders import build_causal_lm, build_discriminator, build_encoder_decoder, build_model
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import TaskConfig
-from qkv.models.task_builders import build_task_model
+from qkv.models.kinds import build_kind, model_kind
 from qkv.validation import check_choice
 
 __all__ = ["Pretrained", "load", "save", "export_hf", "convert", "unpack", "read_weights", "read_json", "CheckpointError"]
@@ -139,18 +138,6 @@ def _check_state(state: dict[str, Tensor], model: nn.Module, source: Path) -> No
                               "the config disagrees with the weights")
 
 
-def _build(config: ModelConfig, kind: str, task: TaskConfig | None) -> nn.Module:
-    if task is not None:
-        return build_task_model(config, task, init=False)
-    if kind == "discriminator":
-        return build_discriminator(config, init=False)
-    if kind == "causal_lm":
-        return build_causal_lm(config, init=False)
-    if kind == "encoder_decoder":
-        return build_encoder_decoder(config, init=False)
-    return build_model(config, masked_lm=kind == "masked_lm", init=False)
-
-
 _kind = families.kind_of
 
 
@@ -221,7 +208,7 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
         if not source.is_file():
             raise CheckpointError(f"{folder}: missing {WEIGHTS}")
         state = read_weights(source)
-        model = _build(config, kind, task)
+        model = build_kind(config, kind, task)
         _check_state(state, model, source)
     elif (folder / HF_CONFIG).is_file():
         hf_config = read_json(folder / HF_CONFIG)
@@ -234,7 +221,7 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
                                                 config_source=str(folder / HF_CONFIG))
         if overrides:
             config = config.replace(**overrides)
-        model = _build(config, kind, task)
+        model = build_kind(config, kind, task)
     else:
         raise CheckpointError(f"{folder}: not a qkv or BERT checkpoint folder; expected {QKV_CONFIG} or "
                               f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
@@ -268,31 +255,6 @@ def _write_folder(dest: Path, config_name: str, fill) -> None:
         fill(tmp)
 
 
-def _model_parts(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]:
-    """``(config, kind, task)`` of a qkv model."""
-    from qkv.models.causal_lm import CausalLM
-    from qkv.models.discriminator import Discriminator
-    from qkv.models.heads import TaskModel
-    from qkv.models.mlm import MaskedLM
-    from qkv.models.seq2seq import EncoderDecoder
-    from qkv.nn.encoder import Encoder
-
-    config = getattr(model, "config", None)
-    kinds = (MaskedLM, Encoder, TaskModel, Discriminator, CausalLM, EncoderDecoder)
-    if not isinstance(config, ModelConfig) or not isinstance(model, kinds):
-        raise ValueError("expected a qkv MaskedLM, CausalLM, Encoder, SequenceClassifier, TokenClassifier or "
-                         "Discriminator with a .config (build it with qkv.models.builders or qkv.load), got "
-                         f"{type(model).__name__}")
-    if isinstance(model, Discriminator):
-        return config, "discriminator", None
-    if isinstance(model, CausalLM):
-        return config, "causal_lm", None
-    if isinstance(model, EncoderDecoder):
-        return config, "encoder_decoder", None
-    task = model.task if isinstance(model, TaskModel) else None
-    return config, _kind(isinstance(model, MaskedLM), task), task
-
-
 def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=None) -> Path:
     """Write a qkv folder: ``qkv.json``, ``model.safetensors`` and the tokenizer. Atomic. ``qkv.json``
     names the plugin modules that registered parts the config uses (docs/plugins.md).
@@ -308,7 +270,7 @@ def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=No
         The folder.
     """
     model, tokenizer = unpack(model, tokenizer)
-    config, kind, task = _model_parts(model)
+    config, kind, task = model_kind(model)
     meta = {"format": "qkv", "version": FORMAT_VERSION, "kind": kind,
             "config": config.to_dict()}
     if task is not None:
@@ -344,7 +306,7 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
             gated feed-forward: keep it in the qkv format.
     """
     model, tokenizer = unpack(model, tokenizer)
-    config, kind, task = _model_parts(model)
+    config, kind, task = model_kind(model)
     if kind == "encoder_decoder":
         raise CheckpointError("an encoder-decoder has no Hugging Face family here (BERT-like families are encoders); keep it in the qkv format (qkv.save)")
     converter = families.for_export(config, family, kind)

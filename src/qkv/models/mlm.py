@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.nn.encoder import Encoder
-from qkv.nn.layer import get_activation
+from qkv.nn.activations import get_activation
+from qkv.nn.maps import TRAINING, LinearMaps
 
 __all__ = ["MaskedLM", "MaskedLMHead", "MaskedLMOutput", "IGNORE_INDEX"]
 
@@ -58,14 +59,15 @@ class MaskedLMHead(nn.Module):
         d_model: C.
         vocab_size: V (size of the output bias).
         norm: the transform's norm, ``(…,C) -> (…,C)`` (BERT: a LayerNorm).
-        activation: a name in :data:`qkv.nn.layer.ACTIVATIONS` (BERT: ``gelu``).
+        activation: a name in :data:`qkv.nn.activations.ACTIVATIONS` (BERT: ``gelu``).
         dense_bias: a bias in the dense C → C map (BERT: yes; ModernBERT: no).
+        maps: how the dense map is made (default: trainable).
     """
 
     def __init__(self, d_model: int, vocab_size: int, *, norm: nn.Module, activation: str = "gelu",
-                 dense_bias: bool = True):
+                 dense_bias: bool = True, maps: LinearMaps = TRAINING):
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model, bias=dense_bias)
+        self.dense = maps.linear(d_model, d_model, dense_bias)
         self.activation = get_activation(activation)
         self.norm = norm
         self.bias = nn.Parameter(torch.zeros(vocab_size))
@@ -73,7 +75,8 @@ class MaskedLMHead(nn.Module):
     def forward(self, h: Tensor, decoder_weight: Tensor) -> Tensor:
         """``(…,C)`` hidden states and ``(V,C)`` decoder weight → ``(…,V)`` logits."""
         h = self.norm(self.activation(self.dense(h)))  # (…,C) -> (…,C)
-        return F.linear(h, decoder_weight, self.bias)  # (…,C)(C,V) -> (…,V)
+        # a bfloat16 inference map's output meets the float32 token table in float32
+        return F.linear(h.to(decoder_weight.dtype), decoder_weight, self.bias)  # (…,C)(C,V) -> (…,V)
 
 
 class MaskedLM(nn.Module):

@@ -14,7 +14,8 @@ from qkv import plugins
 from qkv.config import ModelConfig
 from qkv.models.families import FAMILIES
 from qkv.nn.backends import backend_names
-from qkv.nn.layer import ACTIVATIONS, FEED_FORWARDS
+from qkv.nn.activations import ACTIVATIONS
+from qkv.nn.feed_forward import FEED_FORWARDS
 from qkv.nn.norms import NORM_TYPES
 from qkv.nn.positional import POSITION_SCHEMES
 from qkv.nn.qk_norm import QK_NORM_TYPES

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from qkv.config import ModelConfig
+from qkv.nn.maps import TRAINING, LinearMaps
 from qkv.models.builders import build_encoder, init_weights
 from qkv.models.errors import CheckpointError
 from qkv.models.heads import SequenceClassifier, TaskConfig, TaskModel, TokenClassifier
@@ -21,10 +22,11 @@ from qkv.nn.encoder import Encoder
 __all__ = ["build_task_model", "attach_task_head"]
 
 
-def build_task_model(config: ModelConfig, task: TaskConfig, *, init: bool = True) -> TaskModel:
+def build_task_model(config: ModelConfig, task: TaskConfig, *, init: bool = True,
+                     maps: LinearMaps = TRAINING) -> TaskModel:
     """The :class:`SequenceClassifier` (sequence classification, regression) or
     :class:`TokenClassifier` for ``task`` on the encoder described by ``config``
-    (BERT-initialised unless ``init=False``).
+    (BERT-initialised unless ``init=False``; ``maps``: how the linear maps are made).
 
     A sequence task that pools with ``"pooler"`` needs the encoder's pooler: the model is built
     from ``config.replace(pooler=True)``, and its ``.config`` says so. A pooler the task does not
@@ -35,8 +37,8 @@ def build_task_model(config: ModelConfig, task: TaskConfig, *, init: bool = True
         raise ValueError(f"task must be a TaskConfig, got {type(task).__name__}")
     if task.is_sequence and task.pooling == "pooler" and not config.pooler:
         config = config.replace(pooler=True)
-    encoder = build_encoder(config, init=False)
-    classifier = nn.Linear(config.d_model, task.num_labels)
+    encoder = build_encoder(config, init=False, maps=maps)
+    classifier = maps.linear(config.d_model, task.num_labels)
     cls = SequenceClassifier if task.is_sequence else TokenClassifier
     model = cls(encoder, task, classifier, config=config)
     if init:

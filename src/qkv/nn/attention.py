@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from qkv.nn.attend import DEFAULT_BUDGET, BackendPlan, attend_call
 from qkv.nn.kv_cache import LayerCache, end_aligned_bias
+from qkv.nn.maps import linear_shape
 from qkv.nn.masks import key_padding_mask
 from qkv.nn.positional import RotaryEmbedding
 from qkv.validation import check_heads
@@ -155,7 +156,7 @@ class MultiHeadAttention(nn.Module):
         qkv = self.qkv_proj(x)  # (B,T,C) -> (B,T,C+2GD), or (B,T,2C) with shared_qk
         qk = self.qk_rows  # query and key rows of the fused map
         if qk_pos is not None:  # Ω_q(X+Π) = Ω_q X + Ω_q Π, keys likewise; values see X only
-            w = self.qkv_proj.weight[:qk]  # an inference model may hold it in bfloat16
+            w = self.qkv_proj.weight[:qk]  # (C+GD,C); a bfloat16 inference map holds it in bfloat16
             pos = F.linear(qk_pos.to(w.dtype), w)  # (…,T,C) -> (…,T,C+GD)
             qkv = _cat_last(qkv[..., :qk] + pos, qkv[..., qk:])  # (B,T,C+2GD)
         if self.shared_qk:
@@ -387,9 +388,9 @@ def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj
     qkv_rows = 2 * d_model if shared_qk else d_model + 2 * n_kv_heads * (d_model // n_heads)  # C + 2·G·D
     for name, lin, shape in (("qkv_proj", qkv_proj, (qkv_rows, d_model)),
                              ("out_proj", out_proj, (d_model, d_model))):
-        if lin is not None and (not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != shape):
-            got = tuple(lin.weight.shape) if isinstance(lin, nn.Linear) else type(lin).__name__
-            raise ValueError(f"{name} must be an nn.Linear with weight {shape} or None, got {got}")
+        if lin is not None and linear_shape(lin) != shape:
+            raise ValueError(f"{name} must be an nn.Linear with weight {shape} (or an inference map of that shape) "
+                             f"or None, got {linear_shape(lin) or type(lin).__name__}")
 
 
 def _check_cross(d_model: int, n_heads: int, n_kv_heads: int, q_proj, kv_proj, out_proj, *, qkv_proj,
@@ -402,13 +403,12 @@ def _check_cross(d_model: int, n_heads: int, n_kv_heads: int, q_proj, kv_proj, o
         raise ValueError("cross-attention takes no positions (qk_transform, score_bias, window): queries and keys "
                          "live in different sequences")
     D = d_model // n_heads
-    if not isinstance(q_proj, nn.Linear) or tuple(q_proj.weight.shape) != (d_model, d_model):
-        raise ValueError(f"q_proj must be an nn.Linear({d_model}, {d_model})")
-    if not isinstance(kv_proj, nn.Linear) or kv_proj.weight.shape[0] != 2 * n_kv_heads * D:
-        raise ValueError(f"kv_proj must be an nn.Linear(E, 2·G·D = {2 * n_kv_heads * D})")
-    if out_proj is not None and (not isinstance(out_proj, nn.Linear)
-                                 or tuple(out_proj.weight.shape) != (d_model, d_model)):
-        raise ValueError(f"out_proj must be an nn.Linear({d_model}, {d_model}) or None")
+    if linear_shape(q_proj) != (d_model, d_model):
+        raise ValueError(f"q_proj must be a linear map {d_model} → {d_model} (e.g. nn.Linear({d_model}, {d_model}))")
+    if linear_shape(kv_proj) is None or linear_shape(kv_proj)[0] != 2 * n_kv_heads * D:
+        raise ValueError(f"kv_proj must be a linear map E → 2·G·D = {2 * n_kv_heads * D} (e.g. nn.Linear)")
+    if out_proj is not None and linear_shape(out_proj) != (d_model, d_model):
+        raise ValueError(f"out_proj must be a linear map {d_model} → {d_model} (e.g. nn.Linear) or None")
 
 
 def _first_sequences(lengths: list[int]) -> dict[int, int]:

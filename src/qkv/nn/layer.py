@@ -16,8 +16,7 @@ The norms are given (a LayerNorm, with or without β, or an RMSNorm; see :mod:`q
 pre-LN layer may take ``nn.Identity()`` as ``Norm₁`` when its input is already normalised
 (ModernBERT's first layer).
 
-Feed-forward forms (:data:`FEED_FORWARDS`): ``mlp`` = ``W₂ act(W₁ x)`` (:class:`FeedForward`) and
-``glu`` = ``W₂ (act(W x) ⊙ V x)`` (:class:`GatedFeedForward`, Shazeer 2020: GeGLU, SwiGLU).
+The feed-forward block is given too (:mod:`qkv.nn.feed_forward`: plain or gated).
 
 Dropout sits where BERT puts it: on each sublayer's output before the residual sum (and, inside
 attention, optionally on the weights). None after the feed-forward activation.
@@ -25,113 +24,11 @@ attention, optionally on the weights). None after the feed-forward activation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "FEED_FORWARDS", "FeedForward", "GatedFeedForward", "TransformerLayer", "LayerOutput"]
-
-#: Feed-forward non-linearities by name (``gelu`` is the exact erf form used by BERT).
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-}
-
-#: The same non-linearities written into their input (used without autograd, to save a copy).
-_INPLACE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "gelu": torch.ops.aten.gelu_,
-    "gelu_tanh": partial(torch.ops.aten.gelu_, approximate="tanh"),
-    "relu": torch.relu_,
-    "silu": partial(F.silu, inplace=True),
-}
-
-
-def get_activation(name: str) -> Callable[[Tensor], Tensor]:
-    """The activation function registered as ``name``."""
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; allowed: {', '.join(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
-
-
-class FeedForward(nn.Module):
-    """Position-wise feed-forward network ``linear2(act(linear1(x)))``.
-
-    Args:
-        d_model: model width C.
-        d_ff: hidden width F.
-        activation: a name in :data:`ACTIVATIONS`.
-        bias: biases in both linear maps.
-    """
-
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", bias: bool = True):
-        super().__init__()
-        self.activation_name = activation
-        self.activation = get_activation(activation)
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``(…,C)`` → ``(…,C)``."""
-        h = self.linear1(x)  # (…,C) -> (…,F)
-        return self.linear2(_activate(self.activation_name, h))  # (…,F) -> (…,C)
-
-    def extra_repr(self) -> str:
-        return f"activation={self.activation_name!r}"
-
-
-class GatedFeedForward(nn.Module):
-    """Gated feed-forward network (Shazeer 2020, "GLU Variants Improve Transformer")::
-
-        u, g = split(linear1(x))        # one fused C → 2F map: u = W x, g = V x
-        y = linear2(act(u) ⊙ g)         # F → C
-
-    GeGLU with ``activation="gelu"`` (ModernBERT), SwiGLU with ``"silu"`` (LLaMA, NeoBERT). The
-    first half of ``linear1``'s output goes through the activation, the second half is the gate
-    (ModernBERT's ``Wi`` order; LLaMA's ``gate_proj`` rows are the first half, ``up_proj`` the
-    second). At equal parameter count F is usually ⅔ of the plain MLP's.
-
-    Args:
-        d_model: model width C.
-        d_ff: gated hidden width F (``linear1`` is C → 2F).
-        activation: a name in :data:`ACTIVATIONS`.
-        bias: biases in both linear maps.
-    """
-
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", bias: bool = True):
-        super().__init__()
-        self.activation_name = activation
-        self.activation = get_activation(activation)
-        self.linear1 = nn.Linear(d_model, 2 * d_ff, bias=bias)
-        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``(…,C)`` → ``(…,C)``."""
-        u, g = self.linear1(x).chunk(2, dim=-1)  # (…,C) -> (…,2F) -> 2 × (…,F)
-        a = _activate(self.activation_name, u)  # (…,F)
-        h = a * g if a.requires_grad else a.mul_(g)  # (…,F) ⊙ (…,F); no graph: into u's half
-        return self.linear2(h)  # (…,F) -> (…,C)
-
-    def extra_repr(self) -> str:
-        return f"activation={self.activation_name!r}, gated"
-
-
-def _activate(name: str, h: Tensor) -> Tensor:
-    """The activation ``name`` of ``h``, written into ``h`` when no graph keeps it (saves a copy;
-    ``h`` must be a fresh tensor, or a part of one, that nothing else reads)."""
-    inplace = _INPLACE_ACTIVATIONS.get(name)
-    if inplace is not None and not h.requires_grad:
-        return inplace(h)
-    return ACTIVATIONS[name](h)
-
-
-#: Feed-forward forms by name: ``mlp`` = ``W₂ act(W₁ x)``; ``glu`` = gated, ``W₂ (act(W x) ⊙ V x)``.
-FEED_FORWARDS: dict[str, type[FeedForward]] = {"mlp": FeedForward, "glu": GatedFeedForward}
+__all__ = ["TransformerLayer", "LayerOutput"]
 
 
 @dataclass

