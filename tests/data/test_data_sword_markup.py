@@ -13,8 +13,8 @@ from qkv.data.sword_markup import strip_markup
     ('and <transChange type="added">was</transChange> <divineName><w>LORD</w></divineName>', "and was LORD"),
     ('<q marker="" who="Jesus"><w>Suffer</w> <seg type="x-nested">it</seg></q>', "Suffer it"),
     # notes dropped with everything in them, nested elements included
-    ('darkness.<note placement="foot"><reference>1.4 </reference>the <seg><divineName>LORD</divineName></seg>'
-     ': or, <catchWord>x</catchWord></note> And', "darkness. And"),
+    (('darkness.<note placement="foot"><reference>1.4 </reference>the <seg><divineName>LORD</divineName></seg>'
+      ': or, <catchWord>x</catchWord></note> And'), "darkness. And"),
     # heading titles dropped; canonical, psalm, acrostic and untyped titles are text
     ('<title level="1" type="main">The First Book</title> In the beginning', "In the beginning"),
     ('<title type="section">Heading</title>Text', "Text"),

@@ -88,7 +88,7 @@ def test_real_apertium_translates():
         pytest.skip("Debian apertium-eng-spa not installed; run `make data`")
     out = apertium_translate(["The house is small.", "In the beginning God created the heaven."], "en", "es")
     assert out[0] == "La casa es pequeña." and "Dios" in out[1]
-    assert subprocess.run(["apertium", "-l"], capture_output=True, text=True).returncode == 0
+    assert subprocess.run(["apertium", "-l"], capture_output=True, text=True, check=False).returncode == 0
 
 
 @pytest.mark.slow

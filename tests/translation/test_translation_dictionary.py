@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import pytest
 
-import qkv.translation.dictionary as dictionary
 from qkv.data.pairs import Pair
+from qkv.translation import dictionary
 from qkv.translation.dictionary import detokenize, ibm1_table, learn_dictionary, tokenize
 from qkv.translation.errors import TranslationError
 
@@ -48,18 +48,22 @@ def test_dictionaries_learn_the_obvious_words():
         d = learn_dictionary([Pair(s, t) for s, t in PAIRS], method=method)
         assert (d.entries["house"], d.entries["book"], d.entries["a"]) == ("casa", "libro", "un"), method
         assert d.method == method and d.pairs == len(PAIRS) and len(d) == len(d.entries)
+        assert all(v[:1].isalnum() for v in d.entries.values()), "a word never translates as punctuation"
+        assert "," not in d.entries and d.translate_word(",") == ","
 
 
 def test_dice_is_the_coefficient_over_pairs():
     d = learn_dictionary(PAIRS, method="dice")
-    occurs = [(set(w.lower() for w in tokenize(s)), set(w.lower() for w in tokenize(t))) for s, t in PAIRS]
+    occurs = [({w.lower() for w in tokenize(s)}, {w.lower() for w in tokenize(t)}) for s, t in PAIRS]
+
+    def dice(e, f):
+        both = sum(e in a and f in b for a, b in occurs)
+        return 2 * both / (sum(e in a for a, _ in occurs) + sum(f in b for _, b in occurs))
+
+    targets = sorted({f for _, b in occurs for f in b})
     for e in ("small", "big", "book"):
-        def dice(f):
-            both = sum(e in a and f in b for a, b in occurs)
-            return 2 * both / (sum(e in a for a, _ in occurs) + sum(f in b for _, b in occurs))
-        targets = {f for _, b in occurs for f in b}
-        best = max(sorted(targets), key=dice)
-        assert dice(d.entries[e]) == pytest.approx(dice(best))
+        best = max(targets, key=lambda f, e=e: dice(e, f))
+        assert dice(e, d.entries[e]) == pytest.approx(dice(e, best))
 
 
 def test_translate_keeps_case_copies_unknowns_and_spaces_punctuation():

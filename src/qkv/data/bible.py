@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from qkv.data.errors import CorpusNotFoundError, DatasetNotInstalledError
 from qkv.data.pairs import Pair
-from qkv.data.sword import SwordModule, find_module, sword_roots
+from qkv.data.sword import SwordModule, find_module
 from qkv.data.verse_align import LengthModel, same_key_mask
 from qkv.data.versification import VerseKey, book
 
@@ -75,12 +75,10 @@ def _modules(dataset: str, roots: Sequence[str | os.PathLike] | None) -> dict[st
     for lang, side in LANGUAGES.items():
         try:
             found[lang] = SwordModule(find_module(side.module, roots))
-        except CorpusNotFoundError as e:
-            searched = ", ".join(str(r) for r in (roots if roots is not None else sword_roots()))
+        except CorpusNotFoundError as e:  # no such module in any library, or a data file missing
             raise DatasetNotInstalledError(
-                f"dataset {dataset!r} needs the SWORD module {side.module} (Debian package {side.package}), "
-                f"which is not installed{'' if 'no SWORD module' in str(e) else f' ({e})'} (searched {searched}). "
-                f"Install it: {INSTALL_HINT}") from None
+                f"dataset {dataset!r} needs the SWORD module {side.module} of the Debian package {side.package}: "
+                f"{e}. Install it: {INSTALL_HINT}") from None
     return found
 
 

@@ -37,7 +37,7 @@ def apertium_missing(source: str, target: str) -> str | None:
     if shutil.which("apertium") is None:
         return f"apertium is not installed; {install}"
     try:
-        listed = subprocess.run(["apertium", "-l"], capture_output=True, text=True, timeout=60).stdout.split()
+        listed = subprocess.run(["apertium", "-l"], capture_output=True, text=True, timeout=60, check=False).stdout.split()
     except (OSError, subprocess.SubprocessError) as e:
         return f"apertium -l failed ({e}); reinstall it: sudo apt-get install --reinstall {APERTIUM_PACKAGE}"
     if mode not in listed:
@@ -57,7 +57,7 @@ def apertium_translate(texts: Sequence[str], source: str, target: str, *, timeou
     lines = [_SPACE.sub(" ", t).strip() for t in texts]
     try:
         done = subprocess.run(["apertium", "-u", _mode(source, target)], input="\n".join(lines) + "\n",
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise TranslationError(f"apertium took more than {timeout:g} s for {len(lines)} lines; translate fewer "
                                "lines per call") from None

@@ -8,10 +8,12 @@ learned in lower case. Two ways to learn the dictionary are offered:
   uniform t. The E-step gives target word f at position j the posterior
   t(f | e_i) / Σ_i' t(f | e_i') over the source words e_0 = NULL, e_1 … e_m of its pair; the M-step
   sets t(f | e) to the expected counts c(f, e) normalised over f. A source word translates as
-  argmax_f t(f | e).
+  argmax_f t(f | e) over target *words* (never a punctuation mark).
 * ``"dice"`` — co-occurrence: the Dice coefficient 2·n(e, f) / (n(e) + n(f)) over sentence pairs
   (n counts the pairs that contain the word); a source word translates as the target word of
   highest Dice.
+
+Punctuation takes part in learning (it absorbs alignment mass) but is never an entry's translation.
 
 Translation replaces each source word by its entry (capitalised when the source word is), copies
 punctuation and words with no entry (names unseen in training) and joins the result with the spacing
@@ -95,6 +97,11 @@ class _Vocab:
         return i
 
 
+def _is_word(vocab: _Vocab) -> np.ndarray:
+    """Per id: is the token a word (letters, digits) rather than punctuation."""
+    return np.array([w[:1].isalnum() or w[:1] == "_" for w in vocab.words], dtype=bool)
+
+
 def _encode(pairs: Sequence[tuple[str, str]]) -> tuple[_Vocab, _Vocab, list[np.ndarray], list[np.ndarray]]:
     src, tgt = _Vocab(first=""), _Vocab()  # source id 0: the empty word NULL
     a, b = [], []
@@ -171,7 +178,8 @@ def _dice(src: _Vocab, tgt: _Vocab, a: list[np.ndarray], b: list[np.ndarray]) ->
     both = (xa.T @ xb).tocoo()                          # (source words, target words) co-occurrences
     na, nb = np.asarray(xa.sum(0)).ravel(), np.asarray(xb.sum(0)).ravel()
     dice = 2 * both.data / (na[both.row] + nb[both.col])
-    rows, cols = _best(both.row.astype(np.int64), both.col.astype(np.int64), dice)
+    words = _is_word(src)[both.row] & _is_word(tgt)[both.col]  # words translate as words; punctuation is copied
+    rows, cols = _best(both.row[words].astype(np.int64), both.col[words].astype(np.int64), dice[words])
     return {src.words[e]: tgt.words[f] for e, f in zip(rows, cols)}
 
 
@@ -208,7 +216,7 @@ def learn_dictionary(pairs: Iterable, *, method: str = "ibm1", iterations: int =
         entries = _dice(src, tgt, a, b)
     else:
         e, f, t = _ibm1(a, b, len(tgt.words), iterations)
-        keep = e != 0  # NULL's own translations are never output
+        keep = _is_word(src)[e] & _is_word(tgt)[f]  # words (not NULL, not punctuation) become words
         rows, cols = _best(e[keep], f[keep], t[keep])
         entries = {src.words[i]: tgt.words[j] for i, j in zip(rows, cols)}
     return WordDictionary(entries, method, len(texts))
