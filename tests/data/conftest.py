@@ -63,13 +63,15 @@ def write_sword_module(root: Path, name: str, verses: dict[str, str], *, markup:
             if t != testament:
                 continue
             group = {"BOOK": (osis,), "CHAPTER": (osis, chapter), "VERSE": (ref,)}[block_type]
-            blocks.setdefault(group, []).append((entry, text.encode("utf-8" if encoding == "UTF-8" else "latin-1")))
+            raw = text.encode("utf-8" if encoding == "UTF-8" else "latin-1")
+            blocks.setdefault(group, []).append((entry, raw))
         index = bytearray(struct.calcsize(size_fmt) * n_entries[testament])
         bzs, bzz = bytearray(), bytearray()
         for number, (_, items) in enumerate(sorted(blocks.items(), key=lambda kv: min(e for e, _ in kv[1]))):
             raw = bytearray()
             for entry, text in sorted(items):
-                struct.pack_into(size_fmt, index, entry * struct.calcsize(size_fmt), number, len(raw), len(text))
+                at = entry * struct.calcsize(size_fmt)
+                struct.pack_into(size_fmt, index, at, number, len(raw), len(text))
                 raw += text
             packed = _COMPRESS[compression](bytes(raw))
             bzs += struct.pack("<III", len(bzz), len(packed), len(raw))

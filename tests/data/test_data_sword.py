@@ -13,12 +13,13 @@ from qkv.data.versification import KJV_VERSES, VerseKey
 
 VERSES = {
     "Gen.1.1": 'In the <w lemma="strong:H7225">beginning</w> <w lemma="strong:H0430">God</w> created.',
-    "Gen.1.2": 'And the earth was <transChange type="added">without</transChange> form.<note placement="foot">'
-               '<reference type="annotateRef">1.2 </reference>form: Heb. <seg>void</seg></note>',
+    "Gen.1.2": ('And the earth was <transChange type="added">without</transChange> form.'
+                '<note placement="foot"><reference type="annotateRef">1.2 </reference>form: Heb. '
+                '<seg>void</seg></note>'),
     "Exod.6.3": "by my name \\nd <w>JEHOVAH</w> was I not known",
-    "Ps.3.1": '<div type="x-milestone" subType="x-preverse" sID="pv1"/><title canonical="true" type="psalm">A '
-              '<w lemma="strong:H4210">Psalm</w> of David.</title> <l level="1" sID="x"/>LORD, how are they '
-              'increased!<l eID="x" level="1"/>',
+    "Ps.3.1": ('<div type="x-milestone" subType="x-preverse" sID="pv1"/>'
+               '<title canonical="true" type="psalm">A <w lemma="strong:H4210">Psalm</w> of David.</title> '
+               '<l level="1" sID="x"/>LORD, how are they increased!<l eID="x" level="1"/>'),
     "Mal.4.6": "¶ Lest I come &amp; smite the earth.",
     "Matt.1.1": '<title type="main" level="1">A heading</title>The book of the generation.',
     "3John.1.14": "Peace be to thee.",
@@ -133,7 +134,7 @@ def test_broken_data_files(tmp_path, write_sword):
     with pytest.raises(CorpusFormatError, match="decompresses to 17 bytes; the block index says 18"):
         list(SwordModule(read_conf(conf)).verses())
     (data / "ot.bzv").write_bytes((data / "ot.bzv").read_bytes()[:1000])
-    with pytest.raises(CorpusFormatError, match="ot.bzv holds 100 entries; the KJV versification needs 24115"):
+    with pytest.raises(CorpusFormatError, match="ot.bzv holds 100 entries; the KJV versification needs"):
         list(SwordModule(read_conf(conf)).verses())
     (data / "ot.bzs").unlink()
     with pytest.raises(CorpusNotFoundError, match="data file .*ot.bzs is missing"):
@@ -166,7 +167,7 @@ def _installed(name: str) -> SwordModule:
     try:
         return open_module(name, ["/usr/share/sword"])
     except CorpusNotFoundError:
-        pytest.skip(f"SWORD module {name} not installed; run `make data` (Debian sword-text-kjv, sword-text-sparv)")
+        pytest.skip(f"SWORD module {name} not installed; run `make data` (Debian sword-text-kjv/-sparv)")
 
 
 @pytest.mark.parametrize("name, lang, first, accents", [

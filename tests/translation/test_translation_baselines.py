@@ -55,7 +55,8 @@ def test_apertium_missing_is_a_note_not_an_error(tmp_path, monkeypatch):
     assert row.scores is None and row.note.startswith("skipped: apertium is not installed")
     assert "make data" in row.note and "apt-get install apertium-eng-spa" in row.note
     assert "| apertium | — | — |" in report.table()
-    assert score_baselines("en-es", train=TRAIN, held_out=HELD, apertium=False).rows[-1].name == "dictionary (ibm1)"
+    without = score_baselines("en-es", train=TRAIN, held_out=HELD, apertium=False)
+    assert without.rows[-1].name == "dictionary (ibm1)"
 
 
 def test_apertium_failures_are_one_line(fake_apertium, monkeypatch):
@@ -68,14 +69,14 @@ def test_apertium_failures_are_one_line(fake_apertium, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "1")
     with pytest.raises(TranslationError, match=r"apertium eng-spa failed \(exit 3\): no such mode"):
         apertium_translate(["a"], "en", "es")
-    with pytest.raises(TranslationError, match="no Apertium baseline for en-fr; known directions: en-es, es-en"):
+    with pytest.raises(TranslationError, match="no Apertium baseline for en-fr; known directions: en-es"):
         apertium_missing("en", "fr")
 
 
 @pytest.mark.parametrize("call, message", [
     (lambda: parse_direction("en_es"), "must be SOURCE-TARGET"),
     (lambda: parse_direction("en-en"), "must be SOURCE-TARGET"),
-    (lambda: score_baselines("en-es", split="train"), "would score the baselines on the pairs the dictionary"),
+    (lambda: score_baselines("en-es", split="train"), "would score the baselines on the pairs"),
     (lambda: score_baselines("en-es", train=TRAIN, held_out=[]), "no pairs to score"),
 ])
 def test_bad_requests(call, message):

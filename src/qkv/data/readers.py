@@ -336,7 +336,8 @@ def iter_records(path: Path, *, encoding_errors: str = "strict", columns: tuple[
                                         "the file or read it with encoding_errors='replace'") from None
             check_choice("quotes", quotes, ("csv", "strict", "none"))
             quoting = {"quoting": csv.QUOTE_NONE} if quotes == "none" else {"strict": quotes == "strict"}
-            reader = csv.reader(io.StringIO(text, newline=""), delimiter="," if fmt == "csv" else "\t", **quoting)
+            delimiter = "," if fmt == "csv" else "\t"
+            reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, **quoting)
             try:
                 header = list(columns) if columns is not None else next(reader, None)
                 if not header or not any(h.strip() for h in header):

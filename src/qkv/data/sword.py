@@ -119,8 +119,9 @@ def read_conf(path: str | os.PathLike) -> SwordConf:
     root = path.parent.parent
     return SwordConf(
         name, path, (root / v["datapath"]).resolve(), v.get("moddrv", "zText"), v.get("sourcetype", "Plain"),
-        v.get("encoding", "Latin-1"), v.get("compresstype", "LZSS").upper(), v.get("blocktype", "CHAPTER").upper(),
-        v.get("versification", "KJV"), bool(v.get("cipherkey")), v.get("lang", ""), v.get("description", ""))
+        v.get("encoding", "Latin-1"), v.get("compresstype", "LZSS").upper(),
+        v.get("blocktype", "CHAPTER").upper(), v.get("versification", "KJV"), bool(v.get("cipherkey")),
+        v.get("lang", ""), v.get("description", ""))
 
 
 def sword_roots() -> list[Path]:
@@ -181,7 +182,8 @@ class SwordModule:
         if c.driver.lower() not in VERSE_INDEX_DTYPES:
             raise self._refuse(f"ModDrv={c.driver} is not supported; this reader reads zText and zText4")
         if c.compression not in _DECOMPRESS:
-            raise self._refuse(f"CompressType={c.compression} is not supported; supported: {', '.join(_DECOMPRESS)}")
+            raise self._refuse(f"CompressType={c.compression} is not supported; "
+                               f"supported: {', '.join(_DECOMPRESS)}")
         if c.block_type not in BLOCK_LETTERS:
             raise self._refuse(f"BlockType={c.block_type} is unknown; known: {', '.join(BLOCK_LETTERS)}")
         if c.markup.lower() not in {m.lower() for m in MARKUPS}:
@@ -233,7 +235,8 @@ class SwordModule:
 
     def _block(self, blocks: np.ndarray, block: int, data: bytes, decompress, bzz: str, entry: int) -> bytes:
         if block >= len(blocks):
-            raise self._refuse(f"verse index entry {entry} names block {block}; the block index has {len(blocks)}")
+            raise self._refuse(f"verse index entry {entry} names block {block}; "
+                               f"the block index has {len(blocks)}")
         offset, csize, usize = (int(x) for x in blocks[block])
         if offset + csize > len(data):
             raise self._refuse(f"block {block} ends at byte {offset + csize} of {bzz} ({len(data)} bytes)")
@@ -252,9 +255,9 @@ class SwordModule:
         try:
             return raw.decode("utf-8") if utf8 else raw.decode("latin-1")
         except UnicodeDecodeError as e:
-            raise CorpusDecodeError(f"SWORD module {self.conf.name}, {key}: not valid UTF-8 at byte {e.start} "
-                                    f"({e.reason}) although its configuration says Encoding={self.conf.encoding}"
-                                    ) from None
+            raise CorpusDecodeError(
+                f"SWORD module {self.conf.name}, {key}: not valid UTF-8 at byte {e.start} ({e.reason}) "
+                f"although its configuration says Encoding={self.conf.encoding}") from None
 
     def raw(self, key: VerseKey) -> str:
         """The entry of one verse as stored (markup included)."""
@@ -292,5 +295,6 @@ def _key(ref: str | VerseKey) -> VerseKey:
         return ref
     parts = str(ref).rsplit(".", 2)
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-        raise ValueError(f"a verse is written BOOK.CHAPTER.VERSE with an OSIS book id (e.g. John.3.16), got {ref!r}")
+        raise ValueError(f"a verse is written BOOK.CHAPTER.VERSE with an OSIS book id (e.g. John.3.16), "
+                         f"got {ref!r}")
     return VerseKey(book(parts[0]).number, int(parts[1]), int(parts[2]))

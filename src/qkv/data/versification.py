@@ -167,7 +167,8 @@ def book(name: str) -> Book:
     """
     found = _BY_NAME.get(str(name).strip().lower())
     if found is None:
-        raise ValueError(f"unknown Bible book {name!r}; use an OSIS id: {' '.join(b.osis for b in KJV_BOOKS)}")
+        ids = " ".join(b.osis for b in KJV_BOOKS)
+        raise ValueError(f"unknown Bible book {name!r}; use an OSIS id: {ids}")
     return found
 
 

@@ -37,7 +37,8 @@ def apertium_missing(source: str, target: str) -> str | None:
     if shutil.which("apertium") is None:
         return f"apertium is not installed; {install}"
     try:
-        listed = subprocess.run(["apertium", "-l"], capture_output=True, text=True, timeout=60, check=False).stdout.split()
+        done = subprocess.run(["apertium", "-l"], capture_output=True, text=True, timeout=60, check=False)
+        listed = done.stdout.split()
     except (OSError, subprocess.SubprocessError) as e:
         return f"apertium -l failed ({e}); reinstall it: sudo apt-get install --reinstall {APERTIUM_PACKAGE}"
     if mode not in listed:
@@ -59,8 +60,8 @@ def apertium_translate(texts: Sequence[str], source: str, target: str, *, timeou
         done = subprocess.run(["apertium", "-u", _mode(source, target)], input="\n".join(lines) + "\n",
                               capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise TranslationError(f"apertium took more than {timeout:g} s for {len(lines)} lines; translate fewer "
-                               "lines per call") from None
+        raise TranslationError(f"apertium took more than {timeout:g} s for {len(lines)} lines; "
+                               "translate fewer lines per call") from None
     if done.returncode != 0:
         err = " ".join(done.stderr.split())[:300]
         raise TranslationError(f"apertium {_mode(source, target)} failed (exit {done.returncode}): {err}")
@@ -68,6 +69,6 @@ def apertium_translate(texts: Sequence[str], source: str, target: str, *, timeou
     if out and out[-1] == "":
         out.pop()
     if len(out) != len(lines):
-        raise TranslationError(f"apertium returned {len(out)} lines for {len(lines)} inputs; the outputs cannot "
-                               "be matched to their sources")
+        raise TranslationError(f"apertium returned {len(out)} lines for {len(lines)} inputs; "
+                               "the outputs cannot be matched to their sources")
     return [_SPACE.sub(" ", o).strip() for o in out]

@@ -50,9 +50,10 @@ class BaselineReport:
 
     def table(self) -> str:
         """A Markdown table: baseline, BLEU, chrF, seconds, note."""
-        lines = [f"{self.direction}, {self.split} ({self.pairs} pairs"
-                 + (f"; {', '.join(self.books)}" if self.books else "") + f"; dictionary from {self.train_pairs} "
-                 "training pairs)", "", "| baseline | BLEU | chrF | seconds | note |", "|---|---:|---:|---:|---|"]
+        books = f"; {', '.join(self.books)}" if self.books else ""
+        title = (f"{self.direction}, {self.split} ({self.pairs} pairs{books}; dictionary from "
+                 f"{self.train_pairs} training pairs)")
+        lines = [title, "", "| baseline | BLEU | chrF | seconds | note |", "|---|---:|---:|---:|---|"]
         for r in self.rows:
             b, c = (f"{r.scores.bleu:.2f}", f"{r.scores.chrf:.2f}") if r.scores else ("—", "—")
             lines.append(f"| {r.name} | {b} | {c} | {r.seconds:.1f} | {r.note} |")
@@ -105,8 +106,8 @@ def score_baselines(direction: str = "en-es", *, split: str = "test", train: Ite
     """
     source, target = parse_direction(direction)
     if split == "train" and held_out is None:
-        raise TranslationError("split='train' would score the baselines on the pairs the dictionary learns from; "
-                               "use split='test' or 'validation'")
+        raise TranslationError("split='train' would score the baselines on the pairs the dictionary "
+                               "learns from; use split='test' or 'validation'")
     held = _texts(held_out if held_out is not None else bible_pairs(source, target, split))
     learn = _texts(train if train is not None else bible_pairs(source, target, "train"))
     rows = [_timed("copy", list, held)]
@@ -124,5 +125,5 @@ def score_baselines(direction: str = "en-es", *, split: str = "test", train: Ite
             rows.append(_timed("apertium", lambda xs: apertium_translate(xs, source, target), held,
                                "rule-based, offline"))
     books = tuple(SPLIT_BOOKS.get(split, ())) if held_out is None else ()
-    return BaselineReport(direction, split if held_out is None else "given pairs", len(held), len(learn), books,
-                          tuple(rows))
+    what = split if held_out is None else "given pairs"
+    return BaselineReport(direction, what, len(held), len(learn), books, tuple(rows))

@@ -178,7 +178,7 @@ def _dice(src: _Vocab, tgt: _Vocab, a: list[np.ndarray], b: list[np.ndarray]) ->
     both = (xa.T @ xb).tocoo()                          # (source words, target words) co-occurrences
     na, nb = np.asarray(xa.sum(0)).ravel(), np.asarray(xb.sum(0)).ravel()
     dice = 2 * both.data / (na[both.row] + nb[both.col])
-    words = _is_word(src)[both.row] & _is_word(tgt)[both.col]  # words translate as words; punctuation is copied
+    words = _is_word(src)[both.row] & _is_word(tgt)[both.col]  # words become words; punctuation is copied
     rows, cols = _best(both.row[words].astype(np.int64), both.col[words].astype(np.int64), dice[words])
     return {src.words[e]: tgt.words[f] for e, f in zip(rows, cols)}
 

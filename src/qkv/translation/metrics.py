@@ -69,5 +69,6 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
     """
     hyps, refs = _check(hypotheses, references)
     b, c = BLEU(), CHRF()
-    return Scores(float(b.corpus_score(hyps, [refs]).score), float(c.corpus_score(hyps, [refs]).score), len(hyps),
-                  str(b.get_signature()), str(c.get_signature()))
+    bleu_score, chrf_score = b.corpus_score(hyps, [refs]).score, c.corpus_score(hyps, [refs]).score
+    return Scores(float(bleu_score), float(chrf_score), len(hyps), str(b.get_signature()),
+                  str(c.get_signature()))
