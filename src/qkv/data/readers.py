@@ -297,9 +297,15 @@ def record_format(path: Path) -> str | None:
     return next((fmt for ext, fmt in RECORD_FORMATS.items() if name.endswith(ext)), None)
 
 
-def iter_records(path: Path, *, encoding_errors: str = "strict") -> Iterator[tuple[str, dict]]:
+def iter_records(path: Path, *, encoding_errors: str = "strict", columns: tuple[str, ...] | None = None,
+                 quotes: Literal["csv", "strict", "none"] = "csv") -> Iterator[tuple[str, dict]]:
     """Stream ``(source, record)`` from a JSONL file (one object per non-blank line) or a CSV/TSV
     file whose first row names the columns (values stay strings); ``source`` is ``file:line``.
+
+    ``columns`` names the columns of a CSV/TSV file that has no header row (its first row is data).
+    ``quotes`` is how CSV/TSV fields are quoted: ``"csv"`` (the csv module's lenient reading),
+    ``"strict"`` (a stray quote inside a field is an error, not silently dropped), ``"none"`` (no
+    quoting: every character is data — TSV files that hold raw text).
 
     Raises:
         CorpusFormatError: invalid JSON, a line that is not an object, a CSV row with another number
@@ -328,9 +334,12 @@ def iter_records(path: Path, *, encoding_errors: str = "strict") -> Iterator[tup
                 line_no = raw[:e.start].count(b"\n") + 1
                 raise CorpusDecodeError(f"{path}, line {line_no}: invalid UTF-8 at byte offset {e.start}; fix "
                                         "the file or read it with encoding_errors='replace'") from None
-            reader = csv.reader(io.StringIO(text, newline=""), delimiter="," if fmt == "csv" else "\t")
+            check_choice("quotes", quotes, ("csv", "strict", "none"))
+            quoting = {"quoting": csv.QUOTE_NONE} if quotes == "none" else {"strict": quotes == "strict"}
+            delimiter = "," if fmt == "csv" else "\t"
+            reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, **quoting)
             try:
-                header = next(reader, None)
+                header = list(columns) if columns is not None else next(reader, None)
                 if not header or not any(h.strip() for h in header):
                     raise CorpusFormatError(f"{path}: the first row must name the columns (e.g. text,label)")
                 header = [h.strip() for h in header]
@@ -338,9 +347,12 @@ def iter_records(path: Path, *, encoding_errors: str = "strict") -> Iterator[tup
                     if not row or not any(c.strip() for c in row):
                         continue
                     if len(row) != len(header):
+                        has = "the header has" if columns is None else "the file has"
+                        fix = ("quote fields that contain the delimiter" if quotes != "none"
+                               else "with quotes='none' a field cannot hold the delimiter")
                         raise CorpusFormatError(
-                            f"{path}, line {reader.line_num}: {len(row)} fields, but the header has "
-                            f"{len(header)} ({', '.join(header)}); quote fields that contain the delimiter")
+                            f"{path}, line {reader.line_num}: {len(row)} fields, but {has} {len(header)} "
+                            f"({', '.join(header)}); {fix}")
                     yield f"{path}:{reader.line_num}", dict(zip(header, row))
             except csv.Error as e:
                 raise CorpusFormatError(f"{path}, line {reader.line_num}: not valid {fmt.upper()} ({e})") from None
