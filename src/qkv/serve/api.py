@@ -111,8 +111,9 @@ def _completion_request(body: Body, op, limits) -> tuple[CompletionRequest, list
     include_usage = bool((options or {}).get("include_usage", False))
     for name, allowed, why in (("n", (1, None), "one completion per prompt"), ("best_of", (1, None), "no reranking"),
                                ("echo", (False, None), "the prompt is not repeated"),
-                               ("logprobs", (None,), "no log-probabilities"), ("stop", (None, []), "no stop strings"
-                               " (generation stops at the model's end token)"), ("suffix", (None,), "no insertion"),
+                               ("logprobs", (None,), "no log-probabilities"),
+                               ("stop", (None, []), "no stop strings (generation stops at the model's end token)"),
+                               ("suffix", (None,), "no insertion"),
                                ("presence_penalty", (0, None), "no penalties"),
                                ("frequency_penalty", (0, None), "no penalties"),
                                ("logit_bias", (None, {}), "no logit bias")):

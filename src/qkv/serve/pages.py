@@ -48,7 +48,7 @@ async def attention(request: Request) -> JSONResponse:
     state = state_of(request)
     limits = state.config.limits
     body = Body(await read_json(request, limits.max_bytes), _ATTENTION, "/v1/attention")
-    model, op, queue = state.registry.operation(body.string("model", required=True), "attention")
+    model, _, queue = state.registry.operation(body.string("model", required=True), "attention")
     text = body.texts("input", 1)[0]
     pair = body.string("text_pair")
     truncate = body.boolean("truncate", False)

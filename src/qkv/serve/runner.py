@@ -44,7 +44,7 @@ def load_state(config: ServeConfig, *, log: Callable[[str], None] = _stderr) -> 
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (port 0: a free one), ready for uvicorn.
+    """A TCP socket bound to ``host:port`` (port 0: a free one) and listening, ready for uvicorn.
 
     Raises:
         ServeError: the address cannot be bound (in use, not this machine's, no permission).
@@ -58,6 +58,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port (0: any free "
                          "one) or --host") from None
+    sock.listen(2048)  # connections made once the address is announced wait in the backlog, not refused
     return sock
 
 
