@@ -174,3 +174,26 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_folders):
         assert call(srv.url, "POST", "/v1/completions", {"model": "lm", "prompt": "the", "max_tokens": 2})[0] == 200
     finally:
         srv.stop()
+
+
+def test_answers_are_not_held_back_by_delayed_acks(server):
+    """An answer written in two parts (head, body) must not wait for the client's delayed ACK (~40 ms):
+    the server's sockets have Nagle's algorithm off."""
+    import socket
+    import time
+
+    from qkv.serve.runner import bind_socket
+
+    sock = bind_socket("127.0.0.1", 0)
+    assert sock.proto == socket.IPPROTO_TCP  # what asyncio needs to set TCP_NODELAY on accepted connections
+    sock.close()
+    parts = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    times = []
+    for _ in range(11):
+        t0 = time.perf_counter()
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+        times.append(time.perf_counter() - t0)
+    conn.close()
+    assert sorted(times)[5] < 0.03, times

@@ -50,7 +50,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         ServeError: the address cannot be bound (in use, not this machine's, no permission).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio switches Nagle's algorithm off (TCP_NODELAY) only on sockets that say so;
+    # with proto 0 every answer written in two parts waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
