@@ -16,13 +16,14 @@ import time
 import uuid
 
 import numpy as np
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from qkv.serve.bodies import Body, read_json
 from qkv.serve.completions import CompletionRequest
-from qkv.serve.errors import ApiError, error_body
+from qkv.serve.errors import ApiError, error_body, shown
 from qkv.serve.state import count_tokens, result_of, state_of
 
 __all__ = ["ROUTES"]
@@ -47,7 +48,7 @@ async def embeddings(request: Request) -> JSONResponse:
     texts = body.texts("input", limits.max_texts)
     fmt = body.string("encoding_format", default="float")
     if fmt not in ("float", "base64"):
-        raise ApiError(400, f"encoding_format={fmt!r} is not offered; use 'float' or 'base64'",
+        raise ApiError(400, f"encoding_format={shown(fmt)} is not offered; use 'float' or 'base64'",
                        param="encoding_format", code="invalid_value")
     dims = body.integer("dimensions", None, 1)
     if dims is not None and dims > op.dim:
@@ -119,8 +120,7 @@ def _completion_request(body: Body, op, limits) -> tuple[CompletionRequest, list
                                ("logit_bias", (None, {}), "no logit bias")):
         body.only(name, allowed, why)
     body.string("user")
-    req = CompletionRequest(op.encode(prompts, max_tokens), max_tokens, temperature=temperature, top_p=top_p,
-                            top_k=top_k, seed=seed)
+    req = CompletionRequest([], max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     return req, prompts, stream, include_usage
 
 
@@ -130,6 +130,10 @@ async def completions(request: Request):
     body = Body(await read_json(request, limits.max_bytes), _COMPLETE, "/v1/completions")
     model, op, queue = state.registry.operation(body.string("model", required=True), "completions")
     req, prompts, stream, include_usage = _completion_request(body, op, limits)
+    if sum(len(p) for p in prompts) > 16_384:  # long prompts are tokenized off the event loop
+        req.prompts = await run_in_threadpool(op.encode, prompts, req.max_tokens)
+    else:
+        req.prompts = op.encode(prompts, req.max_tokens)
     tokens = sum(len(p) for p in req.prompts)
     if tokens > limits.max_tokens:
         raise ApiError(413, f"prompt has {tokens} tokens, more than the limit of {limits.max_tokens} tokens per request "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from qkv.serve.errors import ApiError
+from qkv.serve.errors import ApiError, shown
 
 __all__ = ["read_json", "Body", "too_large"]
 
@@ -39,7 +39,7 @@ async def read_json(request, max_bytes: int) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
-            raise ApiError(400, f"Content-Length {declared!r} is not a number of bytes", code="invalid_request")
+            raise ApiError(400, f"Content-Length {shown(declared)} is not a number of bytes", code="invalid_request")
         if int(declared) > max_bytes:
             raise too_large("the request body", int(declared), "bytes", max_bytes, "--max-bytes", fix, param=None,
                             code="request_too_large")
@@ -92,8 +92,8 @@ class Body:
     def __init__(self, data: dict[str, Any], allowed: tuple[str, ...], endpoint: str):
         unknown = [k for k in data if k not in allowed]
         if unknown:
-            raise ApiError(400, f"unknown field {unknown[0]!r} for {endpoint}; its fields are "
-                           f"{', '.join(allowed)}", param=unknown[0], code="unknown_field")
+            raise ApiError(400, f"unknown field {shown(unknown[0])} for {endpoint}; its fields are "
+                           f"{', '.join(allowed)}", param=unknown[0][:80], code="unknown_field")
         self.data, self.endpoint = data, endpoint
 
     def _bad(self, name: str, want: str, value: Any) -> ApiError:
@@ -148,7 +148,7 @@ class Body:
     def only(self, name: str, allowed: tuple, why: str) -> None:
         """Refuse any value of ``name`` but ``allowed`` (OpenAI options this server does not offer)."""
         if name in self.data and self.data[name] not in allowed:
-            raise ApiError(400, f"{name}={self.data[name]!r} is not supported by this server: {why}", param=name,
+            raise ApiError(400, f"{name}={shown(self.data[name])} is not supported by this server: {why}", param=name,
                            code="unsupported_value")
 
     def texts(self, name: str, max_texts: int) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from qkv.errors import QkvError
 
-__all__ = ["ServeError", "ApiError", "error_body"]
+__all__ = ["ServeError", "ApiError", "error_body", "shown"]
 
 #: OpenAI's error ``type`` by HTTP status (any other 4xx: ``invalid_request_error``; 5xx: ``server_error``).
 _TYPES = {401: "authentication_error", 403: "permission_error", 503: "server_error"}
@@ -22,6 +22,12 @@ _TYPES = {401: "authentication_error", 403: "permission_error", 503: "server_err
 class ServeError(QkvError):
     """A server setting that cannot work (a model folder, a name, a limit, a port): reported by
     ``qkv serve`` as ``qkv serve: error: …`` before anything is served."""
+
+
+def shown(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: what a message quotes of a request's own content."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from qkv.serve.bodies import Body, read_json
-from qkv.serve.errors import ApiError
+from qkv.serve.errors import ApiError, shown
 from qkv.serve.explorer import METHODS
 from qkv.serve.security import PAGE_HEADERS
 from qkv.serve.state import count_tokens, result_of, state_of
@@ -40,7 +40,7 @@ async def page(request: Request) -> Response:
 async def asset(request: Request) -> Response:
     name = request.path_params["name"]
     if name not in ASSETS or name == "index.html":
-        raise ApiError(404, f"no explorer file {name[:80]!r}; the explorer is at /", code="not_found")
+        raise ApiError(404, f"no explorer file {shown(name)}; the explorer is at /", code="not_found")
     return Response(_FILES[name], media_type=ASSETS[name], headers=PAGE_HEADERS)
 
 

@@ -32,7 +32,7 @@ from qkv.models.seq2seq import EncoderDecoder
 from qkv.serve.batching import BatchQueue
 from qkv.serve.completions import CompletionsOperation
 from qkv.serve.config import ModelSpec, ServeConfig
-from qkv.serve.errors import ApiError, ServeError
+from qkv.serve.errors import ApiError, ServeError, shown
 from qkv.serve.explorer import AttentionOperation, SearchOperation
 from qkv.serve.metrics import Metrics
 from qkv.serve.operations import ClassifyOperation, EmbedOperation, FillMaskOperation
@@ -183,8 +183,7 @@ class Registry:
             raise ApiError(400, "model must be a string: the name of a served model", param="model",
                            code="invalid_type")
         if name not in self.models:
-            shown = name if len(name) <= 80 else name[:80] + "…"
-            raise ApiError(404, f"model {shown!r} is not served here; the models are {', '.join(self.models)} "
+            raise ApiError(404, f"model {shown(name)} is not served here; the models are {', '.join(self.models)} "
                            "(GET /v1/models lists them)", param="model", code="model_not_found")
         return self.models[name]
 
