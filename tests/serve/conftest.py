@@ -28,8 +28,8 @@ def pydoc_texts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_folders(tmp_path_factory, pydoc_texts) -> dict[str, Path]:
-    """Folders ``mlm`` (masked LM, window 48), ``lm`` (causal LM), ``clf`` (a two-label classifier)
-    and ``index`` (an index of 40 pydoc paragraphs made with ``mlm``), sharing one tokenizer."""
+    """Folders ``mlm`` (masked LM, window 48), ``lm`` (causal LM), ``clf`` (a two-label classifier),
+    ``tagger`` (a token classifier) and ``index`` (an index of 40 pydoc paragraphs made with ``mlm``), sharing one tokenizer."""
     from qkv.config import ModelConfig
     from qkv.data.tokenizer import train_tokenizer
     from qkv.embeddings.search import build_index
@@ -47,6 +47,8 @@ def tiny_folders(tmp_path_factory, pydoc_texts) -> dict[str, Path]:
     save(build_causal_lm(lm), root / "lm", tokenizer=tok.backend)
     task = TaskConfig("sequence-classification", labels=("neg", "pos"), pooling="cls")
     save(build_task_model(enc, task), root / "clf", tokenizer=tok.backend)
+    tags = TaskConfig("token-classification", labels=("O", "B-NAME", "I-NAME"))
+    save(build_task_model(enc, tags), root / "tagger", tokenizer=tok.backend)
     paragraphs = [p for t in pydoc_texts[60:90] for p in t.split("\n\n") if len(p.split()) > 5][:40]
     build_index(root / "mlm", enumerate(paragraphs), root / "index")
-    return {name: root / name for name in ("mlm", "lm", "clf", "index")}
+    return {name: root / name for name in ("mlm", "lm", "clf", "tagger", "index")}

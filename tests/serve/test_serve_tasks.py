@@ -19,7 +19,7 @@ PROMPTS = ["the class", "a function is"]
 
 @pytest.fixture(scope="module")
 def server(tiny_folders):
-    specs = tuple(parse_model_spec(f"{n}={tiny_folders[n]}") for n in ("mlm", "lm", "clf"))
+    specs = tuple(parse_model_spec(f"{n}={tiny_folders[n]}") for n in ("mlm", "lm", "clf", "tagger"))
     srv = running(ServeConfig(models=specs, port=0, index=str(tiny_folders["index"])))
     yield srv
     srv.stop()
@@ -35,7 +35,7 @@ def post(server, path: str, body: dict) -> dict:
 def test_models_lists_every_model_with_its_kind(server, tiny_folders):
     client = openai_client(server.url)
     listed = {m.id: m for m in client.models.list().data}
-    assert set(listed) == {"mlm", "lm", "clf"}
+    assert set(listed) == {"mlm", "lm", "clf", "tagger"}
     assert listed["mlm"].kind == "masked_lm"
     assert listed["mlm"].endpoints == ["/v1/embeddings", "/v1/fill-mask", "/v1/attention"]
     assert listed["lm"].endpoints == ["/v1/completions", "/v1/attention"]
@@ -56,6 +56,17 @@ def test_classify_answers_what_the_predictor_gives(server, tiny_folders, pydoc_t
         for label in ("neg", "pos"):
             assert abs(d["probabilities"][label] - w["probabilities"][label]) <= 1e-5
     assert got["usage"]["prompt_tokens"] > 5
+
+
+def test_a_token_classifier_tags_each_word(server, tiny_folders):
+    from qkv.finetune.predict import Predictor
+
+    texts = ["the class  is a function", "a value"]
+    got = post(server, "/v1/classify", {"model": "tagger", "input": texts})
+    want = Predictor(tiny_folders["tagger"], device="cpu").predict([t.split() for t in texts]).records
+    assert got["task"] == "token-classification"
+    assert [{k: d[k] for k in ("tokens", "tags")} for d in got["data"]] == want
+    assert got["data"][0]["tokens"] == ["the", "class", "is", "a", "function"]
 
 
 def test_fill_mask_answers_what_fill_mask_gives(server, tiny_folders):
