@@ -59,6 +59,7 @@ CASES = [  # path, body, status, code, words in the message
     ("/v1/embeddings", {"model": "mlm", "input": []}, 400, "empty_input", "empty list"),
     ("/v1/embeddings", {"model": "mlm", "input": ["a", " \n"]}, 400, "empty_input", "input[1] is empty"),
     ("/v1/embeddings", {"model": "mlm", "input": ["a", 3]}, 400, "invalid_type", "input[1] is a token id"),
+    ("/v1/embeddings", {"model": "mlm", "input": [["a"]]}, 400, "invalid_type", "input[0] must be a string"),
     ("/v1/embeddings", {"model": "mlm", "input": ["a"] * 5}, 413, "too_many_texts",
      "5 texts, more than the limit of 4 texts per request (--max-texts)"),
     ("/v1/embeddings", {"model": "mlm", "input": ["function " * 100] * 3}, 413, "too_many_tokens",
@@ -197,3 +198,20 @@ def test_answers_are_not_held_back_by_delayed_acks(server):
         times.append(time.perf_counter() - t0)
     conn.close()
     assert sorted(times)[5] < 0.03, times
+
+
+def test_a_failure_of_the_server_is_a_500_naming_it_and_the_next_request_is_served(server):
+    queue = server.state.registry.models["mlm"].queues["embeddings"]
+    run = queue.run
+
+    def broken(payloads):
+        raise RuntimeError("the disk caught fire")
+
+    queue.run = broken
+    try:
+        got, _, payload = call(server.url, "POST", "/v1/embeddings", {"model": "mlm", "input": "x"}, AUTH)
+    finally:
+        queue.run = run
+    assert got == 500 and payload["error"]["code"] == "internal_error" and payload["error"]["type"] == "server_error"
+    assert "RuntimeError: the disk caught fire" in payload["error"]["message"]
+    assert call(server.url, "POST", "/v1/embeddings", {"model": "mlm", "input": "x"}, AUTH)[0] == 200

@@ -191,6 +191,7 @@ async def _sse(head: dict, events: asyncio.Queue, future: asyncio.Future, req: C
         yield "data: [DONE]\n\n"
     except asyncio.CancelledError:  # the client left: stop generating at the next token
         req.cancelled.set()
+        future.cancel()
         raise
 
 

@@ -13,7 +13,6 @@ the queues finish what they accepted and their threads end.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 
 from starlette.applications import Starlette
@@ -32,8 +31,6 @@ from qkv.serve.security import ApiKeyMiddleware
 from qkv.serve.state import ServerState, state_of
 
 __all__ = ["build_app", "route_label"]
-
-log = logging.getLogger("qkv.serve")
 
 _ROUTE_LABELS = frozenset({"/", "/health", "/metrics", "/v1/embeddings", "/v1/classify", "/v1/fill-mask",
                            "/v1/completions", "/v1/translations", "/v1/models", "/v1/attention", "/v1/index",
@@ -105,7 +102,7 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("qkv serve: %s %s failed", request.method, request.url.path)
+    # Starlette raises the exception again once this answer is sent: uvicorn logs its traceback
     return JSONResponse(error_body(500, f"the server failed on this request ({type(exc).__name__}: {exc}); its log "
                                    "has the traceback", code="internal_error"), status_code=500)
 

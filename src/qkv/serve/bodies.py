@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from qkv.serve.errors import ApiError, shown
+from qkv.validation import is_int
 
 __all__ = ["read_json", "Body", "too_large"]
 
@@ -167,7 +168,7 @@ class Body:
                             "split the texts into several requests", param=name, code="too_many_texts")
         for i, text in enumerate(items):
             where = name if isinstance(value, str) else f"{name}[{i}]"
-            if isinstance(text, (int, list)) and not isinstance(text, bool):
+            if is_int(text) or (isinstance(text, list) and text and all(is_int(x) for x in text)):
                 raise ApiError(400, f"{where} is a token id or a list of them; this server reads text only "
                                "(it tokenizes with the model's own tokenizer): send strings", param=name,
                                code="invalid_type")
