@@ -97,7 +97,7 @@ async def fill_mask(request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": data, "model": model.name, "usage": _usage(sum(counts))})
 
 
-def _completion_request(body: Body, op, limits) -> tuple[CompletionRequest, list[str], bool, bool]:
+def _completion_request(body: Body, limits) -> tuple[CompletionRequest, list[str], bool, bool]:
     prompts = body.texts("prompt", limits.max_texts)
     max_tokens = body.integer("max_tokens", 16, 1, limits.max_new_tokens, limit_option="--max-new-tokens")
     temperature = body.number("temperature", 1.0, 0, 2)
@@ -129,7 +129,7 @@ async def completions(request: Request):
     limits = state.config.limits
     body = Body(await read_json(request, limits.max_bytes), _COMPLETE, "/v1/completions")
     model, op, queue = state.registry.operation(body.string("model", required=True), "completions")
-    req, prompts, stream, include_usage = _completion_request(body, op, limits)
+    req, prompts, stream, include_usage = _completion_request(body, limits)
     if sum(len(p) for p in prompts) > 16_384:  # long prompts are tokenized off the event loop
         req.prompts = await run_in_threadpool(op.encode, prompts, req.max_tokens)
     else:
