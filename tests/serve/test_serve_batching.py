@@ -70,6 +70,25 @@ def test_the_first_request_waits_for_others_up_to_max_wait():
     assert rec.batches == [[1, 2]]
 
 
+def test_a_burst_joins_as_a_whole_but_the_wait_is_capped():
+    rec = Recorder()
+    q = BatchQueue("m", "op", rec, budget=100, max_wait=0.2, maxsize=100)  # waits ≤ 0.2 s after the latest
+    q.start()
+
+    async def main():
+        futures = [q.submit(0)]
+        for i in range(1, 4):  # one every 0.1 s: each within the wait after the one before
+            await asyncio.sleep(0.1)
+            futures.append(q.submit(i))
+        await asyncio.sleep(1.2)  # beyond the cap (5 × 0.2 s after the first)
+        futures.append(q.submit(4))
+        return await asyncio.gather(*futures)
+
+    assert run(main()) == [0, 10, 20, 30, 40]
+    q.close()
+    assert rec.batches == [[0, 1, 2, 3], [4]]
+
+
 def test_max_items_runs_requests_one_at_a_time():
     rec = Recorder()
     rec.gate.clear()

@@ -3,9 +3,12 @@ operation.
 
 A request handler (on the event loop) calls :meth:`BatchQueue.submit` and awaits the future it
 gets. The queue's worker thread takes the oldest waiting request, then keeps taking more until
-their tokens reach the budget or the short wait has passed since the first, whichever comes
-first (requests already waiting are taken without waiting); it runs the batch with the
-operation's function and settles each request's future on the event loop.
+their tokens reach the budget or no request has arrived for the short wait (``max_wait`` after the
+latest one, at most five times ``max_wait`` after the first), whichever comes first (requests
+already waiting are taken without waiting); it runs the batch with the operation's function and
+settles each request's future on the event loop. With one client a request waits ``max_wait`` at
+most; with many, the requests their clients send while the previous batch is answered join as a
+whole.
 
 * The queue is bounded: a request finding ``maxsize`` others waiting is refused at once with
   503 and ``Retry-After`` (it never waits unboundedly).
@@ -31,6 +34,8 @@ from qkv.serve.metrics import Metrics
 __all__ = ["BatchQueue", "Job"]
 
 _STOP = object()
+#: The longest a batch waits for more requests, in units of ``max_wait`` after its first one.
+_WAIT_CAP = 5
 
 
 @dataclass
@@ -68,7 +73,8 @@ class BatchQueue:
         run: ``run(payloads) -> results``, one result per payload in order; called on the worker
             thread only, so it may keep state.
         budget: gather requests until their tokens reach this many.
-        max_wait: seconds the first request of a batch waits for others (0: take only those waiting).
+        max_wait: seconds a batch waits after its latest request for another (at most five times that
+            after its first; 0: take only those waiting).
         maxsize: requests that may wait; one more is refused (503).
         max_items: at most this many requests per batch (``None``: the budget alone decides).
         metrics: where batch sizes, queue depth and refusals are counted.
@@ -138,14 +144,20 @@ class BatchQueue:
         return item
 
     def _gather(self, first: Job) -> tuple[list[Job], bool]:
-        """``first`` and the requests that join it; whether the stop mark was reached."""
+        """``first`` and the requests that join it; whether the stop mark was reached.
+
+        The wait is ``max_wait`` after the latest request that joined (so a burst of concurrent
+        clients, whose requests arrive spread over a few milliseconds, joins as a whole), and at most
+        ``_WAIT_CAP × max_wait`` after the first."""
         batch, tokens = [first], first.tokens
-        deadline = time.monotonic() + self.max_wait
+        start = time.monotonic()
+        cap = start + _WAIT_CAP * self.max_wait
+        deadline = start + self.max_wait
         while tokens < self.budget and (self.max_items is None or len(batch) < self.max_items):
             try:
                 item = self._take(False)
             except queue.Empty:
-                remaining = deadline - time.monotonic()
+                remaining = min(deadline, cap) - time.monotonic()
                 if remaining <= 0:
                     break
                 try:
@@ -156,6 +168,7 @@ class BatchQueue:
                 return batch, True
             batch.append(item)
             tokens += item.tokens
+            deadline = time.monotonic() + self.max_wait
         return batch, False
 
     def _work(self) -> None:

@@ -23,7 +23,7 @@ def add_serve_parser(sub) -> None:
         "/v1/fill-mask (masked LMs), POST /v1/completions (causal LMs; stream: server-sent events), POST "
         "/v1/attention, POST /v1/search (with --index), GET /health, GET /metrics (Prometheus), and the attention "
         "explorer at / (works offline). Concurrent requests are gathered into padding-free batches up to "
-        "--batch-tokens, waiting at most --max-wait-ms. Binds 127.0.0.1 unless --host says otherwise. "
+        "--batch-tokens, waiting --max-wait-ms for more. Binds 127.0.0.1 unless --host says otherwise. "
         "See docs/serving.md.",
     )
     p.add_argument("models", nargs="+", metavar="MODEL",
@@ -40,7 +40,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--batch-tokens", type=int, default=4096,
                    help="token budget of a batch: waiting requests are gathered up to it (default 4096)")
     p.add_argument("--max-wait-ms", type=float, default=2.0,
-                   help="how long the first request of a batch waits for others, in ms (default 2; 0: never)")
+                   help="a batch waits this long after its latest request for another (at most 5× after the "
+                   "first), in ms (default 2; 0: never)")
     p.add_argument("--queue-size", type=int, default=256,
                    help="requests waiting per model and operation; beyond it the answer is 503 with Retry-After "
                    "(default 256)")

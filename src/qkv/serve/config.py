@@ -98,7 +98,8 @@ class ServeConfig:
             loaded (float32).
         batch_tokens: the token budget of a batch: requests waiting are gathered up to it (a larger
             request runs alone, in batches of this many tokens).
-        max_wait_ms: how long the first request of a batch waits for others (0: never).
+        max_wait_ms: how long a batch waits after its latest request for another (at most five times
+            that after its first; 0: never).
         queue_size: requests waiting per model and operation; beyond it, 503 with ``Retry-After``.
         limits: the per-request :class:`Limits`.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer KEY`` (or HTTP
