@@ -97,3 +97,15 @@ def test_metrics_parse_as_prometheus_text():
     assert texts[("qkv_batch_texts_sum", None)] == 20
     assert families["qkv_queue_depth"].samples[0].value == 5
     assert families["qkv_requests_in_flight"].samples[0].value == 1
+
+
+def test_kernel_caches_are_bounded_unless_the_environment_says_otherwise(monkeypatch):
+    from qkv.serve.runner import KERNEL_CACHE_ENTRIES, bound_kernel_caches
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "500")
+    bound_kernel_caches()
+    import os
+
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(KERNEL_CACHE_ENTRIES)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "500"

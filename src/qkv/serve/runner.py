@@ -14,6 +14,7 @@ the process exits 0 after a SIGTERM.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import socket
 import sys
@@ -30,15 +31,32 @@ from qkv.serve.metrics import Metrics
 from qkv.serve.registry import Registry
 from qkv.serve.state import ServerState
 
-__all__ = ["serve", "BackgroundServer", "load_state", "bind_socket"]
+__all__ = ["serve", "BackgroundServer", "load_state", "bind_socket", "bound_kernel_caches", "KERNEL_CACHE_ENTRIES"]
 
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+#: Entries of oneDNN's primitive cache and of PyTorch's ideep cache of linear-layer computations (both
+#: 1024 by default). Every batch of a new total token count makes new entries; with the defaults a
+#: server's memory grew by ~400 MB over 10,000 MiniLM requests before the caches filled (measured:
+#: 440 → 1244 MB of RSS over 600 batches of 1–16 texts; with 64 each: 440 → 532 MB, flat after 100
+#: batches, no slower). Read when the first linear map runs; a value in the environment wins.
+KERNEL_CACHE_ENTRIES = 64
+
+
+def bound_kernel_caches(entries: int = KERNEL_CACHE_ENTRIES) -> None:
+    """Bound the CPU kernel caches of this process (see :data:`KERNEL_CACHE_ENTRIES`): call before the
+    first model runs; a process that already ran one keeps the sizes it started with."""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(entries))
+
+
 def load_state(config: ServeConfig, *, log: Callable[[str], None] = _stderr) -> ServerState:
-    """Every model loaded and warmed up, the index opened (see :class:`~qkv.serve.registry.Registry`)."""
+    """Every model loaded and warmed up, the index opened (see :class:`~qkv.serve.registry.Registry`);
+    the kernel caches bounded first (:func:`bound_kernel_caches`), so memory stays flat."""
+    bound_kernel_caches()
     metrics = Metrics()
     return ServerState(Registry(config, metrics, log=log), config, metrics)
 
