@@ -33,6 +33,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("generate",), "qkv.generation.cli:add_generate_parser"),
     (("lab",), "qkv.lab.cli:add_lab_parser"),
     (("export",), "qkv.export.cli:add_export_parser"),
+    (("serve",), "qkv.serve.cli:add_serve_parser"),
 )
 _ALL = frozenset(name for names, _ in _GROUPS for name in names) | {"demo"}
 

@@ -10,7 +10,7 @@ import pytest
 from qkv.cli import main
 from qkv.embeddings import EmbeddingError
 from qkv.embeddings.evaluate import knn_accuracy, retrieval_map
-from qkv.embeddings.search import build_index, search
+from qkv.embeddings.search import SearchIndex, build_index, search
 
 
 def test_map_and_knn_by_hand():
@@ -114,6 +114,12 @@ def test_search_finds_the_exact_document(tiny_model, tmp_path, pydoc_texts, caps
     assert first["id"] == "doc17" and first["rank"] == 1
     with pytest.raises(EmbeddingError, match="not an empty folder"):
         build_index(tiny_model, [(1, "x")], index)
+    opened = SearchIndex(index)  # opened once, queried many times: the same hits as search()
+    assert len(opened) == 30
+    for query in (docs[17], docs[3]):
+        assert opened.query(query, k=5) == search(index, query, k=5)
+    with pytest.raises(EmbeddingError, match="query 2 is empty"):
+        opened.query(["fine", " "])
 
 
 def test_search_refuses_a_changed_model(tiny_model, tmp_path):

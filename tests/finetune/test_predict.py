@@ -84,3 +84,27 @@ def test_predict_in_reduced_precision_is_close_to_fp32(tiny_bert, tmp_path, prec
     pb = np.array([list(r["probabilities"].values()) for r in b])
     assert np.abs(pa - pb).max() < 0.02, np.abs(pa - pb).max()
     assert np.abs(pa - pb).max() > 1e-7  # it really ran in reduced precision
+
+
+@pytest.mark.parametrize("task", ["sequence-classification", "regression"])
+def test_predictor_in_memory_gives_what_predict_writes(tiny_bert, tmp_path, task):
+    from qkv.finetune.predict import Predictor
+
+    run = _run(tiny_bert, tmp_path, task)
+    rng = random.Random(4)
+    texts = [topic_text(rng, k) for k in list(TOPIC) * 3]
+    (tmp_path / "new.txt").write_text("".join(t + "\n" for t in texts))
+    assert main(["predict", str(run), str(tmp_path / "new.txt"), "--out", str(tmp_path / "p.jsonl"),
+                 "--no-progress", "--device", "cpu"]) == 0
+    written = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    got = Predictor(run, device="cpu").predict(texts)
+    assert got.windows == len(texts) and got.long == 0 and len(got.records) == len(texts)
+    for rec, line in zip(got.records, written):
+        assert {"id": line["id"], **rec}.keys() == line.keys()
+        if task == "regression":
+            assert rec["value"] == line["value"]
+        else:  # the file rounds to 6 decimals; in memory they are exact and sum to 1
+            assert rec["label"] == line["label"]
+            assert {k: round(p, 6) for k, p in rec["probabilities"].items()} == line["probabilities"]
+            assert abs(sum(rec["probabilities"].values()) - 1) < 1e-6
+    assert Predictor(run, device="cpu").predict([]).records == []

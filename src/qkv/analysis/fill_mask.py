@@ -17,7 +17,7 @@ import torch
 
 from qkv.data.tokenizer import WordPieceTokenizer
 
-__all__ = ["MASK", "FillMask", "fill_mask", "unigram_distribution"]
+__all__ = ["MASK", "FillMask", "fill_mask", "masked_ids", "unigram_distribution"]
 
 MASK = "[MASK]"
 
@@ -63,6 +63,21 @@ def _answer(probs: np.ndarray, answer_id: int | None) -> tuple[float | None, int
     return p, int((probs > probs[answer_id]).sum()) + 1
 
 
+def masked_ids(tokenizer: WordPieceTokenizer, text: str) -> tuple[list[int], int]:
+    """The model input of a text with one ``[MASK]``: ``[CLS] left [MASK] right [SEP]`` ids (each
+    side encoded on its own) and the position of the ``[MASK]``.
+
+    Raises:
+        ValueError: the text has no ``[MASK]`` or more than one.
+    """
+    if text.count(MASK) != 1:
+        raise ValueError(f"fill_mask needs exactly one {MASK} per text, got {text.count(MASK)} in {text!r}")
+    left, right = text.split(MASK)
+    ids = ([tokenizer.special.cls] + tokenizer.encode(left, add_special_tokens=False) + [tokenizer.special.mask]
+           + tokenizer.encode(right, add_special_tokens=False) + [tokenizer.special.sep])
+    return ids, ids.index(tokenizer.special.mask)
+
+
 @torch.no_grad()
 def fill_mask(model, tokenizer: WordPieceTokenizer, texts: list[str], *, answers: list[str] | None = None,
               unigram: np.ndarray | None = None, k: int = 5) -> list[FillMask]:
@@ -85,12 +100,7 @@ def fill_mask(model, tokenizer: WordPieceTokenizer, texts: list[str], *, answers
     results = []
     try:
         for i, text in enumerate(texts):
-            if text.count(MASK) != 1:
-                raise ValueError(f"fill_mask needs exactly one {MASK} per text, got {text.count(MASK)} in {text!r}")
-            left, right = text.split(MASK)
-            ids = ([tokenizer.special.cls] + tokenizer.encode(left, add_special_tokens=False) + [tokenizer.special.mask]
-                   + tokenizer.encode(right, add_special_tokens=False) + [tokenizer.special.sep])
-            where = ids.index(tokenizer.special.mask)
+            ids, where = masked_ids(tokenizer, text)
             x = torch.tensor([ids])  # (1,T)
             logits = model(x, torch.ones_like(x, dtype=torch.bool)).logits[0, where]  # (1,T,V) -> (V,)
             probs = torch.softmax(logits.double(), -1).numpy()

@@ -11,7 +11,8 @@ Index folder (written under a temporary name and renamed into place when complet
 
 Queries are embedded with the same model and options; a model whose weights or tokenizer changed
 since indexing is refused (its vectors would not be comparable). The vectors are memory-mapped and
-scored in blocks, so an index larger than memory can be searched; files that disagree with
+scored in blocks, so an index larger than memory can be searched (:class:`SearchIndex` opens an index
+once for many queries; :func:`search` is one call); files that disagree with
 ``index.json`` (truncated, damaged) and non-finite vectors are refused with a message.
 """
 
@@ -35,7 +36,7 @@ from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
 from qkv.validation import check_range
 
-__all__ = ["build_index", "search", "load_index_meta", "index_options", "Hit", "INDEX_JSON"]
+__all__ = ["build_index", "search", "SearchIndex", "load_index_meta", "index_options", "Hit", "INDEX_JSON"]
 
 INDEX_JSON = "index.json"
 INDEX_FORMAT = "qkv-embedding-index"
@@ -209,6 +210,87 @@ def _top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray
     return np.take_along_axis(best_s, order, 1), np.take_along_axis(best_i, order, 1)
 
 
+class SearchIndex:
+    """An index folder opened once, with its query embedder loaded: rank many queries against it
+    (``qkv serve --index`` keeps one; :func:`search` opens one per call).
+
+    Args:
+        index: the folder made by ``qkv index`` (:func:`build_index`).
+        device, precision: how queries are embedded (see
+            :class:`~qkv.embeddings.options.EmbedOptions`).
+
+    Attributes:
+        meta: the ``index.json`` content.
+        embedder: the :class:`~qkv.embeddings.embedder.Embedder` of queries (the index's model and
+            options).
+
+    Raises:
+        EmbeddingError: not an index, its model folder missing or changed since indexing, damaged
+            arrays.
+    """
+
+    def __init__(self, index: str | os.PathLike, *, device=None, precision: str = "fp32"):
+        from qkv.embeddings.embedder import Embedder
+
+        self.index = Path(index)
+        self.meta = meta = load_index_meta(index)
+        model = Path(meta["model"])
+        if not model.is_dir():
+            raise EmbeddingError(f"the index's model folder {model} no longer exists")
+        weights = _weights_file(model)
+        expected = meta.get("model_weights_sha256")
+        if expected and (weights is None or (_stat(weights) != meta.get("model_weights_stat")
+                                             and _sha256(weights) != expected)):
+            raise EmbeddingError(f"the model in {model} changed since the index was built; rebuild it with "
+                                 "qkv index")
+        tok = meta.get("model_tokenizer_sha256")
+        if tok is not None and _tokenizer_sha256(model) != tok:
+            raise EmbeddingError(f"the tokenizer in {model} changed since the index {index} was built; its "
+                                 "vectors no longer match queries: rebuild it with qkv index")
+        self._model = model
+        self._vectors, self._offsets = _open_arrays(self.index, meta)
+        self.embedder = Embedder(str(model), index_options(meta, index).replace(normalize=True, device=device,
+                                                                                precision=precision))
+
+    def __len__(self) -> int:
+        return int(self.meta["count"])
+
+    def query(self, queries: str | list[str], *, k: int = 10) -> list[list[Hit]]:
+        """The ``k`` documents most cosine-similar to each query (best first).
+
+        Raises:
+            EmbeddingError: ``k < 1``, an empty query, non-finite vectors, a damaged texts file.
+        """
+        if isinstance(queries, str):
+            queries = [queries]
+        check_range("k", k, 1, error=EmbeddingError)
+        empty = [i for i, q in enumerate(queries) if not str(q).strip()]
+        if empty:
+            raise EmbeddingError(f"query {empty[0] + 1} is empty; give a query with words")
+        q = self.embedder.embed(queries).astype(np.float32)  # (Q,C)
+        if not np.isfinite(q).all():
+            raise EmbeddingError(f"the model in {self._model} gives non-finite (NaN/inf) query vectors; its "
+                                 "weights are damaged")
+        scores, rows = _top_k(self._vectors, q, k)
+        if not np.isfinite(scores).all():
+            raise EmbeddingError(f"{self.index / 'vectors.npy'} holds non-finite (NaN/inf) vectors; the index is "
+                                 "damaged: rebuild it with qkv index")
+        out = []
+        with open(self.index / "texts.jsonl", "rb") as fh:
+            for qs, qr in zip(scores, rows):
+                hits = []
+                for rank, (s, r) in enumerate(zip(qs.tolist(), qr.tolist()), 1):
+                    fh.seek(int(self._offsets[r]))
+                    try:
+                        doc = json.loads(fh.readline())
+                        hits.append(Hit(rank, float(s), doc["id"], doc["text"]))
+                    except (ValueError, KeyError, TypeError):
+                        raise EmbeddingError(f"{self.index / 'texts.jsonl'}: damaged at document {r}; rebuild "
+                                             "the index with qkv index") from None
+                out.append(hits)
+        return out
+
+
 def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
            device=None, precision: str = "fp32") -> list[list[Hit]]:
     """The ``k`` documents of ``index`` most cosine-similar to each query (best first).
@@ -216,53 +298,13 @@ def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
     Raises:
         EmbeddingError: not an index, its model folder missing or changed since indexing.
     """
-    from qkv.embeddings.embedder import Embedder
-
     if isinstance(queries, str):
         queries = [queries]
     check_range("k", k, 1, error=EmbeddingError)
-    meta = load_index_meta(index)
-    model = Path(meta["model"])
-    if not model.is_dir():
-        raise EmbeddingError(f"the index's model folder {model} no longer exists")
-    weights = _weights_file(model)
-    expected = meta.get("model_weights_sha256")
-    if expected and (weights is None or (_stat(weights) != meta.get("model_weights_stat")
-                                         and _sha256(weights) != expected)):
-        raise EmbeddingError(f"the model in {model} changed since the index was built; rebuild it with "
-                             "qkv index")
-    tok = meta.get("model_tokenizer_sha256")
-    if tok is not None and _tokenizer_sha256(model) != tok:
-        raise EmbeddingError(f"the tokenizer in {model} changed since the index {index} was built; its "
-                             "vectors no longer match queries: rebuild it with qkv index")
     empty = [i for i, q in enumerate(queries) if not str(q).strip()]
-    if empty:
+    if empty:  # before the model is loaded
         raise EmbeddingError(f"query {empty[0] + 1} is empty; give a query with words")
-    vectors, offsets = _open_arrays(Path(index), meta)
-    embedder = Embedder(str(model), index_options(meta, index).replace(normalize=True, device=device,
-                                                                       precision=precision))
-    q = embedder.embed(queries).astype(np.float32)  # (Q,C)
-    if not np.isfinite(q).all():
-        raise EmbeddingError(f"the model in {model} gives non-finite (NaN/inf) query vectors; its weights are "
-                             "damaged")
-    scores, rows = _top_k(vectors, q, k)
-    if not np.isfinite(scores).all():
-        raise EmbeddingError(f"{Path(index) / 'vectors.npy'} holds non-finite (NaN/inf) vectors; the index is "
-                             "damaged: rebuild it with qkv index")
-    out = []
-    with open(Path(index) / "texts.jsonl", "rb") as fh:
-        for qs, qr in zip(scores, rows):
-            hits = []
-            for rank, (s, r) in enumerate(zip(qs.tolist(), qr.tolist()), 1):
-                fh.seek(int(offsets[r]))
-                try:
-                    doc = json.loads(fh.readline())
-                    hits.append(Hit(rank, float(s), doc["id"], doc["text"]))
-                except (ValueError, KeyError, TypeError):
-                    raise EmbeddingError(f"{Path(index) / 'texts.jsonl'}: damaged at document {r}; rebuild "
-                                         "the index with qkv index") from None
-            out.append(hits)
-    return out
+    return SearchIndex(index, device=device, precision=precision).query(queries, k=k)
 
 
 def _open_arrays(index: Path, meta: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -11,14 +11,17 @@ Legend: N windows, E examples, L labels.
 :func:`score` runs the model as it trains (padded batches, with the loss: evaluation during
 fine-tuning); :func:`score_packed` runs a model prepared for inference
 (:func:`qkv.inference.for_inference`, any precision) on padding-free batches of at most a token
-budget — what :func:`predict_file` (``qkv predict``: a fine-tuned run, or any folder with a task
-head, and new inputs → a JSONL file of predictions, written atomically) uses.
+budget — what :class:`Predictor` (a task model loaded and prepared once, predictions of inputs in
+memory; ``qkv serve``'s ``/v1/classify``) and :func:`predict_file` (``qkv predict``: a fine-tuned
+run, or any folder with a task head, and new inputs → a JSONL file of predictions, written
+atomically) use.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +29,8 @@ import torch
 
 from qkv.finetune.encode import Encoded, eval_batches
 
-__all__ = ["WindowScores", "score", "score_packed", "example_outputs", "predict_file"]
+__all__ = ["WindowScores", "score", "score_packed", "example_outputs", "Predictor", "Predictions",
+           "predict_file"]
 
 
 class WindowScores:
@@ -136,6 +140,97 @@ def example_outputs(enc: Encoded, scores: WindowScores, task: str, examples=None
     return {e: np.mean(np.stack(p), axis=0) for e, p in parts.items()}
 
 
+@dataclass
+class Predictions:
+    """What :meth:`Predictor.predict` returns.
+
+    Attributes:
+        records: one dict per input, in input order: ``{"label": …, "probabilities": {label: p}}``
+            (classification; ``p`` unrounded), ``{"value": …}`` (regression) or ``{"tokens": […],
+            "tags": […]}`` (token classification).
+        windows: model windows scored.
+        long: inputs longer than one window.
+        truncated: inputs cut to their first window (settings with ``truncate``).
+    """
+
+    records: list[dict]
+    windows: int
+    long: int
+    truncated: int
+
+
+class Predictor:
+    """A task model loaded and prepared for inference once, to predict many inputs in memory
+    (``qkv predict`` and ``qkv serve``'s ``/v1/classify`` use it).
+
+    Args:
+        run: a fine-tuning run folder (its settings from ``run.json``), any folder with a task head,
+            or a :class:`~qkv.models.io.Pretrained` with one (``qkv.load(folder)``).
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"`` …
+        precision: ``"fp32"``, ``"bf16"`` or ``"int8"`` (see :func:`qkv.inference.for_inference`),
+            checked against the device before anything is loaded.
+        batch_size: at most this many windows per forward pass.
+        batch_tokens: at most this many tokens per forward pass (``None``: no token limit).
+
+    Attributes:
+        model: the task model prepared for inference.
+        tokenizer: its :class:`~qkv.data.tokenizer_facade.TokenizerView`.
+        settings: ``task``, ``labels``, ``label_kind``, ``max_len``, ``stride``, ``truncate``
+            (see :func:`~qkv.finetune.inputs.load_task_model`).
+        task, labels: shortcuts into ``settings``.
+
+    Raises:
+        QkvError: a precision not offered on the device.
+        FinetuneDataError: not a loadable folder, no task head, or no tokenizer.
+    """
+
+    def __init__(self, run, *, device: str = "auto", precision: str = "fp32", batch_size: int = 64,
+                 batch_tokens: int | None = 4096):
+        from qkv.finetune.inputs import load_task_model
+        from qkv.inference import check_precision, for_inference_calibrated
+
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                                   ("cpu" if device == "auto" else device))
+        check_precision(precision, self.device)  # before any loading
+        model, self.tokenizer, self.settings = load_task_model(run)
+        self.task, self.labels = self.settings["task"], list(self.settings["labels"])
+        self.model = for_inference_calibrated(model.to(self.device), precision, self.tokenizer,
+                                              self.settings["max_len"], device=self.device)
+        self.batch_size, self.batch_tokens = batch_size, batch_tokens
+
+    def encode(self, inputs: list) -> Encoded:
+        """The windows of ``inputs``: texts, or word lists for a token-classification model."""
+        from qkv.finetune.encode import encode_sequences, encode_tagged
+
+        meta = self.settings
+        if self.task == "token-classification":
+            return encode_tagged(self.tokenizer, inputs, [[0] * len(s) for s in inputs], max_len=meta["max_len"])
+        return encode_sequences(self.tokenizer, inputs, [0] * len(inputs), max_len=meta["max_len"],
+                                stride=meta["stride"], truncate=meta["truncate"])
+
+    def predict(self, inputs: list, *, progress: bool = False) -> Predictions:
+        """Predictions for ``inputs`` (texts; word lists for a token-classification model), in order."""
+        if not inputs:
+            return Predictions([], 0, 0, 0)
+        enc = self.encode(inputs)
+        scores = score_packed(self.model, enc, task=self.task, batch_size=self.batch_size,
+                              batch_tokens=self.batch_tokens, device=self.device, progress=progress)
+        outs = example_outputs(enc, scores, self.task)
+        as_label = (lambda s: int(s)) if self.settings.get("label_kind") == "int" else (lambda s: s)
+        records = []
+        for e in range(len(inputs)):
+            o = outs[e]
+            if self.task == "regression":
+                records.append({"value": float(o[0])})
+            elif self.task == "token-classification":
+                records.append({"tokens": inputs[e], "tags": [self.labels[int(t)] for t in o]})
+            else:
+                k = int(np.argmax(o))
+                records.append({"label": as_label(self.labels[k]),
+                                "probabilities": {lab: float(p) for lab, p in zip(self.labels, o)}})
+        return Predictions(records, len(enc.ids), enc.long, enc.truncated)
+
+
 def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: int = 64,
                  text_field: str = "text", tokens_field: str = "tokens", progress: bool = True,
                  device: str = "auto", precision: str = "fp32", batch_tokens: int | None = 4096) -> dict:
@@ -146,55 +241,32 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
 
     Input: a text file (one text per line), ``.jsonl``/``.csv``/``.tsv`` with ``text_field`` (label
     fields, if present, are ignored), or for token models a CoNLL file / JSONL with ``tokens_field``.
-    Each output line: ``{"id": …, "label": …, "probabilities": {label: p}}`` (classification),
-    ``{"id": …, "value": …}`` (regression) or ``{"id": …, "tokens": […], "tags": […]}`` (tokens).
-    The model runs prepared for inference in ``precision`` (``"fp32"``, ``"bf16"``, ``"int8"``; see
-    :func:`qkv.inference.for_inference`) on padding-free batches of at most ``batch_size`` windows
-    and ``batch_tokens`` tokens. Returns a summary (counts, windows, long inputs).
+    Each output line: ``{"id": …, "label": …, "probabilities": {label: p}}`` (classification,
+    ``p`` rounded to 6 decimals), ``{"id": …, "value": …}`` (regression) or ``{"id": …, "tokens": […],
+    "tags": […]}`` (tokens). The model runs prepared for inference in ``precision`` (``"fp32"``,
+    ``"bf16"``, ``"int8"``; see :func:`qkv.inference.for_inference`) on padding-free batches of at most
+    ``batch_size`` windows and ``batch_tokens`` tokens (:class:`Predictor`). Returns a summary
+    (counts, windows, long inputs).
     """
     from qkv._fs import atomic_write_text
-    from qkv.finetune.encode import encode_sequences, encode_tagged
     from qkv.finetune.examples import FinetuneDataError
-    from qkv.finetune.inputs import load_task_model, read_inputs
+    from qkv.finetune.inputs import read_inputs
 
-    from qkv.inference import check_precision, for_inference_calibrated
-
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
-    check_precision(precision, dev)  # before any loading
-    model, tok, meta = load_task_model(run)
-    task = meta["task"]
-    labels = list(meta["labels"])
-    model = for_inference_calibrated(model.to(dev), precision, tok, meta["max_len"], device=dev)
-    ids, inputs = read_inputs(input_spec, task, text_field=text_field, tokens_field=tokens_field)
+    predictor = Predictor(run, device=device, precision=precision, batch_size=batch_size,
+                          batch_tokens=batch_tokens)
+    ids, inputs = read_inputs(input_spec, predictor.task, text_field=text_field, tokens_field=tokens_field)
     if not inputs:
         raise FinetuneDataError(f"{input_spec}: no inputs to predict")
-    max_len, stride = meta["max_len"], meta["stride"]
-    if task == "token-classification":
-        enc = encode_tagged(tok, inputs, [[0] * len(s) for s in inputs], max_len=max_len)
-    else:
-        enc = encode_sequences(tok, inputs, [0] * len(inputs), max_len=max_len, stride=stride,
-                               truncate=meta["truncate"])
-    scores = score_packed(model, enc, task=task, batch_size=batch_size, batch_tokens=batch_tokens, device=dev,
-                          progress=progress)
-    outs = example_outputs(enc, scores, task)
-    as_label = (lambda s: int(s)) if meta.get("label_kind") == "int" else (lambda s: s)
+    result = predictor.predict(inputs, progress=progress)
     lines = []
-    for e, rid in enumerate(ids):
-        o = outs[e]
-        if task == "regression":
-            rec = {"id": rid, "value": float(o[0])}
-        elif task == "token-classification":
-            rec = {"id": rid, "tokens": inputs[e], "tags": [labels[int(t)] for t in o]}
-        else:
-            k = int(np.argmax(o))
-            rec = {"id": rid, "label": as_label(labels[k]),
-                   "probabilities": {lab: round(float(p), 6) for lab, p in zip(labels, o)}}
-        lines.append(json.dumps(rec, ensure_ascii=False))
+    for rid, rec in zip(ids, result.records):
+        if "probabilities" in rec:
+            rec = {**rec, "probabilities": {lab: round(p, 6) for lab, p in rec["probabilities"].items()}}
+        lines.append(json.dumps({"id": rid, **rec}, ensure_ascii=False))
     out = Path(out)
     if out.is_dir():
         raise FinetuneDataError(f"{out}: is a folder; give the path of the .jsonl file to write")
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, "".join(line + "\n" for line in lines))
-    return {"inputs": len(ids), "windows": len(enc.ids), "long": enc.long, "truncated": enc.truncated,
-            "out": str(out), "task": task}
+    return {"inputs": len(ids), "windows": result.windows, "long": result.long, "truncated": result.truncated,
+            "out": str(out), "task": predictor.task}
