@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from qkv.config import ModelConfig
-from qkv.lab.encoder_run import (EVAL_SEED, EncoderTaskConfig, attention_entropy, evaluate, init_grad_norms,
-                                 train_on_task)
+from qkv.lab.encoder_config import EVAL_SEED, EncoderTaskConfig
+from qkv.lab.encoder_run import attention_entropy, evaluate, init_grad_norms, train_on_task
 from qkv.lab.synthetic import IGNORE, get_synthetic_task
 from qkv.models.builders import build_masked_lm
 

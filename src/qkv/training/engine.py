@@ -1,34 +1,26 @@
-"""The training engine: one explicit loop for every objective qkv trains.
+"""The training engine: one explicit loop for every objective qkv trains — the only module of qkv
+that calls ``backward``.
 
     for step in range(start, steps):           (or: until the time budget is spent)
         micro-batches → forward → loss normalised by the global unit count → backward
         (non-finite loss → stop) → clip → AdamW step → schedule step → log → (evaluate) → (checkpoint)
 
-What is trained on and how it is scored is an :class:`Objective` — masked LM
-(:mod:`qkv.training.loop`), causal LM (:mod:`qkv.training.clm`), task heads
-(:mod:`qkv.finetune.run`), sequence-to-sequence (:mod:`qkv.lab.seq2seq`), contrastive pairs
-(:mod:`qkv.embeddings.contrastive`) and the lab's synthetic encoder tasks
-(:mod:`qkv.lab.encoder_run`); everything else lives here: the optimiser and schedule (by steps or
-by a time budget), checkpoints and ``--resume``, bf16 autocast, adaptive threads, the progress bar,
-the metrics log and its curve, stop requests (Ctrl-C / SIGTERM save a checkpoint), the final
-model. This is the only module of qkv that calls ``backward``.
-
-A run either has a run folder (:class:`~qkv.training.lifecycle.RunFolder`: checkpoints,
-``metrics.jsonl``, ``curve.png``, the final model, ``run.json``'s status) or runs in memory
-(``run=None``: the lab's hundreds of small runs — no files, no signal handlers; the logged records
-come back in :attr:`TrainResult.history`).
+What is trained on and how it is scored is an :class:`~qkv.training.objective.Objective` (a loss and
+a batch source); everything else lives here: the optimiser and schedule (by steps or a time budget),
+checkpoints and ``--resume``, bf16 autocast, adaptive threads, the progress bar, the metrics log and
+its curve, stop requests (Ctrl-C / SIGTERM save a checkpoint), the final model. A run has a run
+folder (:class:`~qkv.training.lifecycle.RunFolder`) or runs in memory (``run=None``: the lab's
+hundreds of small runs — no files, no signal handlers; the records come back in the result).
 
 Every random draw of a step is seeded from ``(seed, step, micro-batch, rank)`` and every batch is a
-pure function of its index, so a run resumed from a checkpoint repeats the uninterrupted run bit
-for bit, and K processes with batch b compute what one process with batch K·b computes (the loss
-is normalised by the unit count — masked tokens, examples, labelled tokens — over all ranks and
-micro-batches, not per rank).
+pure function of its index, so a resumed run repeats the uninterrupted one bit for bit, and K
+processes with batch b compute what one process with batch K·b computes (the loss is normalised by
+the unit count — masked tokens, examples, labelled tokens — over all ranks and micro-batches).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -48,6 +40,7 @@ from qkv.training.metrics import append_metrics, plot_curve, truncate_metrics
 from qkv.training.objective import Objective, move_batch
 from qkv.training.optim import build_optimizer, build_scheduler
 from qkv.training.precision import autocast
+from qkv.training.progress import RunBar, TokenRate
 from qkv.training.stop import StepAbandoned, stop_requests
 from qkv.training.threads import thread_governor
 
@@ -74,7 +67,9 @@ class TrainResult:
         train_loss: the loss of the last step computed (of the step that diverged, if one did).
         history: the logged records (training steps and evaluations) of the whole run.
         elapsed_s: training time on the run's clock (resumptions added up).
-        train_s: wall seconds of this process's loop (steps per second = new steps / train_s).
+        train_s: wall seconds of this process's training steps (evaluations and checkpoints not
+            counted); steps per second = (steps_done − start_step) / train_s.
+        start_step: the step this process started from (a resumed run's checkpoint).
     """
 
     out: Path | None
@@ -85,6 +80,7 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     elapsed_s: float = 0.0
     train_s: float = 0.0
+    start_step: int = 0
 
 
 def seed_for(seed: int, step: int, micro: int, rank: int) -> int:
@@ -137,19 +133,15 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
     """Optimise ``model`` for ``objective`` as ``cfg`` says.
 
     Args:
-        cfg: a :class:`~qkv.training.config.LoopConfig`, or a run configuration holding its fields
-            (``TrainConfig``, ``FinetuneConfig``).
-        objective: see :class:`Objective`.
-        model: trained in place (moved to ``info.device``).
-        run: the run folder (its ``resume``: continue from the latest checkpoint — model,
+        cfg: a :class:`~qkv.training.config.LoopConfig`, or a run configuration with its fields.
+        objective: see :class:`~qkv.training.objective.Objective`. model: trained in place.
+        run: the run folder (``run.resume``: continue from the latest checkpoint — model,
             optimiser, schedule, elapsed time); ``None``: an in-memory run.
         info: the process's place (default: a world of one on the CPU).
-        precision: a resolved precision, ``fp32`` or ``bf16`` (autocast).
-        title: the curve's title.
+        precision: a resolved precision, ``fp32`` or ``bf16`` (autocast). title: the curve's.
         clock: the monotonic time source of a time-budgeted run (tests pass a fake one).
         on_backward: ``f(step, model)`` on every optimiser step after the backward pass, before
-            clipping — for measurements only: it must leave the weights, gradients and training
-            mode as it found them.
+            clipping — for measurements only: weights, gradients and mode left as found.
         on_log: ``f(record)`` for every logged training record (``step``, ``loss``, ``lr``, …).
         resume_eval: ``f(trainer_state)``: the last evaluation a checkpoint carries.
         divergence: see :data:`DIVERGENCE`.
@@ -196,14 +188,48 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
 
 def _train_step(r: _Run, step: int) -> tuple[float, float, float]:
     """One optimiser step up to (not including) the update: ``(loss, grad norm, tokens)``."""
+    cfg, info = r.cfg, r.info
+    if cfg.grad_accum == 1 and not info.distributed:
+        loss, micro = _one_batch(r, step)
+    else:
+        loss, micro = _accumulate(r, step)
+    if r.on_backward is not None:
+        r.on_backward(step + 1, r.model)
+    clip = cfg.clip_norm if cfg.clip_norm is not None else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), clip).item()
+    masks = [getattr(b, "attention_mask", None) for b in micro]
+    tokens = sum(float(m.sum()) for m in masks if m is not None)
+    if info.distributed:
+        tokens = qdist.all_sum(torch.tensor(tokens, dtype=torch.float64)).item()
+    return loss, grad_norm, tokens
+
+
+def _units(r: _Run, batch) -> torch.Tensor:
+    units = getattr(r.objective, "units", None)
+    return units(batch) if units is not None else torch.ones(())
+
+
+def _one_batch(r: _Run, step: int) -> tuple[float, list]:
+    """One micro-batch in one process: what :func:`_accumulate` computes (the scale n / n is 1,
+    exactly), without its bookkeeping — a step of a tiny lab model is ~2 ms."""
+    b = move_batch(r.objective.batch(step), r.info.device)
+    n = float(_units(r, b))
+    _seed(seed_for(r.cfg.seed, step, 0, r.info.rank), r.info.device)  # dropout
+    with autocast(r.precision, r.info.device):
+        loss = r.objective.loss(r.ddp, b)
+    (loss.float() if n > 0 else loss.float() * 0.0).backward()
+    return float(loss.detach()) * n / max(n, 1.0), [b]
+
+
+def _accumulate(r: _Run, step: int) -> tuple[float, list]:
+    """``grad_accum`` micro-batches on every rank, the loss normalised by the global unit count."""
     cfg, info, obj = r.cfg, r.info, r.objective
     micro = [move_batch(obj.batch(step * cfg.grad_accum + m), info.device) for m in range(cfg.grad_accum)]
-    units = getattr(obj, "units", None)
-    counts = [units(b) if units is not None else torch.ones(()) for b in micro]
+    counts = [_units(r, b) for b in micro]
     n_global = qdist.all_sum(torch.stack(counts).sum().double().cpu()).item()
     loss_sum = torch.zeros((), dtype=torch.float64)
     for m, b in enumerate(micro):
-        torch.manual_seed(seed_for(cfg.seed, step, m, info.rank))  # dropout
+        _seed(seed_for(cfg.seed, step, m, info.rank), info.device)  # dropout
         last = m == cfg.grad_accum - 1
         sync = contextlib.nullcontext() if (not info.distributed or last) else r.ddp.no_sync()
         with sync:
@@ -213,16 +239,15 @@ def _train_step(r: _Run, step: int) -> tuple[float, float, float]:
             # DDP averages gradients over ranks: scale so the sum is the global unit mean
             (loss.float() * (n * info.world_size / max(n_global, 1.0))).backward()
         loss_sum += loss.detach().double().cpu() * n
-    if r.on_backward is not None:
-        r.on_backward(step + 1, r.model)
-    loss = (qdist.all_sum(loss_sum) / max(n_global, 1.0)).item()
-    clip = cfg.clip_norm if cfg.clip_norm is not None else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), clip).item()
-    masks = [getattr(b, "attention_mask", None) for b in micro]
-    tokens = sum(float(m.sum()) for m in masks if m is not None)
-    if info.distributed:
-        tokens = qdist.all_sum(torch.tensor(tokens, dtype=torch.float64)).item()
-    return loss, grad_norm, tokens
+    return (qdist.all_sum(loss_sum) / max(n_global, 1.0)).item(), micro
+
+
+def _seed(seed: int, device: torch.device) -> None:
+    """Seed the generators a step draws from: the CPU's, and the run's GPU (``torch.manual_seed``
+    would also queue a seed for every CUDA device, with a stack trace each time — 0.3 ms a step)."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
 
 
 def _diverged(r: _Run, done: int, loss: float, grad_norm: float) -> bool:
@@ -244,26 +269,18 @@ class _Progress:
     final_eval: dict | None
     loss: float | None
     status: str = "complete"
-    window_tokens: float = 0.0
-    window_start: float = field(default_factory=time.perf_counter)
-
-
-def _bar(r: _Run, start: int):
-    from tqdm.auto import tqdm
-
-    enabled = r.cfg.progress and r.info.is_main
-    if r.budget is not None:
-        total = round(r.budget.budget_s)
-        return tqdm(total=total, initial=min(round(r.clock.elapsed_s), total), disable=not enabled, unit="s",
-                    dynamic_ncols=True)
-    return tqdm(total=r.cfg.steps, initial=start, disable=not enabled, unit="step", dynamic_ncols=True)
+    aside_s: float = 0.0  # seconds of evaluations and checkpoints
+    rate: TokenRate = field(default_factory=TokenRate)
 
 
 def _loop(r: _Run, start: int, last_eval: dict | None, last_loss: float | None) -> TrainResult:
     cfg, info = r.cfg, r.info
     timed = r.budget is not None
     p = _Progress(start, start, last_eval, last_loss)
-    bar, threads0 = _bar(r, start), torch.get_num_threads()
+    # an in-memory run without a bar is silent; a run with a folder prints its evaluations
+    bar = RunBar(enabled=cfg.progress and info.is_main, steps=cfg.steps, start=start, echo=r.run is not None,
+                 budget_s=r.budget.budget_s if timed else None, elapsed_s=r.clock.elapsed_s)
+    threads0 = torch.get_num_threads()
     governor = thread_governor(cfg.threads)
     r.clock.start()
     t0 = time.perf_counter()
@@ -273,10 +290,10 @@ def _loop(r: _Run, start: int, last_eval: dict | None, last_loss: float | None) 
         if timed and p.status == "complete":
             # the deadline: a last evaluation (unless this step had one) and checkpoint
             if not _every(cfg.eval_every, p.done):
-                p.final_eval = _evaluate(r, p.done, bar)
+                p.final_eval = _evaluate(r, p, bar)
             if not _every(cfg.save_every, p.done):
                 _checkpoint(r, p)
-    train_s = time.perf_counter() - t0
+    train_s = time.perf_counter() - t0 - p.aside_s
     bar.close()
     torch.set_num_threads(threads0)
     return _finalise(r, p, timed, train_s)
@@ -322,7 +339,7 @@ def _step(r: _Run, p: _Progress, stop, bar, governor, timed: bool) -> bool:
     _log(r, p, lr, loss, grad_norm, tokens, bar, governor, timed)
     last_step = not timed and p.done == cfg.steps
     if _every(cfg.eval_every, p.done) or last_step:
-        p.final_eval = _evaluate(r, p.done, bar)
+        p.final_eval = _evaluate(r, p, bar)
     stopping = stop.hit
     if r.info.distributed:
         stopping = bool(qdist.all_sum(torch.tensor(float(stop.hit))).item())
@@ -344,43 +361,40 @@ def _shared_progress(r: _Run) -> float:
     return share
 
 
-def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar, governor, timed: bool) -> None:
-    p.window_tokens += tokens
+def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar: RunBar, governor, timed: bool) -> None:
+    p.rate.add(tokens)
     if _every(r.cfg.log_every, p.done) or (not timed and p.done == r.cfg.steps):
-        now = time.perf_counter()
-        tps = p.window_tokens / max(now - p.window_start, 1e-9)
-        p.window_tokens, p.window_start = 0.0, now
+        tps = p.rate.rate()
         row = {"step": p.done, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps,
                "elapsed_s": round(r.clock.elapsed_s, 3), **({"threads": governor.current} if governor else {})}
         if r.info.is_main:
             r.record(row)
         if r.on_log is not None:
             r.on_log(row)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", **({"step": p.done} if timed else {}))
-    if timed:
-        second = min(int(r.clock.elapsed_s), bar.total)
-        if second > bar.n:  # at most one refresh a second
-            bar.update(second - bar.n)
-    else:
-        bar.update(1)
+        bar.show(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", **({"step": p.done} if timed else {}))
+    bar.advance(r.clock.elapsed_s)
 
 
 def _checkpoint(r: _Run, p: _Progress) -> None:
     if r.writes:
+        t0 = time.perf_counter()
         save_checkpoint(r.run.out, step=p.done, model=r.model, optimizer=r.optimizer, scheduler=r.scheduler,
                         trainer_state={"seed": r.cfg.seed, "data_position": p.done * r.cfg.grad_accum,
                                        "elapsed_s": r.clock.elapsed_s, "run_id": r.run.meta().get("run_id"),
                                        "last_eval": p.final_eval, "train_loss": p.loss})
+        p.aside_s += time.perf_counter() - t0
 
 
-def _evaluate(r: _Run, done: int, bar) -> dict:
+def _evaluate(r: _Run, p: _Progress, bar) -> dict:
+    t0 = time.perf_counter()
     evaluate = getattr(r.objective, "evaluate", None)
     ev = evaluate(r.model) if evaluate is not None else {}
     if r.info.is_main and ev:
-        r.record({"step": done, **ev, "elapsed_s": round(r.clock.elapsed_s, 3)})
+        r.record({"step": p.done, **ev, "elapsed_s": round(r.clock.elapsed_s, 3)})
         describe = getattr(r.objective, "describe", None)
         if describe is not None:
-            bar.write(f"step {done}: {describe(ev)}")
+            bar.write(f"step {p.done}: {describe(ev)}")
+    p.aside_s += time.perf_counter() - t0
     return ev
 
 
@@ -404,4 +418,4 @@ def _finalise(r: _Run, p: _Progress, timed: bool, train_s: float) -> TrainResult
         r.run.finish(p.status, steps_done=p.done, final_eval=p.final_eval, train_loss=p.loss,
                      **({"elapsed_s": round(r.clock.elapsed_s, 3)} if timed else {}))
     return TrainResult(r.run.out if r.run is not None else None, p.done, p.status, p.final_eval, p.loss,
-                       r.history, r.clock.elapsed_s, train_s)
+                       r.history, r.clock.elapsed_s, train_s, p.start)
