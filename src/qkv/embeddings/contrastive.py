@@ -62,6 +62,7 @@ from qkv.training import distributed as qdist
 from qkv.training.config import LoopConfig, RunConfig
 from qkv.training.engine import run_training
 from qkv.training.lifecycle import RunFolder, open_run, resume_eval
+from qkv.training.metrics import read_metrics
 from qkv.training.precision import PRECISIONS, resolve_precision
 from qkv.validation import check_choice, check_int, check_positive, check_range
 
@@ -237,7 +238,8 @@ class ContrastiveObjective:
 def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str | os.PathLike,
                      cfg: ContrastiveConfig, *, labels: list | None = None, device=None,
                      progress: bool = False, source: str = "", folder_format: str = "sentence-transformers",
-                     resume: bool = False, clock: Callable[[], float] = time.monotonic) -> ContrastiveResult:
+                     resume: bool = False, clock: Callable[[], float] = time.monotonic,
+                     on_backward=None) -> ContrastiveResult:
     """Train an encoder for document embeddings in the run folder ``out``, which ends as its model
     folder (see the module docstring).
 
@@ -256,6 +258,7 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
         resume: continue the run in ``out`` from its last checkpoint (same model, texts, labels and
             options; a finished run is returned as it is).
         clock: the monotonic time source of a time budget (tests pass a fake one).
+        on_backward: ``f(step, model)`` after each backward pass (:func:`~qkv.training.engine.run_training`).
 
     Raises:
         EmbeddingError: bad options, no labels for supervised training, an unusable model folder,
@@ -289,7 +292,7 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
         encoder.to(device).train()
         record["initial_loss"] = objective.evaluate(encoder)["fixed_loss"]
         _start(run, given, record)
-        return _train(run, cfg, encoder, objective, device, record, progress, clock)
+        return _train(run, cfg, encoder, objective, device, record, progress, clock, on_backward)
 
 
 def _label_index(cfg: ContrastiveConfig, texts: list[str], labels) -> np.ndarray | None:
@@ -349,8 +352,8 @@ def _start(run: RunFolder, cfg: ContrastiveConfig, record: dict) -> None:
                                  "the same, or start a new run with another --out")
 
 
-def _train(run: RunFolder, cfg: ContrastiveConfig, encoder, objective, device, record, progress,
-           clock) -> ContrastiveResult:
+def _train(run: RunFolder, cfg: ContrastiveConfig, encoder, objective, device, record, progress, clock,
+           on_backward) -> ContrastiveResult:
     precision, note = resolve_precision(cfg.precision, device)
     if note and progress:
         print(f"qkv train-embeddings: {note}", flush=True)
@@ -359,7 +362,8 @@ def _train(run: RunFolder, cfg: ContrastiveConfig, encoder, objective, device, r
                       seed=cfg.seed, save_every=max(1, cfg.steps // 10), log_every=cfg.log_every, progress=progress)
     info = qdist.DistInfo(0, 1, 0, device)
     r = run_training(loop, objective, model=encoder, run=run, info=info, precision=precision,
-                     title=f"train-embeddings ({cfg.mode})", clock=clock, resume_eval=resume_eval)
+                     title=f"train-embeddings ({cfg.mode})", clock=clock, resume_eval=resume_eval,
+                     on_backward=on_backward)
     encoder.eval()
     losses = [row["loss"] for row in r.history if "loss" in row]
     result = ContrastiveResult(run.out, losses, record["initial_loss"], (r.final_eval or {}).get("fixed_loss",
@@ -376,9 +380,10 @@ def _train(run: RunFolder, cfg: ContrastiveConfig, encoder, objective, device, r
 
 
 def _finished(out: Path, meta: dict) -> ContrastiveResult:
-    training = json.loads((out / EMBEDDING_JSON).read_text(encoding="utf-8"))["training"]
-    return ContrastiveResult(out, training["loss_curve"], training["initial_loss"], training["final_loss"], 0.0,
-                             "complete", int(meta.get("steps_done", 0)))
+    """The result of a run that is complete (``resume`` of it changes nothing)."""
+    losses = [row["loss"] for row in read_metrics(out / "metrics.jsonl") if "loss" in row]
+    return ContrastiveResult(out, losses, meta["initial_loss"], meta["final_eval"]["fixed_loss"], 0.0, "complete",
+                             int(meta.get("steps_done", 0)))
 
 
 def _check_st_expressible(encoder, layers: tuple[int, ...]) -> None:

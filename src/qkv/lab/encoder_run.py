@@ -209,7 +209,7 @@ class SyntheticTaskObjective:
 
 def train_on_task(config: EncoderTaskConfig, progress: bool | Callable[[int, float], None] | None = None, *,
                   out: str | Path | None = None, resume: bool = False, save_every: int | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> EncoderTaskResult:
+                  clock: Callable[[], float] = time.monotonic, on_backward=None) -> EncoderTaskResult:
     """Train, then evaluate (see the module docstring).
 
     Args:
@@ -221,6 +221,7 @@ def train_on_task(config: EncoderTaskConfig, progress: bool | Callable[[int, flo
             as it is).
         save_every: with ``out``: checkpoint every N steps (always at the end and on a stop request).
         clock: the monotonic time source of a time-budgeted run (tests pass a fake one).
+        on_backward: ``f(step, model)`` after each backward pass (:func:`~qkv.training.engine.run_training`).
 
     Returns:
         :class:`EncoderTaskResult` (its ``model`` the trained model).
@@ -230,16 +231,16 @@ def train_on_task(config: EncoderTaskConfig, progress: bool | Callable[[int, flo
     if out is None:
         if resume:
             raise ValueError("resume=True continues the run in a folder: give out")
-        return _train(config, progress, None, save_every, clock)
+        return _train(config, progress, None, save_every, clock, on_backward)
     with open_run(out, resume=resume) as run:
         if resume:
             if (meta := run.finished(config, files=("qkv.json",))) is not None:
                 return _result(config, meta, read_metrics(run.out / "metrics.jsonl"), load(run.out).model.eval())
             run.check_config(config)
-        return _train(config, progress, run, save_every, clock)
+        return _train(config, progress, run, save_every, clock, on_backward)
 
 
-def _train(config: EncoderTaskConfig, progress, run, save_every, clock) -> EncoderTaskResult:
+def _train(config: EncoderTaskConfig, progress, run, save_every, clock, on_backward) -> EncoderTaskResult:
     task, model_cfg = config.build_task(), config.model_config()
     precision, _ = resolve_precision(config.precision)
     torch.manual_seed(config.seed)
@@ -260,7 +261,7 @@ def _train(config: EncoderTaskConfig, progress, run, save_every, clock) -> Encod
                       seed=config.seed, save_every=save_every, log_every=config.log_every, progress=progress is True)
     on_log = (lambda row: progress(row["step"], row["loss"])) if callable(progress) else None
     r = run_training(loop, objective, model=model, run=run, precision=precision, title=f"{task.name} (lab)",
-                     clock=clock, on_log=on_log, divergence="report")
+                     clock=clock, on_log=on_log, on_backward=on_backward, divergence="report")
     model.eval()
     if r.status == "interrupted":
         raise KeyboardInterrupt(f"stopped after step {r.steps_done}; continue with resume=True")

@@ -160,7 +160,7 @@ def train(task: Task | str, *, config: ModelConfig | None = None, preset: str = 
           time_budget: float | None = None, minutes: float | None = None, batch_size: int | None = None,
           lr: float | None = None, seed: int = 0, out: str | Path | None = None, resume: bool = False,
           precision: str = "fp32", eval_examples: int = 512, progress: bool = True,
-          clock: Callable[[], float] = time.monotonic) -> LabResult:
+          clock: Callable[[], float] = time.monotonic, on_backward=None) -> LabResult:
     """Train an :class:`~qkv.models.seq2seq.EncoderDecoder` on ``task``.
 
     Args:
@@ -176,6 +176,7 @@ def train(task: Task | str, *, config: ModelConfig | None = None, preset: str = 
         precision: ``fp32``, ``bf16`` (fp32 with a message where the CPU has no native bf16) or ``auto``.
         eval_examples: held-out examples. progress: show a progress bar.
         clock: the monotonic time source of a time budget (tests pass a fake one).
+        on_backward: ``f(step, model)`` after each backward pass (:func:`~qkv.training.engine.run_training`).
 
     Returns:
         :class:`LabResult` (its ``model`` the trained model).
@@ -186,13 +187,13 @@ def train(task: Task | str, *, config: ModelConfig | None = None, preset: str = 
     if out is None:
         if resume:
             raise ValueError("resume=True continues the run in a folder: give out")
-        return _train(task, cfg, model_cfg, None, progress, clock)
+        return _train(task, cfg, model_cfg, None, progress, clock, on_backward)
     with open_run(out, resume=resume) as run:
         if resume:
             if run.finished(cfg, files=("model/qkv.json", "metrics.json")) is not None:
                 return _finished(run.out)
             run.check_config(cfg)
-        return _train(task, cfg, model_cfg, run, progress, clock)
+        return _train(task, cfg, model_cfg, run, progress, clock, on_backward)
 
 
 def _run_config(task: Task, config, preset, steps, time_budget, minutes, batch_size, lr, seed, precision,
@@ -217,7 +218,8 @@ def _run_config(task: Task, config, preset, steps, time_budget, minutes, batch_s
     return cfg, model_cfg
 
 
-def _train(task: Task, cfg: Seq2SeqRunConfig, model_cfg: ModelConfig, run, progress: bool, clock) -> LabResult:
+def _train(task: Task, cfg: Seq2SeqRunConfig, model_cfg: ModelConfig, run, progress: bool, clock,
+           on_backward) -> LabResult:
     used, note = resolve_precision(cfg.precision)
     if note and progress:
         print(f"qkv lab seq2seq: {note}", flush=True)
@@ -232,7 +234,7 @@ def _train(task: Task, cfg: Seq2SeqRunConfig, model_cfg: ModelConfig, run, progr
                       log_every=10, progress=progress)
     objective = Seq2SeqObjective(task, cfg.batch_size, cfg.seed, cfg.eval_examples)
     r = run_training(loop, objective, model=model, run=run, precision=used, title=f"{task.name} (lab seq2seq)",
-                     clock=clock, resume_eval=resume_eval)
+                     clock=clock, resume_eval=resume_eval, on_backward=on_backward)
     model.eval()
     done = r.status == "complete"
     result = LabResult(task.name, r.final_eval["exact_match"] if done else math.nan, task.chance(), r.steps_done,
