@@ -24,6 +24,8 @@ from qkv.data.masking import IGNORE_INDEX, MaskingConfig
 from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
 from qkv.models.builders import build_causal_lm, build_masked_lm
 from qkv.training import distributed as qdist
+from qkv.training.baselines import baseline_perplexities
+from qkv.training.clm import CausalLMObjective, eval_block_indices
 from qkv.training.config import TrainConfig, model_config_for
 from qkv.training.engine import TrainingError, TrainResult, run_training
 from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
@@ -190,9 +192,6 @@ def _mlm_objective(cfg: TrainConfig, data, info, eval_bs: int) -> MaskedLMObject
 def _clm_objective(cfg: TrainConfig, data, info, eval_bs: int):
     """Next-token batches, held-out batches, and the count baselines of exactly the held-out blocks
     an evaluation reads (the first ``eval_batches`` global batches)."""
-    from qkv.training.baselines import baseline_perplexities
-    from qkv.training.clm import CausalLMObjective, eval_block_indices
-
     batches = data.clm_train_batches(cfg.batch_size, seed=cfg.seed, rank=info.rank, world_size=info.world_size)
     eval_batches = data.clm_eval_batches(eval_bs, rank=info.rank, world_size=info.world_size)
     indices = eval_block_indices(len(data.eval), cfg.eval_batches, eval_bs * info.world_size)

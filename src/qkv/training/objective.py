@@ -18,6 +18,9 @@ from typing import Any, Protocol
 
 import torch
 
+from qkv.data.tokenizer_facade import read_tokenizer
+from qkv.models.io import save
+
 __all__ = ["Objective", "save_final_model", "move_batch"]
 
 
@@ -43,9 +46,6 @@ class Objective(Protocol):
 def save_final_model(model: torch.nn.Module, out: Path) -> None:
     """Write the trained ``model`` into run folder ``out`` with the run's tokenizer, so that
     ``qkv.load(out)`` loads it (what an objective's ``save`` usually is)."""
-    from qkv.data.tokenizer_facade import read_tokenizer
-    from qkv.models.io import save
-
     save(model, out, tokenizer=read_tokenizer(Path(out) / "tokenizer.json"))
 
 
