@@ -266,9 +266,8 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
             this run, with ``resume``), more than one process.
     """
     check_choice("folder_format", folder_format, FOLDER_FORMATS, error=EmbeddingError)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise EmbeddingError("train-embeddings runs in one process: its in-batch negatives are not gathered "
-                             "across ranks; run it without torchrun")
+    qdist.refuse_world("train-embeddings runs in one process: its in-batch negatives are not gathered across "
+                       "ranks; run it without torchrun", EmbeddingError)
     if len(texts) < 2:
         raise EmbeddingError(f"need at least 2 training documents, got {len(texts)}")
     label_of = _label_index(cfg, texts, labels)

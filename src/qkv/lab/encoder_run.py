@@ -39,6 +39,7 @@ from qkv.lab.streams import IGNORE, SEP
 from qkv.models.builders import build_masked_lm
 from qkv.models.io import load, save
 from qkv.training.config import LoopConfig
+from qkv.training.distributed import refuse_world
 from qkv.training.engine import TrainResult, gradients, run_training
 from qkv.training.lifecycle import open_run
 from qkv.training.metrics import read_metrics
@@ -232,6 +233,7 @@ def train_on_task(config: EncoderTaskConfig, progress: bool | Callable[[int, flo
         if resume:
             raise ValueError("resume=True continues the run in a folder: give out")
         return _train(config, progress, None, save_every, clock, on_backward)
+    refuse_world("a lab encoder run trains in one process; run it without torchrun (qkv ablate --jobs runs several)")
     with open_run(out, resume=resume) as run:
         if resume:
             if (meta := run.finished(config, files=("qkv.json",))) is not None:

@@ -31,6 +31,7 @@ from qkv.lab.tasks import EOS, PAD, SPECIALS, Task, get_task
 from qkv.models.builders import build_encoder_decoder
 from qkv.models.io import load, save
 from qkv.training.config import LoopConfig, RunConfig
+from qkv.training.distributed import refuse_world
 from qkv.training.engine import run_training
 from qkv.training.lifecycle import open_run, resume_eval
 from qkv.training.precision import PRECISIONS, resolve_precision
@@ -181,6 +182,7 @@ def train(task: Task | str, *, config: ModelConfig | None = None, preset: str = 
     Returns:
         :class:`LabResult` (its ``model`` the trained model).
     """
+    refuse_world("qkv lab seq2seq trains its small models in one process; run it without torchrun")
     task = get_task(task) if isinstance(task, str) else task
     cfg, model_cfg = _run_config(task, config, preset, steps, time_budget, minutes, batch_size, lr, seed,
                                  precision, eval_examples)
