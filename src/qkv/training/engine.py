@@ -158,9 +158,8 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps,
                                 position_lr_scale=cfg.position_lr_scale)
     timed = cfg.time_budget is not None
-    budget = BudgetClock(cfg.time_budget * 60, clock=clock) if timed else None
-    if timed:
-        scheduler = TimedScheduler(optimizer, budget, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
+    if timed:  # its clock is set once the checkpoint says how much of the budget is spent
+        scheduler = TimedScheduler(optimizer, None, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
     else:
         scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
                                     schedule=cfg.schedule)
@@ -172,14 +171,16 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
         state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler,
                                 run_id=run.meta().get("run_id"), max_step=None if timed else cfg.steps)
         start, elapsed = state["step"], float(state.get("elapsed_s", 0.0))
+    # a time-budgeted run's clock; a step run's counts the elapsed time only
     train_clock = BudgetClock(cfg.time_budget * 60 if timed else 1.0, elapsed_s=elapsed, clock=clock)
     if timed:
-        budget = scheduler.clock = train_clock
+        scheduler.clock = train_clock
     writes = run is not None and info.is_main
     if writes and resume:
         history = truncate_metrics(run.out, start)
     if run is not None:
         run.start()
+    budget = train_clock if timed else None
     r = _Run(cfg, info, run, model, ddp, objective, optimizer, scheduler, precision, budget, train_clock,
              on_backward, on_log, divergence, title, history, writes)
     last_eval = resume_eval(state) if resume_eval is not None else None
