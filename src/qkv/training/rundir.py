@@ -51,7 +51,10 @@ def check_out_dir(out: Path, *, resume: bool, error: type[Exception] = RunError)
     if out.exists():
         if (out / RUN_JSON).is_file():
             raise error(f"{out} already holds a run; continue it with --resume or choose another --out")
-        if not out.is_dir() or any(out.iterdir()):
+        if not out.is_dir():
+            raise error(f"{out} exists and is not an empty folder (it is not a folder: a file); "
+                        "choose another --out")
+        if any(out.iterdir()):
             raise error(f"{out} exists and is not an empty folder; choose another --out")
     parent = out.parent if not out.exists() else out
     probe = parent
