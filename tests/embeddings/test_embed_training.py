@@ -112,3 +112,110 @@ def test_training_from_a_hugging_face_bert_folder(tiny_model, tmp_path, labelled
         mode="supervised", steps=10, batch_size=8, lr=2e-3, max_len=24, warmup=0.0), labels=labels)
     assert result.final_loss < result.initial_loss
     assert qkv.embed(tmp_path / "out", ["a text"]).shape == (1, 24)
+
+
+# --- on the training engine: time budget, run folder and resume, precision, one process -------------------
+
+class FakeClock:
+    """A clock that only moves when a test moves it."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _weights(folder) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_a_time_budget_stops_training_at_its_deadline(tiny_model, tmp_path, labelled):
+    texts, _ = labelled
+    clock = FakeClock()
+    cfg = ContrastiveConfig(steps=100, batch_size=4, max_len=16, time_budget=0.1, log_every=1)  # 6 s
+    result = train_embeddings(tiny_model, texts, tmp_path / "out", cfg, clock=clock,
+                              on_backward=lambda step, model: setattr(clock, "t", clock.t + 1.0))
+    assert result.status == "complete" and result.steps_done == 6 and len(result.losses) == 6
+    record = json.loads((tmp_path / "out" / "embedding.json").read_text())["training"]
+    assert record["steps"] == 6 and record["config"]["time_budget"] == 0.1
+
+
+def test_an_interrupted_run_resumes_bit_identically(tiny_model, tmp_path, labelled):
+    import os
+    import signal
+
+    texts, labels = labelled
+    cfg = ContrastiveConfig(mode="supervised", steps=8, batch_size=6, lr=2e-3, max_len=16, log_every=1)
+    whole = train_embeddings(tiny_model, texts, tmp_path / "whole", cfg, labels=labels)
+
+    def stop(step, model):
+        if step == 5:  # a stop request while step 5 runs: it is abandoned, step 4 checkpointed
+            os.kill(os.getpid(), signal.SIGINT)
+
+    part = train_embeddings(tiny_model, texts, tmp_path / "part", cfg, labels=labels, on_backward=stop)
+    assert part.status == "interrupted" and part.steps_done == 4 and not (tmp_path / "part" / "embedding.json").exists()
+    again = train_embeddings(tiny_model, texts, tmp_path / "part", cfg, labels=labels, resume=True)
+    assert again.losses == whole.losses and again.final_loss == whole.final_loss
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "part")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    np.testing.assert_array_equal(qkv.embed(tmp_path / "part", texts[:3]), qkv.embed(tmp_path / "whole", texts[:3]))
+    assert train_embeddings(tiny_model, texts, tmp_path / "part", cfg, labels=labels, resume=True).losses == whole.losses
+    train_embeddings(tiny_model, texts[:-1], tmp_path / "other", cfg, labels=labels[:-1], on_backward=stop)
+    with pytest.raises(EmbeddingError, match="the texts or labels differ"):
+        train_embeddings(tiny_model, texts, tmp_path / "other", cfg, labels=labels, resume=True)
+
+
+def test_the_batches_are_a_pure_function_of_their_index(tiny_model, labelled):
+    from qkv.embeddings.contrastive import ContrastiveObjective
+
+    texts, labels = labelled
+    ids = [np.arange(3, 3 + 1 + i % 5) for i in range(len(texts))]
+    cfg = ContrastiveConfig(mode="supervised", batch_size=6)
+    obj = ContrastiveObjective(ids, cfg, 0, np.asarray([i % 3 for i in range(len(texts))]))
+    later = obj.batch(7)
+    obj.batch(3)
+    again = obj.batch(7)
+    assert torch.equal(later.input_ids, again.input_ids) and torch.equal(later.labels, again.labels)
+    assert not torch.equal(obj.batch(8).input_ids, later.input_ids) or not torch.equal(obj.batch(8).labels, later.labels)
+
+
+def test_bf16_runs_and_stays_close_to_fp32(tiny_model, tmp_path, labelled):
+    from qkv.training.precision import bf16_support
+
+    ok, why = bf16_support("cpu")
+    if not ok:
+        pytest.skip(f"bf16 training falls back to fp32 here: {why}")
+    texts, _ = labelled
+    cfg = dict(steps=6, batch_size=6, lr=2e-3, max_len=16, log_every=1)
+    a = train_embeddings(tiny_model, texts, tmp_path / "a", ContrastiveConfig(**cfg))
+    b = train_embeddings(tiny_model, texts, tmp_path / "b", ContrastiveConfig(**cfg, precision="bf16"))
+    assert json.loads((tmp_path / "b" / "embedding.json").read_text())["training"]["precision"] == "bf16"
+    assert a.losses != b.losses and max(abs(x - y) / x for x, y in zip(a.losses, b.losses)) < 0.05
+
+
+def test_more_than_one_process_is_refused(tiny_model, tmp_path, labelled, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(EmbeddingError, match="run it without torchrun"):
+        train_embeddings(tiny_model, labelled[0], tmp_path / "x", ContrastiveConfig(steps=1))
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_command_line_takes_time_budget_precision_and_resume(tiny_model, tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": f"document {i} about {'cats' if i % 2 else 'dogs'}"})
+                                for i in range(20)), encoding="utf-8")
+    out = tmp_path / "m"
+    args = ["train-embeddings", str(tiny_model), "--corpus", str(corpus), "--batch-size", "4", "--out", str(out),
+            "--format", "qkv", "--precision", "fp32", "--no-progress"]
+    assert main([*args, "--time-budget", "0.002"]) == 0
+    assert "loss on a fixed batch" in capsys.readouterr().out
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["train_config"]["time_budget"] == 0.002
+    assert main([*args, "--time-budget", "0.002", "--resume"]) == 0  # finished: returned as it is
+    assert main([*args, "--time-budget", "0.002"]) == 2
+    assert "already holds a run; continue it with --resume" in capsys.readouterr().err
+    assert main([*args, "--steps", "3", "--resume"]) == 2
+    assert "steps: 300 → 3" in capsys.readouterr().err

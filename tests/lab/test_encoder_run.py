@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from qkv.config import ModelConfig
-from qkv.lab.encoder_run import (EVAL_SEED, EncoderTaskConfig, attention_entropy, evaluate, init_grad_norms,
-                                 train_on_task)
+from qkv.lab.encoder_config import EVAL_SEED, EncoderTaskConfig
+from qkv.lab.encoder_run import attention_entropy, evaluate, init_grad_norms, train_on_task
 from qkv.lab.synthetic import IGNORE, get_synthetic_task
 from qkv.models.builders import build_masked_lm
 
@@ -202,3 +202,80 @@ def test_evaluate_counts_tokens_and_rows_over_all_batches():
     assert score.sequence_accuracy == pytest.approx(6 / 15)
     at64 = evaluate(_Oracle(), task, batches=1, batch_size=4, length=64)
     assert (at64.length, at64.n_tokens, at64.sequence_accuracy) == (64, 4 * 64, 0.5)
+
+
+# --- on the training engine: time budget, run folder and resume, precision ------------------------------
+
+class FakeClock:
+    """A clock that only moves when a test moves it."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_time_budget_stops_the_run_at_its_deadline():
+    clock = FakeClock()
+
+    def tick(step, model):  # every step takes one second
+        clock.t += 1.0
+
+    r = train_on_task(tiny_run(time_budget=0.25, log_every=1), clock=clock, on_backward=tick)  # 15 s
+    assert r.steps_done == 15 and not r.diverged
+    assert [s for s, _ in r.loss_curve] == list(range(1, 16))
+    assert tiny_run(time_budget=0.25).to_dict()["time_budget"] == 0.25
+    assert "time_budget" not in tiny_run().to_dict() and "precision" not in tiny_run().to_dict()  # stored as before
+    with pytest.raises(ValueError, match="time_budget=0 must be a positive number"):
+        tiny_run(time_budget=0)
+
+
+def test_an_interrupted_run_resumes_bit_identically(tmp_path):
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    cfg = tiny_run()
+    whole = train_on_task(cfg, out=tmp_path / "whole")
+    assert whole == train_on_task(cfg)  # a run folder changes no number
+
+    def stop(step, model):
+        if step == 7:  # a stop request while step 7 runs: it is abandoned, step 6 checkpointed
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt, match="stopped after step 6"):
+        train_on_task(cfg, out=tmp_path / "part", on_backward=stop)
+    assert json.loads((tmp_path / "part" / "run.json").read_text())["status"] == "interrupted"
+    again = train_on_task(cfg, out=tmp_path / "part", resume=True)
+    assert again == whole  # every measured field: the loss curve, the held-out scores, the entropies
+    a, b = load_file(str(tmp_path / "whole" / "model.safetensors")), load_file(str(tmp_path / "part" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    done = train_on_task(cfg, out=tmp_path / "part", resume=True)  # finished: returned as it is
+    assert done == whole and done.model is not None
+    with pytest.raises(ValueError, match=r"different configuration:\n  steps: 12 → 13"):
+        train_on_task(tiny_run(steps=13), out=tmp_path / "part", resume=True)
+    with pytest.raises(ValueError, match="already holds a run"):
+        train_on_task(cfg, out=tmp_path / "part")
+
+
+def test_a_diverged_run_with_a_folder_says_so(tmp_path):
+    r = train_on_task(tiny_run(lr=1e8, steps=30), out=tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert r.diverged and meta["status"] == "diverged" and meta["steps_done"] == r.steps_done
+    again = train_on_task(tiny_run(lr=1e8, steps=30), out=tmp_path / "run", resume=True)  # final: as it was
+    assert again.diverged and again.steps_done == r.steps_done and repr(again.loss_curve) == repr(r.loss_curve)
+
+
+def test_bf16_runs_and_stays_close_to_fp32():
+    from qkv.training.precision import bf16_support
+
+    ok, why = bf16_support("cpu")
+    if not ok:
+        pytest.skip(f"bf16 training falls back to fp32 here: {why}")
+    a, b = train_on_task(tiny_run()), train_on_task(tiny_run(precision="bf16"))
+    assert (a.precision, b.precision) == ("fp32", "bf16")
+    la, lb = [x for _, x in a.loss_curve], [x for _, x in b.loss_curve]
+    assert la != lb  # bf16 really ran ...
+    assert max(abs(x - y) / x for x, y in zip(la, lb)) < 0.02  # ... and only rounding differs (measured 0.005 %)

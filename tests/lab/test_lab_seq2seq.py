@@ -72,3 +72,104 @@ def test_bad_budgets_are_refused_before_training():
         train("reverse", steps=0, progress=False)
     with pytest.raises(ValueError, match="preset"):
         train("reverse", preset="huge", progress=False)
+
+
+# --- on the training engine: time budget, run folder and resume, precision, the command line ---------------
+
+SHORT = dict(preset="tiny", steps=12, seed=0, eval_examples=32, progress=False)
+
+
+class FakeClock:
+    """A clock that only moves when a test moves it."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model" / "model.safetensors"))
+
+
+def _trained(folder) -> list[dict]:
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in rows]
+
+
+def test_a_time_budget_stops_the_run_at_its_deadline():
+    clock = FakeClock()
+    task = get_task("reverse", min_len=4, max_len=6)
+    r = train(task, **{**SHORT, "steps": None}, time_budget=0.1, clock=clock,  # 6 s at 1 s a step
+              on_backward=lambda step, model: setattr(clock, "t", clock.t + 1.0))
+    assert r.status == "complete" and r.steps == 6 and 0 <= r.exact_match <= 1
+    assert train(task, **{**SHORT, "steps": None}, minutes=0.1, clock=clock,  # the former name
+                 on_backward=lambda step, model: setattr(clock, "t", clock.t + 1.0)).steps == 6
+
+
+def test_an_interrupted_run_resumes_bit_identically(tmp_path):
+    import os
+    import signal
+
+    task = get_task("reverse", min_len=4, max_len=6)
+    whole = train(task, **SHORT, out=tmp_path / "whole")
+    assert (tmp_path / "whole" / "run.json").is_file() and (tmp_path / "whole" / "curve.png").is_file()
+
+    def stop(step, model):
+        if step == 8:  # a stop request while step 8 runs: it is abandoned, step 7 checkpointed
+            os.kill(os.getpid(), signal.SIGINT)
+
+    part = train(task, **SHORT, out=tmp_path / "part", on_backward=stop)
+    assert part.status == "interrupted" and part.steps == 7 and not (tmp_path / "part" / "metrics.json").exists()
+    again = train(task, **SHORT, out=tmp_path / "part", resume=True)
+    assert again.status == "complete" and again.exact_match == whole.exact_match
+    assert again.final_loss == whole.final_loss and _trained(tmp_path / "part") == _trained(tmp_path / "whole")
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "part")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    memory = train(task, **SHORT)  # no folder: the same numbers
+    assert (memory.exact_match, memory.final_loss) == (whole.exact_match, whole.final_loss)
+    with pytest.raises(ValueError, match=r"different configuration:\n  seed: 0 → 1"):
+        train(task, **{**SHORT, "seed": 1}, out=tmp_path / "part", resume=True)
+
+
+def test_bf16_runs_and_stays_close_to_fp32():
+    from qkv.training.precision import bf16_support
+
+    ok, why = bf16_support("cpu")
+    if not ok:
+        pytest.skip(f"bf16 training falls back to fp32 here: {why}")
+    task = get_task("reverse", min_len=4, max_len=6)
+    a, b = train(task, **SHORT), train(task, **SHORT, precision="bf16")
+    assert (a.precision, b.precision) == ("fp32", "bf16") and a.final_loss != b.final_loss
+    assert abs(a.final_loss - b.final_loss) / a.final_loss < 0.05
+
+
+def test_the_command_line_resumes_and_refuses_earlier_results(tmp_path, capsys):
+    from qkv.cli import main
+
+    out = tmp_path / "run"
+    args = ["lab", "seq2seq", "--task", "reverse", "--out", str(out), "--steps", "4", "--precision", "fp32",
+            "--no-progress"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "reverse: exact match" in first and "4 steps" in first and json.loads((out / "metrics.json").read_text())
+    assert main(["lab", "seq2seq", "--out", str(out), "--resume", "--no-progress"]) == 0  # finished: as it was
+    assert capsys.readouterr().out.split(";")[0] == first.splitlines()[-1].split(";")[0]
+    assert main(args) == 2
+    assert "already holds a run; continue it with --resume" in capsys.readouterr().err
+    old = tmp_path / "old"  # a result of the earlier layout (no run.json), with a link out of its folder
+    (old / "model").parent.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (old / "model").symlink_to(tmp_path / "elsewhere")
+    (old / "metrics.json").write_text("{}")
+    assert main(["lab", "seq2seq", "--task", "reverse", "--out", str(old), "--steps", "2", "--no-progress"]) == 2
+    assert "exists and is not an empty folder" in capsys.readouterr().err
+    assert not any((tmp_path / "elsewhere").iterdir()) and (old / "metrics.json").read_text() == "{}"
+    assert main(["lab", "seq2seq", "--out", str(tmp_path / "new"), "--steps", "2"]) == 2
+    assert "--task is required" in capsys.readouterr().err
+    budget = tmp_path / "budget"
+    assert main(["lab", "seq2seq", "--task", "sort", "--out", str(budget), "--time-budget", "0.002", "--no-progress"]) == 0
+    assert json.loads((budget / "run.json").read_text())["train_config"]["time_budget"] == 0.002

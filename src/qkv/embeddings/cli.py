@@ -146,12 +146,24 @@ def add_embedding_parsers(sub) -> None:
                        description="Train MODEL (a qkv run or folder, or a Hugging Face BERT folder) for "
                        "document embeddings: unsupervised SimCSE (each text twice through dropout is the "
                        "positive pair) or supervised (documents with the same label are positives), "
-                       "in-batch negatives, and write a model folder that qkv embed uses and (by default, "
-                       "--format sentence-transformers) sentence_transformers.SentenceTransformer loads.")
+                       "in-batch negatives, on the training engine. --out is a run folder (run.json, "
+                       "metrics.jsonl, curve.png, checkpoints) that ends as a model folder that qkv embed uses "
+                       "and (by default, --format sentence-transformers) sentence_transformers.SentenceTransformer "
+                       "loads. SIGINT/SIGTERM save a checkpoint and exit; --resume (the same command with "
+                       "--resume) continues bit-identically. One process (no torchrun).")
     t.add_argument("model", help="starting model folder")
     t.add_argument("--corpus", action="append", required=True, metavar="SPEC",
                    help="training text: file, folder or dataset:NAME[:SPLIT] (repeatable)")
-    t.add_argument("--out", required=True, help="model folder to write (must not hold anything)")
+    t.add_argument("--out", required=True, help="the run folder (must not hold anything, unless --resume)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint (give the same model, data and "
+                   "options)")
+    t.add_argument("--time-budget", dest="time_budget", type=float, default=None, metavar="MINUTES",
+                   help="train for this many minutes instead of --steps: the learning rate decays with elapsed "
+                   "time and reaches zero at the deadline")
+    t.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+                   help="fp32, bf16 (mixed precision, float32 master weights; fp32 with a message where the CPU "
+                   "has no native bf16) or auto (bf16 where native) (default fp32)")
     t.add_argument("--objective", choices=("simcse", "supervised"), default="simcse")
     t.add_argument("--label-field", default=None, help="JSONL field with the label (supervised, files)")
     t.add_argument("--text-field", default="text")
@@ -296,15 +308,20 @@ def _train(args) -> int:
     cfg = ContrastiveConfig(mode=args.objective, temperature=args.temperature, steps=args.steps,
                             batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
                             pooling=args.pooling, layers=tuple(args.layers), dropout=args.dropout,
-                            seed=args.seed)
+                            seed=args.seed, time_budget=args.time_budget, precision=args.precision)
     corpus = open_corpus(args.corpus, text_field=args.text_field, label_field=args.label_field)
     texts, labels = corpus.labelled()
     notes: list[str] = []
     texts, labels = subsample(texts, labels, args.max_docs, args.seed, "training data", notes)
     source = corpus.describe() + (f" ({notes[0]})" if notes else "")
     result = train_embeddings(args.model, texts, args.out, cfg, labels=labels, device=args.device,
-                              progress=args.progress, source=source, folder_format=args.folder_format)
-    print(f"{cfg.mode}: {cfg.steps} steps on {len(texts)} documents in {result.seconds:.0f} s; loss on a "
+                              progress=args.progress, source=source, folder_format=args.folder_format,
+                              resume=args.resume)
+    if result.status != "complete":
+        print(f"interrupted after step {result.steps_done}; checkpoint saved. Continue with the same command "
+              "and --resume")
+        return 130
+    print(f"{cfg.mode}: {result.steps_done} steps on {len(texts)} documents in {result.seconds:.0f} s; loss on a "
           f"fixed batch {result.initial_loss:.4f} -> {result.final_loss:.4f}. Model folder: {result.out} "
           f"(qkv embed {result.out} …)")
     return 0

@@ -13,38 +13,61 @@ temperature τ and take the cross-entropy of picking each anchor's own positive 
   its label has no other document). Other batch members with the anchor's label are positives too,
   so they are removed from its negatives (their logits are masked out), never pushed away.
 
+Training is the :class:`ContrastiveObjective` on the training engine
+(:func:`qkv.training.engine.run_training`): by steps or a time budget, fp32 or bf16, with a run
+folder (:mod:`qkv.training.lifecycle`: ``run.json``, ``metrics.jsonl``, ``curve.png``, checkpoints)
+that ``resume=True`` continues bit for bit — batch ``i`` draws its documents from a generator seeded
+by ``(seed, i)``. In-batch negatives are those of one process: under ``torchrun`` (more than one
+process) training is refused rather than run with fewer negatives per rank.
+
 Texts are cut to their first ``max_len`` tokens during training (training sees windows; embedding
-later still covers whole documents). The result is a model folder with ``embedding.json`` (the
-pooling it was trained for and the training record), which :func:`qkv.embed` reads: by default
-(``folder_format="sentence-transformers"``) a sentence-transformers folder
-(:func:`qkv.embeddings.st_folder.save_st_folder`: Hugging Face BERT weights, ``modules.json``,
-``1_Pooling``, ``2_Normalize``) that ``sentence_transformers.SentenceTransformer`` loads too, with
-the same vectors for texts within the window; with ``"qkv"`` a qkv encoder folder.
+later still covers whole documents). The run folder ends as a model folder with
+``embedding.json`` (the pooling it was trained for and the training record, written last), which
+:func:`qkv.embed` reads: by default (``folder_format="sentence-transformers"``) a
+sentence-transformers folder (:func:`qkv.embeddings.st_folder.save_st_folder`: Hugging Face BERT
+weights, ``modules.json``, ``1_Pooling``, ``2_Normalize``) that
+``sentence_transformers.SentenceTransformer`` loads too, with the same vectors for texts within the
+window; with ``"qkv"`` a qkv encoder folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qkv._fs import write_folder
+from qkv._fs import atomic_write_text, write_folder
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
 from qkv.data.windows import make_windows, pad_batch
 from qkv.embeddings.embedder import EMBED_SPECIALS, EMBEDDING_JSON, folder_defaults
 from qkv.embeddings.errors import EmbeddingError
+from qkv.embeddings.options import EmbedOptions
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
+from qkv.embeddings.st_folder import MODULES_JSON, save_st_folder
 from qkv.errors import check_device
-from qkv.validation import check_choice, check_int, check_range
+from qkv.models import families
+from qkv.models.errors import CheckpointError
+from qkv.models.io import load, save
+from qkv.models.mlm import MaskedLM
+from qkv.training import distributed as qdist
+from qkv.training.config import LoopConfig, RunConfig
+from qkv.training.engine import run_training
+from qkv.training.lifecycle import RunFolder, open_run, resume_eval
+from qkv.training.metrics import read_metrics
+from qkv.training.precision import PRECISIONS, resolve_precision
+from qkv.validation import check_choice, check_int, check_positive, check_range
 
-__all__ = ["ContrastiveConfig", "ContrastiveResult", "MODES", "FOLDER_FORMATS", "contrastive_loss",
-           "train_embeddings"]
+__all__ = ["ContrastiveConfig", "ContrastiveResult", "ContrastiveObjective", "MODES", "FOLDER_FORMATS",
+           "contrastive_loss", "train_embeddings"]
 
 MODES = ("simcse", "supervised")
 #: The output folder formats of :func:`train_embeddings`.
@@ -52,8 +75,14 @@ FOLDER_FORMATS = ("sentence-transformers", "qkv")
 
 
 @dataclass(frozen=True)
-class ContrastiveConfig:
-    """Options of :func:`train_embeddings` (validated on construction)."""
+class ContrastiveConfig(RunConfig):
+    """Options of :func:`train_embeddings` (validated on construction).
+
+    ``steps`` (or, with ``time_budget``, minutes of training: the learning rate reaches zero at the
+    deadline) of ``batch_size`` documents; ``warmup`` is a fraction of ``steps``; ``precision``
+    ``fp32``, ``bf16`` (fp32 with a message where the CPU has no native bf16) or ``auto``;
+    ``log_every``: steps between the logged losses.
+    """
 
     mode: str = "simcse"
     temperature: float = 0.05
@@ -68,6 +97,8 @@ class ContrastiveConfig:
     dropout: float | None = None  # None: the model's own (BERT: 0.1)
     seed: int = 0
     log_every: int = 10
+    time_budget: float | None = None
+    precision: str = "fp32"
 
     def __post_init__(self):
         check_choice("mode", self.mode, MODES, error=EmbeddingError)
@@ -80,20 +111,34 @@ class ContrastiveConfig:
             raise EmbeddingError(f"temperature ({self.temperature}) and lr ({self.lr}) must be > 0")
         check_range("warmup", self.warmup, 0, 1, noun="a fraction", error=EmbeddingError)
         check_range("dropout", self.dropout, 0, 1, optional=True, error=EmbeddingError)
+        check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 5)", optional=True,
+                       error=EmbeddingError)
+        check_choice("precision", self.precision, PRECISIONS, error=EmbeddingError)
         if self.mode == "simcse" and self.dropout == 0:
             raise EmbeddingError("SimCSE needs dropout > 0: the two views of a text differ only by dropout")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "layers": list(self.layers)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ContrastiveConfig:
+        cls.check_keys(data)
+        return cls(**{**data, "layers": tuple(data.get("layers", (-1,)))})
 
 
 @dataclass
 class ContrastiveResult:
-    """What :func:`train_embeddings` did: the folder, the loss curve, and the loss of one fixed
-    batch (same dropout seed) before and after training."""
+    """What :func:`train_embeddings` did: the folder, the loss every ``log_every`` steps, and the loss
+    of one fixed batch (same dropout seed) before and after training; ``status`` ``complete`` or
+    ``interrupted`` (a stop request: ``resume=True`` continues; no model folder yet)."""
 
     out: Path
     losses: list[float] = field(default_factory=list)
     initial_loss: float = float("nan")
     final_loss: float = float("nan")
     seconds: float = 0.0
+    status: str = "complete"
+    steps_done: int = 0
 
 
 def contrastive_loss(anchors: torch.Tensor, positives: torch.Tensor, temperature: float,
@@ -120,48 +165,88 @@ def contrastive_loss(anchors: torch.Tensor, positives: torch.Tensor, temperature
     return F.cross_entropy(logits, target)
 
 
-def _batch_rows(cfg: ContrastiveConfig, rng: np.random.Generator, n: int,
-                by_label: list[np.ndarray] | None, label_of: np.ndarray | None):
-    """Indices of one batch: ``(anchors, positives)``."""
-    anchors = rng.choice(n, size=min(cfg.batch_size, n), replace=False)
-    if cfg.mode == "simcse":
-        return anchors, anchors
-    positives = np.empty_like(anchors)
-    for i, a in enumerate(anchors):
-        group = by_label[label_of[a]]
-        if len(group) == 1:
-            positives[i] = a
-            continue
-        j = a
-        while j == a:
-            j = group[rng.integers(len(group))]
-        positives[i] = j
-    return anchors, positives
+@dataclass(frozen=True)
+class PairBatch:
+    """``input_ids``/``attention_mask`` ``(2B,T)``: B anchors, then their B positives; ``labels``
+    ``(B,)`` (supervised) or ``None``."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor | None
 
 
-def _step_loss(encoder, ids: list[np.ndarray], rows, cfg, pad_id, device, label_of):
-    anchors, positives = rows
-    windows = [ids[i] for i in anchors] + [ids[i] for i in positives]
-    tok, mask = pad_batch(windows, pad_id)  # (2B,T)
-    z = forward_pooled(encoder, torch.from_numpy(tok).to(device), torch.from_numpy(mask).to(device),
-                       cfg.pooling, cfg.layers)  # (2B,C)
-    za, zp = z[:len(anchors)], z[len(anchors):]  # (B,C) each
-    labels = None
-    if cfg.mode == "supervised":
-        labels = torch.from_numpy(label_of[anchors]).to(device)
-    return contrastive_loss(za, zp, cfg.temperature, labels)
+class ContrastiveObjective:
+    """In-batch contrastive cross-entropy of B anchors against their positives; held out, the loss
+    of one fixed batch under fixed dropout masks (``fixed_loss``: the same before and after).
+
+    Args:
+        ids: each document's training window (token ids). cfg: the options.
+        pad_id: the padding id. label_of: ``(N,)`` label index of each document (supervised).
+        write: ``f(model, out)`` writes the trained model into the run folder (its ``save``).
+    """
+
+    metric, metric_label, loss_label = "fixed_loss", "loss of a fixed batch", "contrastive loss"
+
+    def __init__(self, ids: list[np.ndarray], cfg: ContrastiveConfig, pad_id: int, label_of: np.ndarray | None,
+                 write: Callable[[torch.nn.Module, Path], None] | None = None):
+        self.ids, self.cfg, self.pad_id, self.label_of, self.write = ids, cfg, pad_id, label_of, write
+        self.by_label = None if label_of is None else [np.flatnonzero(label_of == k)
+                                                       for k in range(int(label_of.max()) + 1)]
+        self.fixed = self._pairs(np.random.default_rng(cfg.seed + 1))
+
+    def _pairs(self, rng: np.random.Generator) -> PairBatch:
+        anchors = rng.choice(len(self.ids), size=min(self.cfg.batch_size, len(self.ids)), replace=False)
+        positives = anchors
+        if self.cfg.mode == "supervised":
+            positives = np.empty_like(anchors)
+            for i, a in enumerate(anchors):
+                group = self.by_label[self.label_of[a]]
+                j = a
+                while j == a and len(group) > 1:
+                    j = group[rng.integers(len(group))]
+                positives[i] = j
+        tok, mask = pad_batch([self.ids[i] for i in anchors] + [self.ids[i] for i in positives], self.pad_id)
+        labels = None if self.label_of is None else torch.from_numpy(self.label_of[anchors])
+        return PairBatch(torch.from_numpy(tok), torch.from_numpy(mask), labels)  # (2B,T), (2B,T), (B,)
+
+    def batch(self, index: int) -> PairBatch:
+        return self._pairs(np.random.default_rng([self.cfg.seed, index]))
+
+    def loss(self, model, batch: PairBatch) -> torch.Tensor:
+        z = forward_pooled(model, batch.input_ids, batch.attention_mask, self.cfg.pooling, self.cfg.layers)  # (2B,C)
+        n = len(z) // 2
+        labels = batch.labels.to(z.device) if batch.labels is not None else None
+        return contrastive_loss(z[:n], z[n:], self.cfg.temperature, labels)  # anchors (B,C) vs positives (B,C)
+
+    def evaluate(self, model) -> dict:
+        device = next(model.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(self.cfg.seed + 7)  # the same dropout masks before and after training
+            with torch.no_grad():
+                b = self.fixed
+                loss = self.loss(model, PairBatch(b.input_ids.to(device), b.attention_mask.to(device), b.labels))
+        return {"fixed_loss": float(loss)}
+
+    def describe(self, ev: dict) -> str:
+        return f"loss of the fixed batch {ev['fixed_loss']:.4f}"
+
+    def save(self, model, out: Path) -> None:
+        if self.write is not None:
+            self.write(model, Path(out))
 
 
 def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str | os.PathLike,
                      cfg: ContrastiveConfig, *, labels: list | None = None, device=None,
-                     progress: bool = False, source: str = "",
-                     folder_format: str = "sentence-transformers") -> ContrastiveResult:
-    """Train an encoder for document embeddings and write it to ``out`` (atomically).
+                     progress: bool = False, source: str = "", folder_format: str = "sentence-transformers",
+                     resume: bool = False, clock: Callable[[], float] = time.monotonic,
+                     on_backward=None) -> ContrastiveResult:
+    """Train an encoder for document embeddings in the run folder ``out``, which ends as its model
+    folder (see the module docstring).
 
     Args:
         model_path: a qkv folder or run, or a Hugging Face BERT folder (with its tokenizer).
         texts: training documents (each cut to ``cfg.max_len`` tokens).
-        out: the model folder to write (must not exist, or be empty).
+        out: the run folder: missing or empty (or, with ``resume``, holding this run).
         cfg: the options.
         labels: one label per text (required for ``supervised``).
         device: default CUDA when available.
@@ -170,33 +255,62 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
         folder_format: ``"sentence-transformers"`` (a folder both qkv and sentence-transformers
             load; needs a model BERT expresses and the last layer only: checked before training) or
             ``"qkv"`` (see the module docstring).
+        resume: continue the run in ``out`` from its last checkpoint (same model, texts, labels and
+            options; a finished run is returned as it is).
+        clock: the monotonic time source of a time budget (tests pass a fake one).
+        on_backward: ``f(step, model)`` after each backward pass (:func:`~qkv.training.engine.run_training`).
 
     Raises:
         EmbeddingError: bad options, no labels for supervised training, an unusable model folder,
-            a model or layers the sentence-transformers format cannot hold.
+            a model or layers the sentence-transformers format cannot hold, ``out`` not free (or not
+            this run, with ``resume``), more than one process.
     """
-    from qkv.models.errors import CheckpointError
-    from qkv.models.io import load
-    from qkv.models.mlm import MaskedLM
-    from qkv.training.optim import build_optimizer, build_scheduler
-
     check_choice("folder_format", folder_format, FOLDER_FORMATS, error=EmbeddingError)
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise EmbeddingError(f"{out} exists and is not an empty folder; choose another output folder")
+    qdist.refuse_world("train-embeddings runs in one process: its in-batch negatives are not gathered across "
+                       "ranks; run it without torchrun", EmbeddingError)
     if len(texts) < 2:
         raise EmbeddingError(f"need at least 2 training documents, got {len(texts)}")
-    label_of = by_label = None
-    if cfg.mode == "supervised":
-        if labels is None or any(lab is None for lab in labels) or len(labels) != len(texts):
-            raise EmbeddingError("supervised training needs a label for every document (a labelled dataset "
-                                 "such as dataset:reuters8:train, or JSONL with --label-field)")
-        names = sorted(set(map(str, labels)))
-        if len(names) < 2:
-            raise EmbeddingError("supervised training needs at least two distinct labels (negatives)")
-        label_of = np.asarray([names.index(str(lab)) for lab in labels], dtype=np.int64)
-        by_label = [np.flatnonzero(label_of == k) for k in range(len(names))]
-    declared = folder_defaults(model_path) if Path(model_path).is_dir() else {}  # refusals before training
+    label_of = _label_index(cfg, texts, labels)
+    with open_run(out, resume=resume, error=EmbeddingError) as run:
+        if resume and (meta := run.finished(cfg, files=(EMBEDDING_JSON,))) is not None:
+            return _finished(run.out, meta)
+        given = cfg  # stored and compared as given (its layers resolved below, once the model is known)
+        encoder, tokenizer, cfg, declared = _load_encoder(model_path, cfg, folder_format)
+        tok = TokenizerView(tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
+        window = min(cfg.max_len, encoder.max_len)
+        ids = make_windows(tok.encode(texts), window=window, truncate=True, cls_id=tok.cls_id,
+                           sep_id=tok.sep_id).ids  # each text's first window
+        check_device(device)
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        record = {"kind": "contrastive", "train_config": given.to_dict(), "model_config": encoder.config.to_dict(),
+                  "folder_format": folder_format, "data_sha256": _fingerprint(texts, labels),
+                  "source_model": str(Path(model_path).resolve()), "data": source, "documents": len(texts),
+                  "max_len": declared.get("max_len")}
+        write = lambda model, dest: _write_model(model, tokenizer, dest, record["max_len"], cfg, folder_format)  # noqa: E731
+        objective = ContrastiveObjective(ids, cfg, tok.pad_id, label_of, write)
+        encoder.to(device).train()
+        record["initial_loss"] = objective.evaluate(encoder)["fixed_loss"]
+        _start(run, given, record)
+        return _train(run, cfg, encoder, objective, device, record, progress, clock, on_backward)
+
+
+def _label_index(cfg: ContrastiveConfig, texts: list[str], labels) -> np.ndarray | None:
+    """Each document's label index (supervised), checked; ``None`` for SimCSE."""
+    if cfg.mode != "supervised":
+        return None
+    if labels is None or any(lab is None for lab in labels) or len(labels) != len(texts):
+        raise EmbeddingError("supervised training needs a label for every document (a labelled dataset "
+                             "such as dataset:reuters8:train, or JSONL with --label-field)")
+    names = sorted(set(map(str, labels)))
+    if len(names) < 2:
+        raise EmbeddingError("supervised training needs at least two distinct labels (negatives)")
+    return np.asarray([names.index(str(lab)) for lab in labels], dtype=np.int64)
+
+
+def _load_encoder(model_path, cfg: ContrastiveConfig, folder_format: str):
+    """``(encoder, tokenizer, cfg with its layers resolved, the folder's declared settings)``;
+    every refusal before training."""
+    declared = folder_defaults(model_path) if Path(model_path).is_dir() else {}
     overrides = {"attention_dropout": 0.0}
     if cfg.dropout is not None:
         overrides["dropout"] = cfg.dropout
@@ -210,71 +324,69 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
     if cfg.mode == "simcse" and encoder.config.dropout == 0:
         raise EmbeddingError("the model has dropout 0; SimCSE needs dropout (pass --dropout 0.1)")
     layers = normalize_layers(cfg.layers, len(encoder.layers))
-    cfg = ContrastiveConfig(**{**asdict(cfg), "layers": layers})
+    cfg = cfg.replace(layers=layers)
     if folder_format == "sentence-transformers":
         _check_st_expressible(encoder, layers)
-    window = min(cfg.max_len, encoder.max_len)
-    tok = TokenizerView(tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
-    ids = make_windows(tok.encode(texts), window=window, truncate=True, cls_id=tok.cls_id,
-                       sep_id=tok.sep_id).ids  # each text's first window
-    check_device(device)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    encoder.to(device).train()
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    fixed = _batch_rows(cfg, np.random.default_rng(cfg.seed + 1), len(ids), by_label, label_of)
+    return encoder, tokenizer, cfg, declared
 
-    def fixed_loss() -> float:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(cfg.seed + 7)  # same dropout masks before and after training
-            with torch.no_grad():
-                return float(_step_loss(encoder, ids, fixed, cfg, tok.pad_id, device, label_of))
 
-    result = ContrastiveResult(out=out)
-    result.initial_loss = fixed_loss()
-    optimizer = build_optimizer(encoder, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = build_scheduler(optimizer, warmup_steps=int(cfg.warmup * cfg.steps), total_steps=cfg.steps,
-                                schedule="linear")
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+def _fingerprint(texts: list[str], labels) -> str:
+    h = hashlib.sha256(b"qkv-contrastive-data:v1\0")
+    for i, text in enumerate(texts):
+        h.update(json.dumps([text, None if labels is None else str(labels[i])], ensure_ascii=False).encode() + b"\0")
+    return h.hexdigest()
 
-        bar = tqdm(total=cfg.steps, desc=f"train-embeddings ({cfg.mode})", unit="step", dynamic_ncols=True)
-    start = time.perf_counter()
-    for step in range(cfg.steps):
-        loss = _step_loss(encoder, ids, _batch_rows(cfg, rng, len(ids), by_label, label_of), cfg,
-                          tok.pad_id, device, label_of)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        result.losses.append(float(loss.detach()))
-        if bar is not None:
-            bar.update(1)
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                bar.set_postfix(loss=f"{np.mean(result.losses[-cfg.log_every:]):.4f}")
-    if bar is not None:
-        bar.close()
-    result.seconds = time.perf_counter() - start
-    result.final_loss = fixed_loss()
-    encoder.eval().to("cpu")
-    record = {"pooling": cfg.pooling, "layers": list(layers), "max_len": declared.get("max_len"),
-              "normalize": True,
-              "training": {"objective": cfg.mode, "config": {**asdict(cfg), "layers": list(layers)},
-                           "source_model": str(Path(model_path).resolve()), "data": source,
-                           "documents": len(texts), "initial_loss": result.initial_loss,
-                           "final_loss": result.final_loss, "seconds": round(result.seconds, 1),
-                           "loss_curve": [round(x, 5) for x in result.losses]}}
-    _write_model(encoder, tokenizer, out, record, folder_format)
+
+def _start(run: RunFolder, cfg: ContrastiveConfig, record: dict) -> None:
+    """Create the run folder, or check that a resumed one is this run (options, data, model, format)."""
+    if not run.resume:
+        run.create(record)
+        return
+    run.check_config(cfg)
+    meta = run.meta()
+    for key, what in (("data_sha256", "the texts or labels"), ("model_config", "the starting model"),
+                      ("folder_format", "--format")):
+        if meta.get(key) != record[key]:
+            raise EmbeddingError(f"--resume: {what} differ from those {run.out} was started with; resume with "
+                                 "the same, or start a new run with another --out")
+
+
+def _train(run: RunFolder, cfg: ContrastiveConfig, encoder, objective, device, record, progress, clock,
+           on_backward) -> ContrastiveResult:
+    precision, note = resolve_precision(cfg.precision, device)
+    if note and progress:
+        print(f"qkv train-embeddings: {note}", flush=True)
+    loop = LoopConfig(steps=cfg.steps if cfg.time_budget is None else None, time_budget=cfg.time_budget, lr=cfg.lr,
+                      weight_decay=cfg.weight_decay, warmup_steps=int(cfg.warmup * cfg.steps), clip_norm=1.0,
+                      seed=cfg.seed, save_every=max(1, cfg.steps // 10), log_every=cfg.log_every, progress=progress)
+    info = qdist.DistInfo(0, 1, 0, device)
+    r = run_training(loop, objective, model=encoder, run=run, info=info, precision=precision,
+                     title=f"train-embeddings ({cfg.mode})", clock=clock, resume_eval=resume_eval,
+                     on_backward=on_backward)
+    encoder.eval()
+    losses = [row["loss"] for row in r.history if "loss" in row]
+    result = ContrastiveResult(run.out, losses, record["initial_loss"], (r.final_eval or {}).get("fixed_loss",
+                               float("nan")), r.train_s, r.status, r.steps_done)
+    if r.status == "complete":
+        training = {"objective": cfg.mode, "config": cfg.to_dict(), "source_model": record["source_model"],
+                    "data": record["data"], "documents": record["documents"], "initial_loss": result.initial_loss,
+                    "final_loss": result.final_loss, "seconds": round(r.elapsed_s, 1), "precision": precision,
+                    "steps": r.steps_done, "loss_curve": [round(x, 5) for x in losses]}
+        embedding = {"pooling": cfg.pooling, "layers": list(cfg.layers), "max_len": record["max_len"],
+                     "normalize": True, "training": training}
+        atomic_write_text(run.out / EMBEDDING_JSON, json.dumps(embedding, indent=2))  # last: the run is done
     return result
+
+
+def _finished(out: Path, meta: dict) -> ContrastiveResult:
+    """The result of a run that is complete (``resume`` of it changes nothing)."""
+    losses = [row["loss"] for row in read_metrics(out / "metrics.jsonl") if "loss" in row]
+    return ContrastiveResult(out, losses, meta["initial_loss"], meta["final_eval"]["fixed_loss"], 0.0, "complete",
+                             int(meta.get("steps_done", 0)))
 
 
 def _check_st_expressible(encoder, layers: tuple[int, ...]) -> None:
     """Fail before training when the sentence-transformers format cannot hold the result."""
-    from qkv.models import families
-    from qkv.models.errors import CheckpointError
-
     hint = "; pass --format qkv (folder_format='qkv') for a qkv folder"
     if layers != (len(encoder.layers),):
         raise EmbeddingError(f"layers={list(layers)}: a sentence-transformers folder pools the last layer "
@@ -285,18 +397,17 @@ def _check_st_expressible(encoder, layers: tuple[int, ...]) -> None:
         raise EmbeddingError(f"a sentence-transformers folder holds a Hugging Face model: {e}{hint}") from e
 
 
-def _write_model(encoder, tokenizer, out: Path, record: dict, folder_format: str) -> None:
-    from qkv.embeddings.options import EmbedOptions
-    from qkv.embeddings.st_folder import save_st_folder
-    from qkv.models.io import save
-
-    if folder_format == "sentence-transformers":
-        options = EmbedOptions(pooling=record["pooling"], layers=tuple(record["layers"]), normalize=True,
-                               max_len=record["max_len"]).resolved(n_layers=len(encoder.layers),
-                                                                   max_positions=encoder.max_len)
-        with write_folder(out, how="new") as tmp:  # assembled aside; published only when complete
-            save_st_folder(encoder, tmp, options, tokenizer=tokenizer, extra={EMBEDDING_JSON: record})
+def _write_model(encoder, tokenizer, out: Path, max_len: int | None, cfg: ContrastiveConfig,
+                 folder_format: str) -> None:
+    """The trained encoder into the run folder ``out`` (its other files kept); ``embedding.json``
+    follows once the run is complete."""
+    encoder = encoder.to("cpu")
+    if folder_format == "qkv":
+        save(encoder, out, tokenizer=tokenizer)  # merged into the run folder, qkv.json last
         return
-    with write_folder(out, how="new") as tmp:  # an empty folder at out (checked before training) is replaced
-        save(encoder, tmp, tokenizer=tokenizer)
-        (tmp / EMBEDDING_JSON).write_text(json.dumps(record, indent=2), encoding="utf-8")
+    if (out / MODULES_JSON).is_file():  # published by an earlier finalisation (modules.json goes last)
+        return
+    options = EmbedOptions(pooling=cfg.pooling, layers=tuple(cfg.layers), normalize=True, max_len=max_len).resolved(
+        n_layers=len(encoder.layers), max_positions=encoder.max_len)
+    with write_folder(out, how="merge", last=MODULES_JSON) as tmp:  # assembled aside, then moved in
+        save_st_folder(encoder, tmp, options, tokenizer=tokenizer)

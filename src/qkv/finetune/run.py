@@ -36,11 +36,11 @@ from qkv.finetune.encode import TaskBatches, encode_sequences, encode_tagged
 from qkv.finetune.examples import Examples, FinetuneDataError, label_set, read_examples, split_examples, subsample
 from qkv.data.tokenizer_facade import TokenizerFile
 from qkv.finetune.predict import example_outputs, score
-from qkv.training.engine import run_session, run_training, save_final_model
-from qkv.training.finalise import finished_result, resume_eval
-from qkv.training.fingerprint import new_run_id
+from qkv.training.engine import run_training
+from qkv.training.lifecycle import RunFolder, resume_eval, run_session
+from qkv.training.objective import save_final_model
 from qkv.training.precision import resolve_precision
-from qkv.training.rundir import RunError, create_run_dir, read_run
+from qkv.training.rundir import RunError
 
 __all__ = ["finetune", "FinetuneResult"]
 
@@ -208,27 +208,27 @@ def report_for(task: str, labels, targets, outputs) -> dict:
 def finetune(cfg: FinetuneConfig, *, resume: bool = False, clock=time.monotonic, on_backward=None) -> FinetuneResult:
     """Fine-tune as ``cfg`` says (see the module docstring); ``resume`` continues the run in ``cfg.out``.
     ``clock`` and ``on_backward``: as in :func:`qkv.training.engine.run_training` (for tests)."""
-    with run_session(cfg.device, cfg.out, resume=resume) as (info, out):
-        if resume and (done := _finished(out, cfg)) is not None:
+    with run_session(cfg.device, cfg.out, resume=resume) as (info, run):
+        if resume and (done := _finished(run, cfg)) is not None:
             return done
         precision, note = resolve_precision(cfg.precision, info.device)
         if note and info.is_main:
             print(f"qkv finetune: {note}", flush=True)
-        return _run(cfg, resume, info, out, precision, clock, on_backward)
+        return _run(cfg, run, info, precision, clock, on_backward)
 
 
-def _finished(out: Path, cfg: FinetuneConfig) -> FinetuneResult | None:
-    meta = read_run(out)
+def _finished(run: RunFolder, cfg: FinetuneConfig) -> FinetuneResult | None:
+    meta = run.meta()
     stored = FinetuneConfig.from_dict({**meta["train_config"], "out": cfg.out})
     resolved = cfg.replace(**{k: getattr(stored, k) if getattr(cfg, k) is None else getattr(cfg, k)
                               for k in ("steps", "warmup_steps", "eval_every", "save_every", "max_len")})
-    if finished_result(out, resolved) is None or not (out / "report.json").is_file():
+    if run.finished(resolved, files=("qkv.json", "model.safetensors", "report.json")) is None:
         return None
-    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    return FinetuneResult(out, int(meta.get("steps_done", 0)), "complete", report)
+    report = json.loads((run.out / "report.json").read_text(encoding="utf-8"))
+    return FinetuneResult(run.out, int(meta.get("steps_done", 0)), "complete", report)
 
 
-def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clock, on_backward) -> FinetuneResult:
+def _run(cfg: FinetuneConfig, run: RunFolder, info, precision: str, clock, on_backward) -> FinetuneResult:
     from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
     from qkv.finetune.inputs import FINETUNE_SPECIALS
     from qkv.models.task_builders import attach_task_head
@@ -264,26 +264,22 @@ def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clo
                "truncated_train": train_enc.truncated, "truncated_held_out": held_enc.truncated,
                "steps_per_epoch": math.ceil(batches.per_epoch / cfg.grad_accum), "notes": notes}
     fingerprint = _fingerprint(train, held)
-    if resume:
-        meta = read_run(out)
-        was = FinetuneConfig.from_dict({**meta["train_config"], "out": cfg.out})
-        diff = was.diff(cfg)
-        if diff:
-            raise RunError(f"--resume: {out} was started with a different configuration:\n  " + "\n  ".join(diff))
-        if meta.get("data_sha256") != fingerprint:
+    out = run.out
+    if run.resume:
+        run.check_config(cfg)
+        if run.meta().get("data_sha256") != fingerprint:
             raise RunError(f"--resume: the data differ from those {out} was started with (their sha256 does not "
                            "match run.json); resume with the same files, or start a new run")
-    elif info.is_main:
-        meta = {"format": "qkv-run", "kind": "finetune", "status": "running", "train_config": cfg.to_dict(),
-                "model_config": model.config.to_dict(), "finetune": settings, "data": summary,
-                "data_sha256": fingerprint, "run_id": new_run_id(), "precision": precision}
-        create_run_dir(out, meta, TokenizerFile(tokenizer))
+    else:
+        meta = {"kind": "finetune", "train_config": cfg.to_dict(), "model_config": model.config.to_dict(),
+                "finetune": settings, "data": summary, "data_sha256": fingerprint, "precision": precision}
+        run.create(meta, write=TokenizerFile(tokenizer).save)
     _print_plan(cfg, summary, labels, info, stored_cfg)
     sample = np.sort(np.random.default_rng([cfg.seed, 0xE7A1]).permutation(len(held))[:cfg.eval_sample])
     objective = TaskObjective(cfg.task, batches, held_enc, list(labels), device=info.device, pad_id=tok.pad_id,
                               batch_size=cfg.eval_batch_size, sample=sample, held_targets=held_t)
     t0 = time.perf_counter()
-    result = run_training(cfg, objective, model=model, info=info, out=out, precision=precision, resume=resume,
+    result = run_training(cfg, objective, model=model, run=run, info=info, precision=precision,
                           title=f"{cfg.task} on {', '.join(cfg.train)}", clock=clock, resume_eval=resume_eval,
                           on_backward=on_backward)
     train_s = time.perf_counter() - t0
@@ -292,7 +288,7 @@ def _run(cfg: FinetuneConfig, resume: bool, info, out: Path, precision: str, clo
     from qkv.finetune.report import final_report
 
     report = final_report(cfg, objective, model, train, held, train_t, held_t, labels, kind, out,
-                          train_seconds=read_run(out).get("elapsed_s", train_s), notes=notes, stride=stride)
+                          train_seconds=run.meta().get("elapsed_s", train_s), notes=notes, stride=stride)
     return FinetuneResult(out, result.steps_done, "complete", report)
 
 

@@ -1,13 +1,20 @@
 """Train a masked-LM-headed encoder on a synthetic per-position task (:mod:`qkv.lab.synthetic`) on
 CPU and measure what it learned.
 
-:func:`train_on_task` builds the model of :class:`EncoderTaskConfig` (vocabulary = the task's, a
-position table long enough for the longest evaluation row), measures the gradient norms at
-initialisation on one batch, trains with AdamW and a warm-up then linear or cosine decay
-(:mod:`qkv.training.optim`) on the task's stream ``seed``, and scores token and sequence exact match
-on held-out batches of another stream (:data:`EVAL_SEED`, never trained on) at the training
+:func:`train_on_task` builds the model of :class:`~qkv.lab.encoder_config.EncoderTaskConfig`
+(vocabulary = the task's, a position table long enough for the longest evaluation row), measures
+the gradient norms and attention entropy at initialisation on one batch, trains it with the
+training engine (:func:`qkv.training.engine.run_training`: AdamW with betas (0.9, 0.98), a warm-up
+then linear or cosine decay, by steps or a time budget, fp32 or bf16) on the task's stream
+``seed`` — the :class:`SyntheticTaskObjective` —, and scores token and sequence exact match on
+held-out batches of another stream (:data:`EVAL_SEED`, never trained on) at the training
 distribution and at each evaluation length, plus every head's attention entropy on one held-out
 batch. A non-finite loss or gradient stops training and is reported (``diverged``), not raised.
+
+A run is in memory (the lab grids' hundreds of small runs: no files) or, with ``out``, has a run
+folder (:mod:`qkv.training.lifecycle`: ``run.json`` with the measurements at initialisation,
+``metrics.jsonl``, ``curve.png``, checkpoints, the final model) that ``resume=True`` continues bit
+for bit after an interruption.
 
 Legend: L layers, H heads, C model width, G key/value heads, D head width.
 """
@@ -19,127 +26,27 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from qkv.config import ModelConfig
-from qkv.lab.streams import IGNORE, PAD, SEP
-from qkv.lab.synthetic import SYNTHETIC_TASKS, get_synthetic_task
-from qkv.training.optim import SCHEDULES, build_optimizer, build_scheduler
-from qkv.validation import check_choice, check_int, check_positive, check_range
+from qkv.analysis.capture import forward
+from qkv.analysis.heads import head_statistics
+from qkv.lab.encoder_config import EVAL_SEED, EncoderTaskConfig
+from qkv.lab.streams import IGNORE, SEP
+from qkv.models.builders import build_masked_lm
+from qkv.models.io import load, save
+from qkv.training.config import LoopConfig
+from qkv.training.distributed import refuse_world
+from qkv.training.engine import TrainResult, gradients, run_training
+from qkv.training.lifecycle import open_run
+from qkv.training.metrics import read_metrics
+from qkv.training.precision import resolve_precision
 
-__all__ = ["EncoderTaskConfig", "EncoderTaskResult", "LengthScore", "train_on_task", "evaluate",
-           "init_grad_norms", "attention_entropy", "EVAL_SEED", "MODEL_DEFAULTS"]
-
-#: The held-out stream: a seed no training run may use.
-EVAL_SEED = 2**31 - 1
-
-#: The model unless ``EncoderTaskConfig.model`` says otherwise (vocab_size and max_len come from the task).
-MODEL_DEFAULTS: dict[str, Any] = dict(d_model=64, n_heads=4, d_ff=256, n_layers=2, norm="pre", dropout=0.0,
-                                      position="learned", type_vocab_size=0, pad_token_id=PAD,
-                                      layer_norm_eps=1e-5)
-
-
-@dataclass(frozen=True)
-class EncoderTaskConfig:
-    """One run.
-
-    Attributes:
-        task: a name in :data:`qkv.lab.synthetic.SYNTHETIC_TASKS`.
-        task_options: the task's options (e.g. ``{"shift": 2}`` for ``copy_offset``).
-        model: :class:`~qkv.config.ModelConfig` field overrides over :data:`MODEL_DEFAULTS`, or a
-            whole ``ModelConfig`` (its ``vocab_size`` must be the task's, its ``max_len`` long
-            enough). ``vocab_size`` is always the task's; ``max_len`` defaults to the longest row.
-        steps: optimiser steps. batch_size: training rows per step.
-        lr: peak learning rate. warmup_steps: linear warm-up. schedule: ``"linear"``,
-            ``"cosine"`` or ``"constant"`` after the warm-up. weight_decay: AdamW's (matrices only).
-        clip_norm: gradient-norm clip, or ``None`` for none.
-        seed: initialisation and the training stream (≠ :data:`EVAL_SEED`).
-        eval_lengths: extra evaluation lengths for the length tasks (``copy``, ``reverse``,
-            ``copy_offset``: a source of exactly that many symbols), e.g. ``(64, 128)``.
-        eval_batches: held-out batches per evaluation (of ``eval_batch_size`` rows, default
-            ``batch_size``).
-        log_every: the loss curve keeps the loss of every ``log_every``-th step (and the last).
-    """
-
-    task: str = "copy_offset"
-    task_options: dict[str, Any] = field(default_factory=dict)
-    model: dict[str, Any] | ModelConfig = field(default_factory=dict)
-    steps: int = 300
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 30
-    schedule: str = "linear"
-    weight_decay: float = 0.01
-    clip_norm: float | None = 1.0
-    seed: int = 0
-    eval_lengths: tuple[int, ...] = ()
-    eval_batches: int = 4
-    eval_batch_size: int | None = None
-    log_every: int = 10
-
-    def __post_init__(self) -> None:
-        check_choice("task", self.task, tuple(SYNTHETIC_TASKS))
-        if not isinstance(self.task_options, dict):
-            raise ValueError(f"task_options must be a dict of the task's options, got {self.task_options!r}")
-        for name in ("steps", "batch_size", "eval_batches", "log_every"):
-            check_int(name, getattr(self, name), low=1)
-        check_int("warmup_steps", self.warmup_steps, low=0)
-        check_int("eval_batch_size", self.eval_batch_size, low=1, optional=True)
-        check_int("seed", self.seed, low=0)
-        if self.seed >= EVAL_SEED:
-            raise ValueError(f"seed={self.seed} must be < {EVAL_SEED} (that stream is the held-out set)")
-        check_positive("lr", self.lr)
-        check_range("weight_decay", self.weight_decay, 0, number=True)
-        check_positive("clip_norm", self.clip_norm, optional=True)
-        check_choice("schedule", self.schedule, SCHEDULES)
-        if not isinstance(self.eval_lengths, tuple):
-            raise ValueError(f"eval_lengths must be a tuple of ints, got {self.eval_lengths!r}")
-        task = self.build_task()  # refuses unknown or bad task options
-        if self.eval_lengths and not hasattr(task, "seq_len"):
-            length_tasks = [n for n, c in SYNTHETIC_TASKS.items() if hasattr(c, "seq_len")]
-            raise ValueError(f"eval_lengths={self.eval_lengths} need a length task "
-                             f"({', '.join(length_tasks)}); {self.task!r} rows have one fixed layout")
-        for length in self.eval_lengths:
-            task.batch(0, 1, length=length)  # refuses a length out of range, naming it
-        if not isinstance(self.model, (dict, ModelConfig)):
-            raise ValueError(f"model must be a dict of ModelConfig overrides or a ModelConfig, got "
-                             f"{type(self.model).__name__}")
-        self.model_config()  # refuses bad overrides
-
-    def build_task(self):
-        """The task of ``task`` and ``task_options``."""
-        return get_synthetic_task(self.task, **self.task_options)
-
-    def longest_row(self) -> int:
-        """T of the longest row trained or evaluated on."""
-        task = self.build_task()
-        return max([task.max_len] + [task.seq_len(n) for n in self.eval_lengths])
-
-    def model_config(self) -> ModelConfig:
-        """The :class:`ModelConfig` of the run, sized for the task."""
-        task, need = self.build_task(), self.longest_row()
-        if isinstance(self.model, ModelConfig):
-            cfg = self.model
-        else:
-            if "vocab_size" in self.model:
-                raise ValueError("model: vocab_size is the task's; leave it out of the overrides")
-            cfg = ModelConfig.from_dict({**MODEL_DEFAULTS, "max_len": need, **self.model,
-                                         "vocab_size": task.vocab_size})
-        if cfg.vocab_size != task.vocab_size:
-            raise ValueError(f"model.vocab_size={cfg.vocab_size} must be the task's {task.vocab_size}")
-        if cfg.max_len < need:
-            raise ValueError(f"model.max_len={cfg.max_len} is shorter than the longest row ({need} tokens)")
-        return cfg
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        if isinstance(self.model, ModelConfig):
-            out["model"] = self.model.to_dict()
-        out["eval_lengths"] = list(self.eval_lengths)
-        return out
+__all__ = ["EncoderTaskResult", "LengthScore", "SyntheticTaskObjective", "train_on_task", "evaluate",
+           "init_grad_norms", "attention_entropy"]
 
 
 @dataclass(frozen=True)
@@ -173,7 +80,9 @@ class EncoderTaskResult:
         init_layer_grad_norms: ``(L,)`` gradient norm of each layer's parameters at
             initialisation; ``init_q_grad_norms`` / ``init_k_grad_norms`` ``(L,)`` of its query
             and key maps (empty without ``qkv_proj``).
-        seconds: training wall time; steps_per_s.
+        seconds: training wall time of this process (evaluations excluded); steps_per_s.
+        precision: what the run trained in (``bf16`` falls back to ``fp32`` where the CPU has no
+            native bf16).
     """
 
     task: str
@@ -195,6 +104,7 @@ class EncoderTaskResult:
     config: EncoderTaskConfig
     seconds: float = field(compare=False)
     steps_per_s: float = field(compare=False)
+    precision: str = "fp32"
     model: nn.Module | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -210,12 +120,12 @@ def _grad_norm(tensors) -> float:
     return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors if t is not None))
 
 
-def init_grad_norms(model, batch) -> tuple[float, list[float], list[float], list[float]]:
+def init_grad_norms(model, batch, *, precision: str = "fp32") -> tuple[float, list[float], list[float], list[float]]:
     """The loss and gradient norms of one batch at the model's present weights (no step; the
-    gradients are cleared again): per layer, and of each layer's query and key maps."""
-    model.zero_grad(set_to_none=True)
-    loss = model(batch.input_ids, batch.attention_mask, labels=batch.labels).loss
-    loss.backward()
+    gradients are cleared again): per layer, and of each layer's query and key maps. The gradients
+    come from the training engine (:func:`qkv.training.engine.gradients`) in ``precision``."""
+    loss = gradients(model, lambda: model(batch.input_ids, batch.attention_mask, labels=batch.labels).loss,
+                     precision=precision)
     layers, q_norms, k_norms = [], [], []
     for layer in model.encoder.layers:
         layers.append(_grad_norm(p.grad for p in layer.parameters()))
@@ -228,7 +138,7 @@ def init_grad_norms(model, batch) -> tuple[float, list[float], list[float], list
         k_rows = slice(0, C) if layer.attention.shared_qk else slice(C, qk)  # shared: the keys' map is the queries'
         k_norms.append(_grad_norm([w[k_rows], None if b is None else b[k_rows]]))
     model.zero_grad(set_to_none=True)
-    return float(loss.detach()), layers, q_norms, k_norms
+    return loss, layers, q_norms, k_norms
 
 
 @torch.no_grad()
@@ -253,9 +163,6 @@ def evaluate(model, task, *, batches: int, batch_size: int, length: int | None =
 def attention_entropy(model, batch) -> tuple[list[list[float]], float]:
     """``(L,H)`` mean attention entropy (nats) over the real queries of ``batch``, and the entropy of
     uniform attention over the real keys (:mod:`qkv.analysis.heads`)."""
-    from qkv.analysis.capture import forward
-    from qkv.analysis.heads import head_statistics
-
     was = model.training
     model.eval()
     _, attn = forward(model, batch.input_ids, batch.attention_mask)  # (L,B,H,T,T)
@@ -264,88 +171,123 @@ def attention_entropy(model, batch) -> tuple[list[list[float]], float]:
     return stats.entropy.tolist(), float(stats.uniform_entropy)
 
 
-def _progress_bar(progress, steps: int):
-    """``(update(step, loss), close())`` for ``progress``: falsy, ``True`` (a tqdm bar) or a callable."""
-    if callable(progress):
-        return progress, lambda: None
-    if not progress:
-        return (lambda step, loss: None), lambda: None
-    from tqdm.auto import tqdm
+class SyntheticTaskObjective:
+    """Masked-LM cross-entropy over the scored positions of the task's rows (stream ``seed``); held
+    out, exact match at the training distribution and each evaluation length, and the heads'
+    attention entropy (JSON-ready, so that a run folder keeps it)."""
 
-    bar = tqdm(total=steps, unit="step", dynamic_ncols=True, leave=False)
+    metric, metric_label, loss_label = "token_accuracy", "held-out token exact match", "loss"
 
-    def update(step: int, loss: float) -> None:
-        bar.n = step
-        bar.set_postfix(loss=f"{loss:.3f}")
+    def __init__(self, config: EncoderTaskConfig):
+        self.config, self.task = config, config.build_task()
+        self.eval_bs = config.eval_batch_size or config.batch_size
 
-    return update, bar.close
+    def batch(self, index: int):
+        return self.task.batch(index, self.config.batch_size, self.config.seed)
+
+    def units(self, batch) -> torch.Tensor:
+        return (batch.labels != IGNORE).sum()
+
+    def loss(self, model, batch) -> torch.Tensor:
+        return model(batch.input_ids, batch.attention_mask, labels=batch.labels).loss
+
+    def evaluate(self, model) -> dict:
+        cfg = self.config
+        train = evaluate(model, self.task, batches=cfg.eval_batches, batch_size=self.eval_bs)
+        lengths = [evaluate(model, self.task, batches=cfg.eval_batches, batch_size=self.eval_bs, length=n)
+                   for n in cfg.eval_lengths]
+        entropy, uniform = attention_entropy(model, self.task.batch(0, self.eval_bs, EVAL_SEED))
+        return {"token_accuracy": train.token_accuracy, "sequence_accuracy": train.sequence_accuracy,
+                "train_eval": dataclasses.asdict(train), "length_evals": [dataclasses.asdict(s) for s in lengths],
+                "attention_entropy": entropy, "uniform_entropy": uniform}
+
+    def describe(self, ev: dict) -> str:
+        return f"held-out exact match: token {ev['token_accuracy']:.4f}, sequence {ev['sequence_accuracy']:.4f}"
+
+    def save(self, model, out: Path) -> None:
+        save(model, out)
 
 
-def train_on_task(config: EncoderTaskConfig,
-                  progress: bool | Callable[[int, float], None] | None = None) -> EncoderTaskResult:
+def train_on_task(config: EncoderTaskConfig, progress: bool | Callable[[int, float], None] | None = None, *,
+                  out: str | Path | None = None, resume: bool = False, save_every: int | None = None,
+                  clock: Callable[[], float] = time.monotonic, on_backward=None) -> EncoderTaskResult:
     """Train, then evaluate (see the module docstring).
 
     Args:
         config: the run.
         progress: ``True`` shows a progress bar; a callable gets ``(step, loss)`` every
             ``log_every`` steps; ``None``/``False``: silent.
+        out: the run folder (must be free, or hold this run with ``resume``); ``None``: in memory.
+        resume: continue the run in ``out`` from its last checkpoint (a finished run is returned
+            as it is).
+        save_every: with ``out``: checkpoint every N steps (always at the end and on a stop request).
+        clock: the monotonic time source of a time-budgeted run (tests pass a fake one).
+        on_backward: ``f(step, model)`` after each backward pass (:func:`~qkv.training.engine.run_training`).
 
     Returns:
         :class:`EncoderTaskResult` (its ``model`` the trained model).
     """
-    from qkv.models.builders import build_masked_lm
-
     if not isinstance(config, EncoderTaskConfig):
         raise ValueError(f"config must be an EncoderTaskConfig, got {type(config).__name__}")
+    if out is None:
+        if resume:
+            raise ValueError("resume=True continues the run in a folder: give out")
+        return _train(config, progress, None, save_every, clock, on_backward)
+    refuse_world("a lab encoder run trains in one process; run it without torchrun (qkv ablate --jobs runs several)")
+    with open_run(out, resume=resume) as run:
+        if resume:
+            if (meta := run.finished(config, files=("qkv.json",))) is not None:
+                return _result(config, meta, read_metrics(run.out / "metrics.jsonl"), load(run.out).model.eval())
+            run.check_config(config)
+        return _train(config, progress, run, save_every, clock, on_backward)
+
+
+def _train(config: EncoderTaskConfig, progress, run, save_every, clock, on_backward) -> EncoderTaskResult:
     task, model_cfg = config.build_task(), config.model_config()
+    precision, _ = resolve_precision(config.precision)
     torch.manual_seed(config.seed)
     model = build_masked_lm(model_cfg)
     model.train()
-    init_loss, layer_norms, q_norms, k_norms = init_grad_norms(model, task.batch(0, config.batch_size,
-                                                                               config.seed))
-    eval_bs = config.eval_batch_size or config.batch_size
-    init_entropy, _ = attention_entropy(model, task.batch(0, eval_bs, EVAL_SEED))
-    opt = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
-    sched = build_scheduler(opt, warmup_steps=config.warmup_steps, total_steps=config.steps,
-                            schedule=config.schedule)
-    update, close = _progress_bar(progress, config.steps)
-    curve: list[tuple[int, float]] = []
-    loss_v, done, diverged = float("nan"), 0, False
-    t0 = time.perf_counter()
-    for step in range(config.steps):
-        b = task.batch(step, config.batch_size, config.seed)
-        loss = model(b.input_ids, b.attention_mask, labels=b.labels).loss
-        loss_v = float(loss.detach())
-        if not math.isfinite(loss_v):
-            diverged = True
-            break
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        max_norm = config.clip_norm if config.clip_norm is not None else math.inf
-        if not math.isfinite(float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))):
-            diverged = True  # stop before a step with a non-finite gradient
-            break
-        opt.step()
-        sched.step()
-        done = step + 1
-        if done % config.log_every == 0 or done == config.steps:
-            curve.append((done, loss_v))
-            update(done, loss_v)
-    seconds = time.perf_counter() - t0
-    close()
-    if diverged:
-        curve.append((done + 1, loss_v))
-    model.zero_grad(set_to_none=True)
-    train_eval = evaluate(model, task, batches=config.eval_batches, batch_size=eval_bs)
-    lengths = tuple(evaluate(model, task, batches=config.eval_batches, batch_size=eval_bs, length=n)
-                    for n in config.eval_lengths)
-    entropy, uniform = attention_entropy(model, task.batch(0, eval_bs, EVAL_SEED))
+    objective = SyntheticTaskObjective(config)
+    init_loss, layers, q_norms, k_norms = init_grad_norms(model, objective.batch(0), precision=precision)
+    init_entropy, _ = attention_entropy(model, task.batch(0, objective.eval_bs, EVAL_SEED))
+    init = {"init_loss": init_loss, "init_layer_grad_norms": layers, "init_q_grad_norms": q_norms,
+            "init_k_grad_norms": k_norms, "init_attention_entropy": init_entropy, "precision": precision,
+            "chance": task.chance, "n_parameters": sum(p.numel() for p in model.parameters())}
+    if run is not None and not run.resume:
+        run.create({"kind": "lab-encoder", "train_config": config.to_dict(), "model_config": model_cfg.to_dict(),
+                    **init})
+    loop = LoopConfig(steps=config.steps if config.time_budget is None else None, time_budget=config.time_budget,
+                      lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98),
+                      warmup_steps=config.warmup_steps, schedule=config.schedule, clip_norm=config.clip_norm,
+                      seed=config.seed, save_every=save_every, log_every=config.log_every, progress=progress is True)
+    on_log = (lambda row: progress(row["step"], row["loss"])) if callable(progress) else None
+    r = run_training(loop, objective, model=model, run=run, precision=precision, title=f"{task.name} (lab)",
+                     clock=clock, on_log=on_log, on_backward=on_backward, divergence="report")
     model.eval()
+    if r.status == "interrupted":
+        raise KeyboardInterrupt(f"stopped after step {r.steps_done}; continue with resume=True")
+    return _result(config, {**init, **_summary(r)}, r.history, model, r)
+
+
+def _summary(r: TrainResult) -> dict:
+    return {"status": r.status, "steps_done": r.steps_done, "final_eval": r.final_eval, "train_loss": r.train_loss}
+
+
+def _result(config: EncoderTaskConfig, meta: dict, history: list[dict], model, r: TrainResult | None = None):
+    """The :class:`EncoderTaskResult` of a run's measurements (``meta``: at initialisation, and the
+    engine's summary) and its logged records."""
+    ev = meta["final_eval"]
+    new_steps = r.steps_done - r.start_step if r is not None else 0
+    seconds = r.train_s if r is not None else 0.0
     return EncoderTaskResult(
-        task=task.name, chance=task.chance, steps_done=done, diverged=diverged, final_loss=loss_v,
-        loss_curve=tuple(curve), train_eval=train_eval, length_evals=lengths,
-        attention_entropy=tuple(tuple(row) for row in entropy), uniform_entropy=uniform,
-        init_attention_entropy=tuple(tuple(row) for row in init_entropy),
-        init_loss=init_loss, init_layer_grad_norms=tuple(layer_norms), init_q_grad_norms=tuple(q_norms),
-        init_k_grad_norms=tuple(k_norms), n_parameters=sum(p.numel() for p in model.parameters()),
-        config=config, seconds=seconds, steps_per_s=done / seconds if seconds > 0 else 0.0, model=model)
+        task=config.task, chance=meta["chance"], steps_done=meta["steps_done"],
+        diverged=meta["status"] == "diverged", final_loss=meta["train_loss"],
+        loss_curve=tuple((row["step"], row["loss"]) for row in history if "loss" in row),
+        train_eval=LengthScore(**ev["train_eval"]), length_evals=tuple(LengthScore(**s) for s in ev["length_evals"]),
+        attention_entropy=tuple(tuple(row) for row in ev["attention_entropy"]), uniform_entropy=ev["uniform_entropy"],
+        init_attention_entropy=tuple(tuple(row) for row in meta["init_attention_entropy"]),
+        init_loss=meta["init_loss"], init_layer_grad_norms=tuple(meta["init_layer_grad_norms"]),
+        init_q_grad_norms=tuple(meta["init_q_grad_norms"]), init_k_grad_norms=tuple(meta["init_k_grad_norms"]),
+        n_parameters=meta["n_parameters"], config=config, seconds=seconds,
+        steps_per_s=new_steps / seconds if seconds > 0 else 0.0, precision=meta["precision"], model=model)

@@ -15,7 +15,7 @@ A lab grid is a JSON file (the built-in ones live in ``qkv/lab/grids/``)::
       "notes": "free text"
     }
 
-* ``base`` and each variant hold :class:`~qkv.lab.encoder_run.EncoderTaskConfig` fields (``steps``,
+* ``base`` and each variant hold :class:`~qkv.lab.encoder_config.EncoderTaskConfig` fields (``steps``,
   ``lr``, ``warmup_steps``, ``eval_lengths``, …) and ``model``: ModelConfig overrides, merged key by
   key over the base's. ``task``, ``task_options`` and ``seed`` belong to the grid and the harness:
   every variant sees the same rows.
@@ -188,7 +188,7 @@ class LabGrid:
         grid = cls(name, data["question"].strip(), task, _copy(variants), metric, data.get("claim", "").strip(),
                    _copy(options), _copy(base), tuple(tuple(p) for p in comparisons),
                    tuple(maps) if maps else None, data.get("notes", ""), source)
-        from qkv.lab.encoder_run import EncoderTaskConfig
+        from qkv.lab.encoder_config import EncoderTaskConfig
 
         for cell in grid.cells():  # every cell builds (bad task options, model fields, values)
             try:

@@ -68,16 +68,14 @@ def load_run_model(out: Path, cell: str):
     weights are not there."""
     import torch
 
-    from qkv.lab.encoder_run import EncoderTaskConfig
+    from qkv.lab.encoder_config import EncoderTaskConfig
     from qkv.models.builders import build_masked_lm
 
     run = out / "runs" / cell / "seed0.json"
     state = run.with_suffix(".pt")
     if not (run.exists() and state.exists()):
         return None
-    cfg = dict(json.loads(run.read_text(encoding="utf-8"))["config"])
-    cfg["eval_lengths"] = tuple(cfg.get("eval_lengths", ()))
-    config = EncoderTaskConfig(**cfg)
+    config = EncoderTaskConfig.from_dict(json.loads(run.read_text(encoding="utf-8"))["config"])
     model = build_masked_lm(config.model_config())
     model.load_state_dict(torch.load(state, map_location="cpu", weights_only=True))
     return model.eval(), config
@@ -86,7 +84,7 @@ def load_run_model(out: Path, cell: str):
 def plot_attention_maps(grid: LabGrid, out: Path, cells: list[str], labels: list[str], path: Path) -> Path | None:
     """The attention of seed 0 of each cell on the same held-out row (the metric's length)."""
     from qkv.analysis.capture import forward
-    from qkv.lab.encoder_run import EVAL_SEED
+    from qkv.lab.encoder_config import EVAL_SEED
 
     loaded = [load_run_model(Path(out), c) for c in cells]
     if any(x is None for x in loaded):

@@ -91,7 +91,8 @@ def _train(fields: dict, seed: int, threads: int, json_path: str, state_path: st
     """One run in a worker (or in this process): train, write the result (and seed 0's weights)."""
     import torch
 
-    from qkv.lab.encoder_run import EncoderTaskConfig, train_on_task
+    from qkv.lab.encoder_config import EncoderTaskConfig
+    from qkv.lab.encoder_run import train_on_task
 
     torch.set_num_threads(threads)
     result = train_on_task(EncoderTaskConfig(**fields, seed=seed))
@@ -126,7 +127,7 @@ def _existing(path: Path, wanted: dict) -> dict | None:
 
 def _plan(config: LabRunConfig, grid: LabGrid, out: Path) -> tuple[list[tuple[Cell, int, dict]], dict]:
     """``(to train: (cell, seed, fields), done: (cell, seed) → result)``."""
-    from qkv.lab.encoder_run import EncoderTaskConfig
+    from qkv.lab.encoder_config import EncoderTaskConfig
 
     todo, done = [], {}
     for cell in grid.cells(config.overrides):

@@ -1,9 +1,16 @@
 """Train an encoder–decoder on a synthetic task (:mod:`qkv.lab.tasks`) on CPU and measure exact match.
 
-:func:`train` runs AdamW with a linear warmup then linear decay, evaluates greedy generation on a
-fixed held-out set (its own seed stream, never trained on), and writes ``out/model`` (a qkv model
-folder whose tokenizer's tokens are the task's symbols: ``qkv inspect out/model "3 1 4 1 5"``)
-and ``out/metrics.json``.
+:func:`train` trains with the training engine (:func:`qkv.training.engine.run_training`: AdamW with
+betas (0.9, 0.98), a warm-up of 5 % of the steps then linear decay, gradients clipped at 1 — by
+steps or a time budget, fp32 or bf16) on the :class:`Seq2SeqObjective`, then evaluates greedy
+generation on a fixed held-out set (its own seed stream, never trained on).
+
+Without ``out`` the run is in memory. With ``out`` it is a run folder
+(:mod:`qkv.training.lifecycle`: created atomically and locked, ``run.json``, ``metrics.jsonl``,
+``curve.png``, checkpoints — ``resume=True`` continues it bit for bit) that ends with ``out/model``
+(a qkv model folder whose tokenizer's tokens are the task's symbols: ``qkv inspect out/model "3 1 4
+1 5"``) and ``out/metrics.json``. A folder holding anything else — an earlier result too — is
+refused unless resuming it.
 """
 
 from __future__ import annotations
@@ -11,15 +18,27 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from qkv._fs import atomic_write_text
 from qkv.config import ModelConfig
 from qkv.lab.tasks import EOS, PAD, SPECIALS, Task, get_task
+from qkv.models.builders import build_encoder_decoder
+from qkv.models.io import load, save
+from qkv.training.config import LoopConfig, RunConfig
+from qkv.training.distributed import refuse_world
+from qkv.training.engine import run_training
+from qkv.training.lifecycle import open_run, resume_eval
+from qkv.training.precision import PRECISIONS, resolve_precision
+from qkv.validation import check_choice, check_positive
 
-__all__ = ["PRESETS", "preset_config", "train", "evaluate", "LabResult", "task_tokenizer", "EVAL_SEED"]
+__all__ = ["PRESETS", "preset_config", "train", "evaluate", "LabResult", "Seq2SeqObjective", "Seq2SeqRunConfig",
+           "task_tokenizer", "EVAL_SEED"]
 
 #: The held-out stream: a seed no training run uses.
 EVAL_SEED = 2**31 - 1
@@ -44,7 +63,12 @@ def preset_config(task: Task, preset: str = "small", **overrides) -> ModelConfig
 
 @dataclass
 class LabResult:
-    """What :func:`train` returns (and writes to ``metrics.json``)."""
+    """What :func:`train` returns (and writes to ``metrics.json``).
+
+    ``wall_s``: seconds this process trained (held-out evaluations not counted). ``status``:
+    ``complete``, or ``interrupted`` (a stop request; ``exact_match`` is then NaN and ``resume=True``
+    continues the run). The trained model is its attribute ``model`` (not in ``metrics.json``).
+    """
 
     task: str
     exact_match: float
@@ -55,6 +79,28 @@ class LabResult:
     eval_examples: int
     seed: int
     model_dir: str | None
+    precision: str = "fp32"
+    status: str = "complete"
+
+
+@dataclass(frozen=True)
+class Seq2SeqRunConfig(RunConfig):
+    """What a run depends on — stored in ``run.json``; ``--resume`` refuses a different one."""
+
+    task: str
+    task_options: dict[str, Any]
+    preset: str
+    model: dict[str, Any]
+    steps: int
+    time_budget: float | None
+    batch_size: int
+    lr: float
+    seed: int
+    eval_examples: int
+    precision: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def task_tokenizer(task: Task):
@@ -83,81 +129,130 @@ def evaluate(model, task: Task, n: int = 512, batch_size: int = 128) -> float:
     return hits / n
 
 
+class Seq2SeqObjective:
+    """Cross-entropy of the target tokens given the source (teacher forcing), on batch ``i`` of the
+    task's stream ``seed``; held out, exact match of greedy generation."""
+
+    metric, metric_label, loss_label = "exact_match", "held-out exact match", "loss"
+
+    def __init__(self, task: Task, batch_size: int, seed: int, eval_examples: int):
+        self.task, self.batch_size, self.seed, self.eval_examples = task, batch_size, seed, eval_examples
+
+    def batch(self, index: int):
+        return self.task.batch(index, self.batch_size, self.seed)
+
+    def units(self, batch) -> torch.Tensor:
+        return (batch.labels != -100).sum()
+
+    def loss(self, model, batch) -> torch.Tensor:
+        return model(batch.input_ids, batch.attention_mask, labels=batch.labels).loss
+
+    def evaluate(self, model) -> dict:
+        return {"exact_match": evaluate(model, self.task, self.eval_examples), "eval_examples": self.eval_examples}
+
+    def describe(self, ev: dict) -> str:
+        return f"held-out exact match {ev['exact_match']:.4f} ({ev['eval_examples']} examples)"
+
+    def save(self, model, out: Path) -> None:
+        save(model, Path(out) / "model", tokenizer=task_tokenizer(self.task))
+
+
 def train(task: Task | str, *, config: ModelConfig | None = None, preset: str = "small", steps: int | None = None,
-          minutes: float | None = None, batch_size: int | None = None, lr: float | None = None, seed: int = 0,
-          out: str | Path | None = None, eval_examples: int = 512, progress: bool = True) -> LabResult:
+          time_budget: float | None = None, minutes: float | None = None, batch_size: int | None = None,
+          lr: float | None = None, seed: int = 0, out: str | Path | None = None, resume: bool = False,
+          precision: str = "fp32", eval_examples: int = 512, progress: bool = True,
+          clock: Callable[[], float] = time.monotonic, on_backward=None) -> LabResult:
     """Train an :class:`~qkv.models.seq2seq.EncoderDecoder` on ``task``.
 
     Args:
         task: a :class:`~qkv.lab.tasks.Task` or a registered name.
         config: the model (default :func:`preset_config` of ``preset``).
         preset: a name in :data:`PRESETS` (its model and recipe: steps, batch size, learning rate).
-        steps: optimiser steps (default the preset's). minutes: a wall-clock budget instead (the
-            schedule is laid out for ``steps``; training stops when the time is spent).
+        steps: optimiser steps (default the preset's; they also size the warm-up).
+        time_budget: train for this many minutes instead (the learning rate reaches zero at the
+            deadline, :mod:`qkv.training.budget`). minutes: the same (its former name).
         batch_size, lr: default the preset's. seed: initialisation and training stream.
-        out: folder to write ``model/`` and ``metrics.json`` into, or ``None``.
+        out: the run folder (see the module docstring), or ``None``: in memory.
+        resume: continue the run in ``out`` (a finished one is returned as it is).
+        precision: ``fp32``, ``bf16`` (fp32 with a message where the CPU has no native bf16) or ``auto``.
         eval_examples: held-out examples. progress: show a progress bar.
+        clock: the monotonic time source of a time budget (tests pass a fake one).
+        on_backward: ``f(step, model)`` after each backward pass (:func:`~qkv.training.engine.run_training`).
 
     Returns:
-        :class:`LabResult`.
+        :class:`LabResult` (its ``model`` the trained model).
     """
-    from tqdm.auto import tqdm
-
-    import qkv
-    from qkv.models.builders import build_encoder_decoder
-
+    refuse_world("qkv lab seq2seq trains its small models in one process; run it without torchrun")
     task = get_task(task) if isinstance(task, str) else task
+    cfg, model_cfg = _run_config(task, config, preset, steps, time_budget, minutes, batch_size, lr, seed,
+                                 precision, eval_examples)
+    if out is None:
+        if resume:
+            raise ValueError("resume=True continues the run in a folder: give out")
+        return _train(task, cfg, model_cfg, None, progress, clock, on_backward)
+    with open_run(out, resume=resume) as run:
+        if resume:
+            if run.finished(cfg, files=("model/qkv.json", "metrics.json")) is not None:
+                return _finished(run.out)
+            run.check_config(cfg)
+        return _train(task, cfg, model_cfg, run, progress, clock, on_backward)
+
+
+def _run_config(task: Task, config, preset, steps, time_budget, minutes, batch_size, lr, seed, precision,
+                eval_examples) -> tuple[Seq2SeqRunConfig, ModelConfig]:
     recipe = PRESETS.get(preset)
     if recipe is None:
         raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if minutes is not None and not minutes > 0:
-        raise ValueError(f"minutes must be > 0, got {minutes!r}")
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise ValueError(f"--out {out}: exists and is not a folder; choose another run folder")
-    if out is not None and any(p.is_file() for p in Path(out).parents):
-        raise ValueError(f"--out {out}: lies under a file; choose another run folder")
-    steps = steps or recipe["steps"]
-    batch_size, lr = batch_size or recipe["batch_size"], lr or recipe["lr"]
-    config = config or preset_config(task, preset)
-    torch.manual_seed(seed)
-    model = build_encoder_decoder(config)
+    if minutes is not None:
+        if time_budget is not None and time_budget != minutes:
+            raise ValueError("time_budget and minutes are the same setting; give one")
+        time_budget = minutes
+    check_positive("time_budget", time_budget, unit=" of minutes (e.g. 3)", optional=True)
+    check_choice("precision", precision, PRECISIONS)
+    model_cfg = config or preset_config(task, preset)
+    options = dict(n_symbols=task.n_symbols, min_len=task.min_len, max_len=task.max_len)
+    cfg = Seq2SeqRunConfig(task=task.name, task_options=options, preset=preset, model=model_cfg.to_dict(),
+                           steps=steps or recipe["steps"], time_budget=time_budget,
+                           batch_size=batch_size or recipe["batch_size"], lr=lr or recipe["lr"], seed=seed,
+                           eval_examples=eval_examples, precision=precision)
+    return cfg, model_cfg
+
+
+def _train(task: Task, cfg: Seq2SeqRunConfig, model_cfg: ModelConfig, run, progress: bool, clock,
+           on_backward) -> LabResult:
+    used, note = resolve_precision(cfg.precision)
+    if note and progress:
+        print(f"qkv lab seq2seq: {note}", flush=True)
+    if run is not None and not run.resume:
+        run.create({"kind": "lab-seq2seq", "train_config": cfg.to_dict(), "precision": used})
+    torch.manual_seed(cfg.seed)
+    model = build_encoder_decoder(model_cfg)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
-    t0, loss_v, done = time.perf_counter(), float("nan"), 0
-    bar = tqdm(total=steps, disable=not progress, unit="step", dynamic_ncols=True, leave=False)
-    for step in range(steps):
-        if minutes is not None and time.perf_counter() - t0 > minutes * 60:
-            break
-        b = task.batch(step, batch_size, seed)
-        loss = model(b.input_ids, b.attention_mask, labels=b.labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_v, done = float(loss.detach()), step + 1
-        bar.update(1)
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss_v:.3f}")
-    bar.close()
-    wall = time.perf_counter() - t0
-    em = evaluate(model, task, eval_examples)
+    loop = LoopConfig(steps=cfg.steps if cfg.time_budget is None else None, time_budget=cfg.time_budget, lr=cfg.lr,
+                      weight_decay=0.01, betas=(0.9, 0.98), eps=1e-8, warmup_steps=max(1, cfg.steps // 20),
+                      clip_norm=1.0, seed=cfg.seed, save_every=max(1, cfg.steps // 10) if run is not None else None,
+                      log_every=10, progress=progress)
+    objective = Seq2SeqObjective(task, cfg.batch_size, cfg.seed, cfg.eval_examples)
+    r = run_training(loop, objective, model=model, run=run, precision=used, title=f"{task.name} (lab seq2seq)",
+                     clock=clock, resume_eval=resume_eval, on_backward=on_backward)
     model.eval()
-    result = LabResult(task.name, em, task.chance(), done, round(wall, 2), loss_v, eval_examples, seed,
-                       None if out is None else str(Path(out) / "model"))
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        qkv.save(model, out / "model", tokenizer=task_tokenizer(task))
-        tmp = out / "metrics.json.tmp"
-        tmp.write_text(json.dumps({**asdict(result), "config": config.to_dict(), "batch_size": batch_size,
-                                   "lr": lr, "task_options": dict(n_symbols=task.n_symbols, min_len=task.min_len,
-                                                                  max_len=task.max_len)}, indent=2))
-        tmp.replace(out / "metrics.json")
+    done = r.status == "complete"
+    result = LabResult(task.name, r.final_eval["exact_match"] if done else math.nan, task.chance(), r.steps_done,
+                       round(r.train_s, 2), r.train_loss if r.train_loss is not None else math.nan,
+                       cfg.eval_examples, cfg.seed, None if run is None else str(run.out / "model"), used, r.status)
+    if run is not None and done:
+        atomic_write_text(run.out / "metrics.json", json.dumps(
+            {**asdict(result), "config": cfg.model, "batch_size": cfg.batch_size, "lr": cfg.lr,
+             "task_options": cfg.task_options, "time_budget": cfg.time_budget}, indent=2))
     result.model = model  # the trained model, for callers (not in metrics.json)
+    return result
+
+
+def _finished(out: Path) -> LabResult:
+    """The result of a run that is complete (``--resume`` of it changes nothing)."""
+    data = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    result = LabResult(**{k: data[k] for k in LabResult.__dataclass_fields__ if k in data})
+    result.model = load(out / "model").model.eval()
     return result

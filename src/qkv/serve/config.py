@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qkv.inference.prepare import PRECISIONS
+from qkv.nn.maps import PRECISIONS
 from qkv.serve.errors import ServeError
 from qkv.validation import check_choice, check_int, check_range
 

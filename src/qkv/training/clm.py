@@ -19,7 +19,7 @@ import torch
 from qkv.data.masking import IGNORE_INDEX
 from qkv.models.causal_lm import shift_labels
 from qkv.training.distributed import all_sum
-from qkv.training.engine import save_final_model
+from qkv.training.objective import save_final_model
 
 __all__ = ["CausalLMObjective", "evaluate_clm"]
 

@@ -14,11 +14,74 @@ from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range, is_int
 
-__all__ = ["RunConfig", "TrainConfig", "OBJECTIVES", "RESUME_MAY_CHANGE", "model_config_for", "read_config_file",
+__all__ = ["LoopConfig", "RunConfig", "TrainConfig", "OBJECTIVES", "RESUME_MAY_CHANGE", "model_config_for", "read_config_file",
            "parse_json_object"]
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
 RESUME_MAY_CHANGE = ("device", "progress", "log_every", "threads")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The settings of the training loop (:func:`qkv.training.engine.run_training`), validated.
+
+    Attributes:
+        steps: optimiser steps; ``None`` with a ``time_budget``.
+        time_budget: minutes of training instead of ``steps`` (the learning rate reaches zero at the
+            deadline, :mod:`qkv.training.budget`).
+        grad_accum: micro-batches per optimiser step.
+        lr, weight_decay, betas, eps: AdamW (weight decay on matrices only,
+            :func:`qkv.training.optim.build_optimizer`). position_lr_scale: its position-table group.
+        warmup_steps, schedule: linear warm-up, then ``linear``, ``cosine`` or ``constant``.
+        clip_norm: gradient-norm clip; ``None``: none (the norm is still measured).
+        seed: seeds dropout per (step, micro-batch, rank).
+        eval_every, save_every: steps between held-out evaluations / checkpoints (and at the end);
+            ``None``: only at the end.
+        log_every: steps between logged records (and the last step).
+        threads: intra-op CPU threads (``None``: torch's; ``"adaptive"``: time-budgeted runs).
+        progress: a progress bar.
+    """
+
+    steps: int | None = None
+    time_budget: float | None = None
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    position_lr_scale: float = 1.0
+    warmup_steps: int = 0
+    schedule: str = "linear"
+    clip_norm: float | None = 1.0
+    seed: int = 0
+    eval_every: int | None = None
+    save_every: int | None = None
+    log_every: int = 10
+    threads: int | str | None = None
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps is None and self.time_budget is None:
+            raise ValueError("the loop needs steps or a time_budget")
+        check_int("steps", self.steps, low=1, optional=True)
+        check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 10)", optional=True)
+        for name in ("grad_accum", "log_every"):
+            check_int(name, getattr(self, name), low=1)
+        for name in ("eval_every", "save_every"):
+            check_int(name, getattr(self, name), low=1, optional=True)
+        check_int("warmup_steps", self.warmup_steps, low=0)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_positive("lr", self.lr)
+        check_positive("clip_norm", self.clip_norm, optional=True)
+        check_range("weight_decay", self.weight_decay, 0, number=True)
+        if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"betas={self.betas!r} must be two numbers in [0, 1)")
+
+    @classmethod
+    def of(cls, cfg: Any, **changes: Any) -> LoopConfig:
+        """The loop settings a run configuration holds (its fields of these names), with ``changes``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{n: getattr(cfg, n) for n in names if hasattr(cfg, n)}, **changes})
 
 
 class RunConfig:
@@ -37,6 +100,12 @@ class RunConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        """A config from a dict of its fields (unknown keys refused); subclasses convert lists."""
+        cls.check_keys(data)
+        return cls(**data)
 
     def check_loop_fields(self) -> None:
         """``ValueError`` for a bad ``precision``, ``device`` or ``threads`` (``adaptive`` needs a

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "setup", "teardown", "all_sum", "resolve_device", "DEVICES"]
+__all__ = ["DistInfo", "setup", "teardown", "all_sum", "resolve_device", "refuse_world", "DEVICES"]
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -60,6 +60,13 @@ def setup(device: str = "auto") -> DistInfo:
             torch.cuda.set_device(dev)
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return DistInfo(rank, world, local_rank, dev)
+
+
+def refuse_world(message: str, error: type[Exception] = ValueError) -> None:
+    """Raise ``error(message)`` when launched by torchrun with more than one process (for runs that
+    train in one process: ``message`` says why and how to run them)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise error(message)
 
 
 def teardown() -> None:

@@ -1,34 +1,32 @@
-"""The training engine shared by pretraining and fine-tuning: one explicit loop, one home.
+"""The training engine: one explicit loop for every objective qkv trains — the only module of qkv
+that calls ``backward``.
 
     for step in range(start, steps):           (or: until the time budget is spent)
         micro-batches → forward → loss normalised by the global unit count → backward
-        clip → AdamW step → schedule step → log → (evaluate) → (checkpoint)
+        (non-finite loss → stop) → clip → AdamW step → schedule step → log → (evaluate) → (checkpoint)
 
-What is trained on and how it is scored is an :class:`Objective` (masked-LM pretraining in
-:mod:`qkv.training.loop`, task heads in :mod:`qkv.finetune.run`); everything else lives here:
-the optimiser and schedule (by steps or by a time budget), checkpoints and ``--resume``, bf16
-autocast, adaptive threads, the progress bar, the metrics log and its curve, stop requests
-(Ctrl-C / SIGTERM save a checkpoint), and the final model written into the run folder.
+What is trained on and how it is scored is an :class:`~qkv.training.objective.Objective` (a loss and
+a batch source); everything else lives here: the optimiser and schedule (by steps or a time budget),
+checkpoints and ``--resume``, bf16 autocast, adaptive threads, the progress bar, the metrics log and
+its curve, stop requests (Ctrl-C / SIGTERM save a checkpoint), the final model. A run has a run
+folder (:class:`~qkv.training.lifecycle.RunFolder`) or runs in memory (``run=None``: the lab's
+hundreds of small runs — no files, no signal handlers; the records come back in the result).
 
 Every random draw of a step is seeded from ``(seed, step, micro-batch, rank)`` and every batch is a
-pure function of its index, so a run resumed from a checkpoint repeats the uninterrupted run bit
-for bit, and K processes with batch b compute what one process with batch K·b computes (the loss
-is normalised by the unit count — masked tokens, examples, labelled tokens — over all ranks and
-micro-batches, not per rank).
-
-The loop reads these fields of its configuration (both :class:`~qkv.training.config.TrainConfig`
-and :class:`~qkv.finetune.config.FinetuneConfig` have them): ``steps``, ``time_budget``,
-``grad_accum``, ``lr``, ``weight_decay``, ``warmup_steps``, ``schedule``, ``clip_norm``, ``seed``,
-``eval_every``, ``save_every``, ``log_every``, ``threads``, ``progress``.
+pure function of its index, so a resumed run repeats the uninterrupted one bit for bit, and K
+processes with batch b compute what one process with batch K·b computes (the loss is normalised by
+the unit count — masked tokens, examples, labelled tokens — over all ranks and micro-batches).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -36,15 +34,21 @@ from qkv.errors import QkvError
 from qkv.training import distributed as qdist
 from qkv.training.budget import BudgetClock, TimedScheduler
 from qkv.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from qkv.training.metrics import append_metrics, plot_curve
+from qkv.training.config import LoopConfig
+from qkv.training.lifecycle import RunFolder
+from qkv.training.metrics import append_metrics, plot_curve, truncate_metrics
+from qkv.training.objective import Objective, move_batch
 from qkv.training.optim import build_optimizer, build_scheduler
 from qkv.training.precision import autocast
-from qkv.training.rundir import read_run, truncate_metrics, update_run
-from qkv.training.stop import StepAbandoned
-from qkv.training.stop import StopFlag as _StopFlag
+from qkv.training.progress import RunBar, TokenRate
+from qkv.training.stop import StepAbandoned, stop_requests
+from qkv.training.threads import thread_governor
 
-__all__ = ["Objective", "TrainResult", "TrainingError", "run_training", "run_session", "save_final_model",
-           "seed_for"]
+__all__ = ["TrainResult", "TrainingError", "run_training", "seed_for", "gradients", "DIVERGENCE"]
+
+#: What a non-finite loss does: ``raise`` :class:`TrainingError` (pretraining, fine-tuning) or
+#: ``report`` it — the run stops before that step with status ``diverged`` (the lab's runs).
+DIVERGENCE = ("raise", "report")
 
 
 class TrainingError(QkvError, RuntimeError):
@@ -53,67 +57,30 @@ class TrainingError(QkvError, RuntimeError):
 
 @dataclass
 class TrainResult:
-    """What a finished (or interrupted) run reports."""
+    """What a finished, interrupted or diverged run reports.
 
-    out: Path
-    steps_done: int
-    status: str  # "complete" or "interrupted"
-    final_eval: dict | None
-    train_loss: float | None
-
-
-class Objective(Protocol):
-    """What a training run learns and how it is scored.
-
-    ``batch(i)`` is micro-batch ``i`` of this rank (a pure function of ``i``: resumption depends
-    on it); a batch has ``.to(device)``, ``input_ids`` and ``attention_mask``. ``units(b)`` is the
-    number of things the loss averages over (masked tokens, examples, labelled tokens) as a 0-d
-    tensor; ``loss(model, b)`` their mean loss. ``evaluate(model)`` returns the held-out figures
-    (``eval_loss`` and :attr:`metric` among them; all ranks together), ``describe(ev)`` one line of
-    them. ``save(model, out)`` writes the final model into the run folder.
+    Attributes:
+        out: the run folder (``None``: an in-memory run).
+        steps_done: optimiser steps taken.
+        status: ``complete``, ``interrupted`` or ``diverged``.
+        final_eval: the last evaluation (``None`` when interrupted before any).
+        train_loss: the loss of the last step computed (of the step that diverged, if one did).
+        history: the logged records (training steps and evaluations) of the whole run.
+        elapsed_s: training time on the run's clock (resumptions added up).
+        train_s: wall seconds of this process's training steps (evaluations and checkpoints not
+            counted); steps per second = (steps_done − start_step) / train_s.
+        start_step: the step this process started from (a resumed run's checkpoint).
     """
 
-    metric: str  # the held-out figure drawn on the curve beside the loss (e.g. "accuracy")
-    metric_label: str
-    loss_label: str
-
-    def batch(self, index: int) -> Any: ...
-    def units(self, batch: Any) -> torch.Tensor: ...
-    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor: ...
-    def evaluate(self, model: torch.nn.Module) -> dict: ...
-    def describe(self, ev: dict) -> str: ...
-    def save(self, model: torch.nn.Module, out: Path) -> None: ...
-
-
-def save_final_model(model: torch.nn.Module, out: Path) -> None:
-    """Write the trained ``model`` into run folder ``out`` with the run's tokenizer, so that
-    ``qkv.load(out)`` loads it (what an objective's ``save`` usually is)."""
-    from qkv.data.tokenizer_facade import read_tokenizer
-    from qkv.models.io import save
-
-    save(model, out, tokenizer=read_tokenizer(Path(out) / "tokenizer.json"))
-
-
-@contextlib.contextmanager
-def run_session(device: str, out: Path, *, resume: bool):
-    """``(dist info, run folder)`` for one run: processes set up (``torchrun`` or one), the folder
-    checked (a new run needs a free ``out``; ``--resume`` one holding a run, which it locks), and on
-    leaving the lock released and the process group torn down — whatever happened."""
-    from qkv.training.lock import acquire, release
-    from qkv.training.rundir import check_out_dir
-
-    info = qdist.setup(device)
-    out = Path(out)
-    try:
-        if info.is_main:
-            check_out_dir(out, resume=resume)
-            if resume:
-                acquire(out)
-        yield info, out
-    finally:
-        if info.is_main:
-            release(out)
-        qdist.teardown()
+    out: Path | None
+    steps_done: int
+    status: str
+    final_eval: dict | None
+    train_loss: float | None
+    history: list[dict] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    train_s: float = 0.0
+    start_step: int = 0
 
 
 def seed_for(seed: int, step: int, micro: int, rank: int) -> int:
@@ -121,214 +88,335 @@ def seed_for(seed: int, step: int, micro: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 1009 + micro * 31 + rank * 7919) % (2**63 - 1)
 
 
+def gradients(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor], *, precision: str = "fp32",
+              device: torch.device | str = "cpu") -> float:
+    """The loss ``loss_fn()`` at the model's present weights, its gradients left in each
+    parameter's ``.grad`` (cleared first) — one backward pass, no optimiser step. The caller reads
+    the gradients, then clears them (``model.zero_grad(set_to_none=True)``)."""
+    model.zero_grad(set_to_none=True)
+    with autocast(precision, device):
+        loss = loss_fn()
+    loss.float().backward()
+    return float(loss.detach())
+
+
 @dataclass
 class _Run:
-    cfg: Any
+    cfg: LoopConfig
     info: qdist.DistInfo
-    out: Path
+    run: RunFolder | None
     model: torch.nn.Module
     ddp: torch.nn.Module
-    objective: Objective
+    objective: Any
     optimizer: torch.optim.Optimizer
-    scheduler: object
+    scheduler: Any
     precision: str
     budget: BudgetClock | None
-    elapsed0: float
-    clock: object
-    on_backward: object
+    clock: BudgetClock  # counts training time (the budget's clock in a time-budgeted run)
+    on_backward: Callable | None
+    on_log: Callable | None
+    divergence: str
     title: str
+    history: list[dict]
+    writes: bool  # this process writes the run folder
+
+    def record(self, row: dict) -> None:
+        self.history.append(row)
+        if self.writes:
+            append_metrics(self.run.out / "metrics.jsonl", row)
 
 
-def run_training(cfg, objective: Objective, *, model: torch.nn.Module, info: qdist.DistInfo, out: Path,
-                 precision: str, resume: bool, title: str, clock=time.monotonic, on_backward=None,
-                 position_lr_scale: float = 1.0, resume_eval=None) -> TrainResult:
-    """Optimise ``model`` for ``objective`` as ``cfg`` says, in run folder ``out`` (which exists).
+def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunFolder | None = None,
+                 info: qdist.DistInfo | None = None, precision: str = "fp32", title: str = "",
+                 clock: Callable[[], float] = time.monotonic, on_backward=None, on_log=None, resume_eval=None,
+                 divergence: str = "raise") -> TrainResult:
+    """Optimise ``model`` for ``objective`` as ``cfg`` says.
 
-    With ``resume``, the run continues from its latest checkpoint (model, optimiser, schedule,
-    elapsed time). ``on_backward``: optional ``f(step, model)`` called on every optimiser step after
-    the backward pass, before clipping — for measurements only; it must leave the weights,
-    gradients and training mode as it found them. ``resume_eval(state)``: the last evaluation a
-    checkpoint's trainer state carries.
+    Args:
+        cfg: a :class:`~qkv.training.config.LoopConfig`, or a run configuration with its fields.
+        objective: see :class:`~qkv.training.objective.Objective`. model: trained in place.
+        run: the run folder (``run.resume``: continue from the latest checkpoint — model,
+            optimiser, schedule, elapsed time); ``None``: an in-memory run.
+        info: the process's place (default: a world of one on the CPU).
+        precision: a resolved precision, ``fp32`` or ``bf16`` (autocast). title: the curve's.
+        clock: the monotonic time source of a time-budgeted run (tests pass a fake one).
+        on_backward: ``f(step, model)`` on every optimiser step after the backward pass, before
+            clipping — for measurements only: weights, gradients and mode left as found.
+        on_log: ``f(record)`` for every logged training record (``step``, ``loss``, ``lr``, …).
+        resume_eval: ``f(trainer_state)``: the last evaluation a checkpoint carries.
+        divergence: see :data:`DIVERGENCE`.
     """
+    cfg = cfg if isinstance(cfg, LoopConfig) else LoopConfig.of(cfg)
+    if divergence not in DIVERGENCE:
+        raise ValueError(f"divergence={divergence!r}; allowed: {', '.join(DIVERGENCE)}")
+    info = info or qdist.DistInfo(0, 1, 0, torch.device("cpu"))
     model = model.to(info.device).train()
     ddp = model
     if info.distributed:
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[info.device] if info.device.type == "cuda" else None)
-    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                position_lr_scale=position_lr_scale)
-    budget = BudgetClock(cfg.time_budget * 60, clock=clock) if cfg.time_budget is not None else None
-    if budget is not None:
-        scheduler = TimedScheduler(optimizer, budget, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
+    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps,
+                                position_lr_scale=cfg.position_lr_scale)
+    timed = cfg.time_budget is not None
+    if timed:  # its clock is set once the checkpoint says how much of the budget is spent
+        scheduler = TimedScheduler(optimizer, None, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
     else:
         scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
                                     schedule=cfg.schedule)
-    start, elapsed, state = 0, 0.0, {}
-    ckpt = latest_checkpoint(out) if resume else None
+    start, elapsed, state, history = 0, 0.0, {}, []
+    resume = run is not None and run.resume
+    ckpt = latest_checkpoint(run.out) if resume else None
     if ckpt is not None:
         # a time-budgeted run has no step limit to check a checkpoint's step against
         state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler,
-                                run_id=read_run(out).get("run_id"),
-                                max_step=cfg.steps if budget is None else None)
+                                run_id=run.meta().get("run_id"), max_step=None if timed else cfg.steps)
         start, elapsed = state["step"], float(state.get("elapsed_s", 0.0))
-    if budget is not None:
-        budget = scheduler.clock = BudgetClock(cfg.time_budget * 60, elapsed_s=elapsed, clock=clock)
-    if info.is_main:
-        truncate_metrics(out, start)
-    run = _Run(cfg, info, out, model, ddp, objective, optimizer, scheduler, precision, budget, elapsed,
-               clock, on_backward, title)
+    # a time-budgeted run's clock; a step run's counts the elapsed time only
+    train_clock = BudgetClock(cfg.time_budget * 60 if timed else 1.0, elapsed_s=elapsed, clock=clock)
+    if timed:
+        scheduler.clock = train_clock
+    writes = run is not None and info.is_main
+    if writes and resume:
+        history = truncate_metrics(run.out, start)
+    if run is not None:
+        run.start()
+    budget = train_clock if timed else None
+    r = _Run(cfg, info, run, model, ddp, objective, optimizer, scheduler, precision, budget, train_clock,
+             on_backward, on_log, divergence, title, history, writes)
     last_eval = resume_eval(state) if resume_eval is not None else None
-    return _loop(run, start, last_eval)
+    return _loop(r, start, last_eval, state.get("train_loss"))
 
 
-def _train_step(run: _Run, step: int):
-    cfg, info = run.cfg, run.info
-    micro = [run.objective.batch(step * cfg.grad_accum + m).to(info.device) for m in range(cfg.grad_accum)]
-    counts = [run.objective.units(b) for b in micro]
+def _train_step(r: _Run, step: int) -> tuple[float, float, float]:
+    """One optimiser step up to (not including) the update: ``(loss, grad norm, tokens)``."""
+    cfg, info = r.cfg, r.info
+    if cfg.grad_accum == 1 and not info.distributed:
+        loss, micro = _one_batch(r, step)
+    else:
+        loss, micro = _accumulate(r, step)
+    if r.on_backward is not None:
+        r.on_backward(step + 1, r.model)
+    clip = cfg.clip_norm if cfg.clip_norm is not None else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), clip).item()
+    masks = [getattr(b, "attention_mask", None) for b in micro]
+    tokens = sum(float(m.sum()) for m in masks if m is not None)
+    if info.distributed:
+        tokens = qdist.all_sum(torch.tensor(tokens, dtype=torch.float64)).item()
+    return loss, grad_norm, tokens
+
+
+def _units(r: _Run, batch) -> torch.Tensor:
+    units = getattr(r.objective, "units", None)
+    return units(batch) if units is not None else torch.ones(())
+
+
+def _one_batch(r: _Run, step: int) -> tuple[float, list]:
+    """One micro-batch in one process: what :func:`_accumulate` computes (the scale n / n is 1,
+    exactly), without its bookkeeping — a step of a tiny lab model is ~2 ms."""
+    b = move_batch(r.objective.batch(step), r.info.device)
+    n = float(_units(r, b))
+    _seed(seed_for(r.cfg.seed, step, 0, r.info.rank), r.info.device)  # dropout
+    with autocast(r.precision, r.info.device):
+        loss = r.objective.loss(r.ddp, b)
+    (loss.float() if n > 0 else loss.float() * 0.0).backward()
+    return float(loss.detach()) * n / max(n, 1.0), [b]
+
+
+def _accumulate(r: _Run, step: int) -> tuple[float, list]:
+    """``grad_accum`` micro-batches on every rank, the loss normalised by the global unit count."""
+    cfg, info, obj = r.cfg, r.info, r.objective
+    micro = [move_batch(obj.batch(step * cfg.grad_accum + m), info.device) for m in range(cfg.grad_accum)]
+    counts = [_units(r, b) for b in micro]
     n_global = qdist.all_sum(torch.stack(counts).sum().double().cpu()).item()
     loss_sum = torch.zeros((), dtype=torch.float64)
     for m, b in enumerate(micro):
-        torch.manual_seed(seed_for(cfg.seed, step, m, info.rank))  # dropout
+        _seed(seed_for(cfg.seed, step, m, info.rank), info.device)  # dropout
         last = m == cfg.grad_accum - 1
-        sync = contextlib.nullcontext() if (not info.distributed or last) else run.ddp.no_sync()
+        sync = contextlib.nullcontext() if (not info.distributed or last) else r.ddp.no_sync()
         with sync:
-            with autocast(run.precision, info.device):
-                loss = run.objective.loss(run.ddp, b)
+            with autocast(r.precision, info.device):
+                loss = obj.loss(r.ddp, b)
             n = counts[m].item()
             # DDP averages gradients over ranks: scale so the sum is the global unit mean
             (loss.float() * (n * info.world_size / max(n_global, 1.0))).backward()
         loss_sum += loss.detach().double().cpu() * n
-    if run.on_backward is not None:
-        run.on_backward(step + 1, run.model)
-    loss = (qdist.all_sum(loss_sum) / max(n_global, 1.0)).item()
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_norm).item()
-    run.optimizer.step()
-    run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    tokens = qdist.all_sum(sum(b.attention_mask.sum() for b in micro).double().cpu()).item()
-    return loss, grad_norm, tokens
+    return (qdist.all_sum(loss_sum) / max(n_global, 1.0)).item(), micro
 
 
-def _bar(run: _Run, start: int):
-    from tqdm.auto import tqdm
-
-    enabled = run.cfg.progress and run.info.is_main
-    if run.budget is not None:
-        total = round(run.budget.budget_s)
-        return tqdm(total=total, initial=min(round(run.elapsed0), total), disable=not enabled, unit="s",
-                    dynamic_ncols=True)
-    return tqdm(total=run.cfg.steps, initial=start, disable=not enabled, unit="step", dynamic_ncols=True)
+def _seed(seed: int, device: torch.device) -> None:
+    """Seed the generators a step draws from: the CPU's, and the run's GPU (``torch.manual_seed``
+    would also queue a seed for every CUDA device, with a stack trace each time — 0.3 ms a step)."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
 
 
-def _loop(run: _Run, start: int, last_eval: dict | None = None) -> TrainResult:
-    cfg, info, out, model = run.cfg, run.info, run.out, run.model
-    metrics_path = out / "metrics.jsonl"
-    timed = run.budget is not None
-    # a time-budgeted run's clock doubles as the elapsed-time counter of a step run
-    clock = run.budget or BudgetClock(1.0, elapsed_s=run.elapsed0, clock=run.clock)
-    bar = _bar(run, start)
-    final_eval, loss, status, done = last_eval, None, "complete", start
-    window_tokens, window_start = 0.0, time.perf_counter()
+def _diverged(r: _Run, done: int, loss: float, grad_norm: float) -> bool:
+    """Whether step ``done + 1`` must not update the weights: a non-finite loss (or, when
+    divergence is reported, gradient). Raises :class:`TrainingError` where divergence raises."""
+    if r.divergence == "report":
+        return not (math.isfinite(loss) and math.isfinite(grad_norm))
+    if not math.isfinite(loss):
+        last = latest_checkpoint(r.run.out) if r.run is not None else None
+        raise TrainingError(f"non-finite loss ({loss}) at step {done + 1}; stopped without saving. "
+                            f"Last good checkpoint: {last or 'none'}. Lower --lr or raise --warmup-steps.")
+    return False
 
-    def checkpoint(step_done: int) -> None:
-        if info.is_main:
-            save_checkpoint(out, step=step_done, model=model, optimizer=run.optimizer, scheduler=run.scheduler,
-                            trainer_state={"seed": cfg.seed, "data_position": step_done * cfg.grad_accum,
-                                           "elapsed_s": clock.elapsed_s, "run_id": read_run(out).get("run_id"),
-                                           "last_eval": final_eval})
 
-    def progress() -> float:
-        # every rank trains at the same learning rate and stops at the same step: rank 0's clock decides
-        p = torch.tensor(run.budget.progress(), dtype=torch.float64)
-        if info.distributed:
-            torch.distributed.broadcast(p, 0)
-        return p.item()
+@dataclass
+class _Progress:
+    start: int
+    done: int
+    final_eval: dict | None
+    loss: float | None
+    status: str = "complete"
+    aside_s: float = 0.0  # seconds of evaluations and checkpoints
+    rate: TokenRate = field(default_factory=TokenRate)
 
-    governor, threads0 = None, torch.get_num_threads()
-    if cfg.threads == "adaptive":
-        from qkv.training.threads import ThreadGovernor
 
-        governor = ThreadGovernor()
-    elif isinstance(cfg.threads, int):
-        torch.set_num_threads(cfg.threads)
-    clock.start()
-    with _StopFlag(allow_abandon=not info.distributed) as stop:
-        run.optimizer.register_step_pre_hook(stop.critical)  # a stop request abandons a step only before this
-        while True:
-            if timed:
-                p = progress()
-                if p >= 1.0:
-                    break
-                run.scheduler.set_lr(p)
-            elif done >= cfg.steps:
-                break
-            lr = run.scheduler.get_last_lr()[0]
-            t_step = time.perf_counter()
-            try:
-                stop.abandonable = True
-                loss, grad_norm, tokens = _train_step(run, done)
-            except StepAbandoned:  # stopped inside gradient accumulation: keep the steps completed
-                run.optimizer.zero_grad(set_to_none=True)
-                if done > start or latest_checkpoint(out) is None:
-                    checkpoint(done)
-                status = "interrupted"
-                break
-            if governor is not None:
-                governor.record(time.perf_counter() - t_step)
-            done += 1
-            if not torch.isfinite(torch.tensor(loss)):
-                last = latest_checkpoint(out)
-                raise TrainingError(f"non-finite loss ({loss}) at step {done}; stopped without saving. "
-                                    f"Last good checkpoint: {last or 'none'}. Lower --lr or raise --warmup-steps.")
-            window_tokens += tokens
-            last_step = not timed and done == cfg.steps
-            if done % cfg.log_every == 0 or last_step:
-                elapsed = time.perf_counter() - window_start
-                tps = window_tokens / max(elapsed, 1e-9)
-                window_tokens, window_start = 0.0, time.perf_counter()
-                if info.is_main:
-                    append_metrics(metrics_path, {"step": done, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                                                  "tokens_per_s": tps, "elapsed_s": round(clock.elapsed_s, 3),
-                                                  **({"threads": governor.current} if governor else {})})
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", **({"step": done} if timed else {}))
-            if timed:
-                second = min(int(clock.elapsed_s), bar.total)
-                if second > bar.n:  # at most one refresh a second
-                    bar.update(second - bar.n)
-            else:
-                bar.update(1)
-            if done % cfg.eval_every == 0 or last_step:
-                final_eval = _evaluate(run, metrics_path, done, clock, bar)
-            stopping = bool(qdist.all_sum(torch.tensor(float(stop.hit))).item())
-            if done % cfg.save_every == 0 or last_step or stopping:
-                checkpoint(done)
-            if stopping and not last_step:
-                status = "interrupted"
-                break
-        if timed and status == "complete":
+def _loop(r: _Run, start: int, last_eval: dict | None, last_loss: float | None) -> TrainResult:
+    cfg, info = r.cfg, r.info
+    timed = r.budget is not None
+    p = _Progress(start, start, last_eval, last_loss)
+    # an in-memory run without a bar is silent; a run with a folder prints its evaluations
+    bar = RunBar(enabled=cfg.progress and info.is_main, steps=cfg.steps, start=start, echo=r.run is not None,
+                 budget_s=r.budget.budget_s if timed else None, elapsed_s=r.clock.elapsed_s)
+    threads0 = torch.get_num_threads()
+    governor = thread_governor(cfg.threads)
+    r.clock.start()
+    t0 = time.perf_counter()
+    with stop_requests(r.optimizer, enabled=r.run is not None, allow_abandon=not info.distributed) as stop:
+        while _step(r, p, stop, bar, governor, timed):
+            pass
+        if timed and p.status == "complete":
             # the deadline: a last evaluation (unless this step had one) and checkpoint
-            if done % cfg.eval_every != 0:
-                final_eval = _evaluate(run, metrics_path, done, clock, bar)
-            if done % cfg.save_every != 0:
-                checkpoint(done)
+            if not _every(cfg.eval_every, p.done):
+                p.final_eval = _evaluate(r, p, bar)
+            if not _every(cfg.save_every, p.done):
+                _checkpoint(r, p)
+    train_s = time.perf_counter() - t0 - p.aside_s
     bar.close()
     torch.set_num_threads(threads0)
-    if status == "complete" and final_eval is None:  # finalising a run whose last evaluation was lost
-        final_eval = run.objective.evaluate(model)
-    if info.is_main:
-        obj = run.objective
-        plot_curve(metrics_path, out / "curve.png", title=run.title, x="minutes" if timed else "step",
-                   metric=obj.metric, metric_label=obj.metric_label, loss_label=obj.loss_label)
-        if status == "complete":
-            obj.save(model, out)
-        update_run(out, status=status, steps_done=done, final_eval=final_eval,
-                   **({"elapsed_s": round(clock.elapsed_s, 3)} if timed else {}))
-    return TrainResult(out, done, status, final_eval, loss)
+    return _finalise(r, p, timed, train_s)
 
 
-def _evaluate(run: _Run, metrics_path: Path, done: int, clock: BudgetClock, bar) -> dict:
-    ev = run.objective.evaluate(run.model)
-    if run.info.is_main:
-        append_metrics(metrics_path, {"step": done, **ev, "elapsed_s": round(clock.elapsed_s, 3)})
-        bar.write(f"step {done}: {run.objective.describe(ev)}")
+def _every(n: int | None, done: int) -> bool:
+    return n is not None and done % n == 0
+
+
+def _step(r: _Run, p: _Progress, stop, bar, governor, timed: bool) -> bool:
+    """Run one optimiser step with its logging, evaluation and checkpoint; False when the loop ends."""
+    cfg = r.cfg
+    if timed:
+        share = _shared_progress(r)
+        if share >= 1.0:
+            return False
+        r.scheduler.set_lr(share)
+    elif p.done >= cfg.steps:
+        return False
+    lr = r.scheduler.get_last_lr()[0]
+    t_step = time.perf_counter()
+    try:
+        stop.abandonable = True
+        loss, grad_norm, tokens = _train_step(r, p.done)
+    except StepAbandoned:  # stopped inside gradient accumulation: keep the steps completed
+        r.optimizer.zero_grad(set_to_none=True)
+        if r.writes and (p.done > p.start or latest_checkpoint(r.run.out) is None):
+            _checkpoint(r, p)
+        p.status = "interrupted"
+        return False
+    p.loss = loss
+    if _diverged(r, p.done, loss, grad_norm):
+        r.optimizer.zero_grad(set_to_none=True)
+        r.record({"step": p.done + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "diverged": True})
+        p.status = "diverged"
+        return False
+    r.optimizer.step()
+    r.scheduler.step()
+    r.optimizer.zero_grad(set_to_none=True)
+    if governor is not None:
+        governor.record(time.perf_counter() - t_step)
+    p.done += 1
+    _log(r, p, lr, loss, grad_norm, tokens, bar, governor, timed)
+    last_step = not timed and p.done == cfg.steps
+    if _every(cfg.eval_every, p.done) or last_step:
+        p.final_eval = _evaluate(r, p, bar)
+    stopping = stop.hit
+    if r.info.distributed:
+        stopping = bool(qdist.all_sum(torch.tensor(float(stop.hit))).item())
+    if _every(cfg.save_every, p.done) or last_step or stopping:
+        _checkpoint(r, p)
+    if stopping and not last_step:
+        p.status = "interrupted"
+        return False
+    return True
+
+
+def _shared_progress(r: _Run) -> float:
+    # every rank trains at the same learning rate and stops at the same step: rank 0's clock decides
+    share = r.budget.progress()
+    if r.info.distributed:
+        t = torch.tensor(share, dtype=torch.float64)
+        torch.distributed.broadcast(t, 0)
+        share = t.item()
+    return share
+
+
+def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar: RunBar, governor, timed: bool) -> None:
+    p.rate.add(tokens)
+    if _every(r.cfg.log_every, p.done) or (not timed and p.done == r.cfg.steps):
+        tps = p.rate.rate()
+        row = {"step": p.done, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps,
+               "elapsed_s": round(r.clock.elapsed_s, 3), **({"threads": governor.current} if governor else {})}
+        if r.info.is_main:
+            r.record(row)
+        if r.on_log is not None:
+            r.on_log(row)
+        bar.show(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", **({"step": p.done} if timed else {}))
+    bar.advance(r.clock.elapsed_s)
+
+
+def _checkpoint(r: _Run, p: _Progress) -> None:
+    if r.writes:
+        t0 = time.perf_counter()
+        save_checkpoint(r.run.out, step=p.done, model=r.model, optimizer=r.optimizer, scheduler=r.scheduler,
+                        trainer_state={"seed": r.cfg.seed, "data_position": p.done * r.cfg.grad_accum,
+                                       "elapsed_s": r.clock.elapsed_s, "run_id": r.run.meta().get("run_id"),
+                                       "last_eval": p.final_eval, "train_loss": p.loss})
+        p.aside_s += time.perf_counter() - t0
+
+
+def _evaluate(r: _Run, p: _Progress, bar) -> dict:
+    t0 = time.perf_counter()
+    evaluate = getattr(r.objective, "evaluate", None)
+    ev = evaluate(r.model) if evaluate is not None else {}
+    if r.info.is_main and ev:
+        r.record({"step": p.done, **ev, "elapsed_s": round(r.clock.elapsed_s, 3)})
+        describe = getattr(r.objective, "describe", None)
+        if describe is not None:
+            bar.write(f"step {p.done}: {describe(ev)}")
+    p.aside_s += time.perf_counter() - t0
     return ev
+
+
+def _finalise(r: _Run, p: _Progress, timed: bool, train_s: float) -> TrainResult:
+    """The run's end: the final evaluation (a diverged run's weights as they are), then — with a
+    run folder — its checkpoint, curve, final model and status."""
+    obj = r.objective
+    if p.status == "diverged" or (p.status == "complete" and p.final_eval is None):
+        evaluate = getattr(obj, "evaluate", None)  # a diverged run, or one whose last evaluation was lost
+        p.final_eval = evaluate(r.model) if evaluate is not None else {}
+    if r.writes:
+        if p.status == "diverged":
+            _checkpoint(r, p)
+        out = r.run.out
+        plot_curve(out / "metrics.jsonl", out / "curve.png", title=r.title, x="minutes" if timed else "step",
+                   metric=getattr(obj, "metric", "accuracy"),
+                   metric_label=getattr(obj, "metric_label", "accuracy"),
+                   loss_label=getattr(obj, "loss_label", "loss"))
+        if p.status in ("complete", "diverged") and hasattr(obj, "save"):
+            obj.save(r.model, out)
+        r.run.finish(p.status, steps_done=p.done, final_eval=p.final_eval, train_loss=p.loss,
+                     **({"elapsed_s": round(r.clock.elapsed_s, 3)} if timed else {}))
+    return TrainResult(r.run.out if r.run is not None else None, p.done, p.status, p.final_eval, p.loss,
+                       r.history, r.clock.elapsed_s, train_s, p.start)

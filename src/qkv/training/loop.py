@@ -24,14 +24,17 @@ from qkv.data.masking import IGNORE_INDEX, MaskingConfig
 from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
 from qkv.models.builders import build_causal_lm, build_masked_lm
 from qkv.training import distributed as qdist
+from qkv.training.baselines import baseline_perplexities
+from qkv.training.clm import CausalLMObjective, eval_block_indices
 from qkv.training.config import TrainConfig, model_config_for
-from qkv.training.engine import TrainingError, TrainResult, run_session, run_training, save_final_model
-from qkv.training.finalise import finished_result, resume_eval
+from qkv.training.engine import TrainingError, TrainResult, run_training
 from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
 from qkv.training.init_from import load_for_pretraining
+from qkv.training.lifecycle import RunFolder, resume_eval, run_session
 from qkv.training.metrics import evaluate
+from qkv.training.objective import save_final_model
 from qkv.training.precision import resolve_precision
-from qkv.training.rundir import RunError, create_run_dir, read_run, update_run
+from qkv.training.rundir import RunError
 
 __all__ = ["pretrain", "PretrainResult", "TrainingError", "MaskedLMObjective"]
 
@@ -96,15 +99,12 @@ def init_unigram_bias(model, tokens, vocab_size: int, *, max_tokens: int = 20_00
         model.head.bias.copy_(torch.from_numpy(logp - logp.mean()).to(model.head.bias.dtype))
 
 
-def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
-    out = Path(cfg.out)
+def _prepare(cfg: TrainConfig, run: RunFolder, info: qdist.DistInfo):
+    out, resume = run.out, run.resume
     tokenizer = cfg.init_from if cfg.init_from is not None else cfg.tokenizer
     if resume:
-        meta = read_run(out)
-        stored = TrainConfig.from_dict({**meta["train_config"], "out": cfg.out})  # a moved run is the same run
-        diff = stored.diff(cfg)
-        if diff:
-            raise RunError(f"--resume: {out} was started with a different configuration:\n  " + "\n  ".join(diff))
+        meta = run.meta()
+        run.check_config(cfg)  # a moved run is the same run
         tokenizer = str(out / "tokenizer.json")
     elif info.distributed and not info.is_main:
         torch.distributed.barrier()  # rank 0 trains the tokenizer and creates the run folder first
@@ -126,10 +126,10 @@ def _prepare(cfg: TrainConfig, resume: bool, info: qdist.DistInfo):
                 lines.append(f"tokenizer: {meta['tokenizer'][:12]} → {data.tokenizer.fingerprint()[:12]}")
             raise RunError(f"--resume: model or tokenizer differ from {out}:\n  " + "\n  ".join(lines))
     elif info.is_main:
-        meta = {"format": "qkv-run", "status": "running", "train_config": cfg.to_dict(),
-                "model_config": model_config.to_dict(), "tokenizer": data.tokenizer.fingerprint(),
-                "data": data.summary(), "run_id": new_run_id(), "fingerprints": data_fingerprints(data)}
-        create_run_dir(out, meta, data.tokenizer)
+        meta = {"train_config": cfg.to_dict(), "model_config": model_config.to_dict(),
+                "tokenizer": data.tokenizer.fingerprint(), "data": data.summary(), "run_id": new_run_id(),
+                "fingerprints": data_fingerprints(data)}
+        run.create(meta, write=data.tokenizer.save)
         if info.distributed:
             torch.distributed.barrier()
     return data, model_config
@@ -144,18 +144,17 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
     early gradient norms); it must leave the weights, gradients and training mode as it found them.
     ``clock``: the monotonic time source of a time-budgeted run (tests pass a fake one).
     """
-    with run_session(cfg.device, cfg.out, resume=resume) as (info, out):
-        if resume and (done := finished_result(out, cfg)) is not None:
-            return done
+    with run_session(cfg.device, cfg.out, resume=resume) as (info, run):
+        if resume and (meta := run.finished(cfg)) is not None:
+            return TrainResult(run.out, int(meta.get("steps_done", cfg.steps)), "complete", meta["final_eval"], None)
         if cfg.init_from is not None and not Path(cfg.init_from).is_dir():
             raise ValueError(f"--init-from {cfg.init_from}: not a folder; give a qkv run or model folder, or a "
                              "Hugging Face BERT folder")
         precision, note = resolve_precision(cfg.precision, info.device)
         if note and info.is_main:
             print(f"qkv pretrain: {note}", flush=True)
-        data, model_config = _prepare(cfg, resume, info)
-        if info.is_main:
-            update_run(out, precision=precision)
+        data, model_config = _prepare(cfg, run, info)
+        run.update(precision=precision)
         torch.manual_seed(cfg.seed)
         clm = cfg.objective == "clm"
         if cfg.init_from is not None:
@@ -174,10 +173,9 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
             objective = _clm_objective(cfg, data, info, eval_bs)
         else:
             objective = _mlm_objective(cfg, data, info, eval_bs)
-        return run_training(cfg, objective, model=model, info=info, out=out, precision=precision,
-                            resume=resume, title=f"{cfg.preset} on {', '.join(cfg.corpus)}", clock=clock,
-                            on_backward=on_backward, position_lr_scale=cfg.position_lr_scale,
-                            resume_eval=resume_eval)
+        return run_training(cfg, objective, model=model, run=run, info=info, precision=precision,
+                            title=f"{cfg.preset} on {', '.join(cfg.corpus)}", clock=clock,
+                            on_backward=on_backward, resume_eval=resume_eval)
 
 
 def _mlm_objective(cfg: TrainConfig, data, info, eval_bs: int) -> MaskedLMObjective:
@@ -194,9 +192,6 @@ def _mlm_objective(cfg: TrainConfig, data, info, eval_bs: int) -> MaskedLMObject
 def _clm_objective(cfg: TrainConfig, data, info, eval_bs: int):
     """Next-token batches, held-out batches, and the count baselines of exactly the held-out blocks
     an evaluation reads (the first ``eval_batches`` global batches)."""
-    from qkv.training.baselines import baseline_perplexities
-    from qkv.training.clm import CausalLMObjective, eval_block_indices
-
     batches = data.clm_train_batches(cfg.batch_size, seed=cfg.seed, rank=info.rank, world_size=info.world_size)
     eval_batches = data.clm_eval_batches(eval_bs, rank=info.rank, world_size=info.world_size)
     indices = eval_block_indices(len(data.eval), cfg.eval_batches, eval_bs * info.world_size)

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 
-from qkv._fs import atomic_file
+from qkv._fs import atomic_file, atomic_write_text
 from qkv.data.masking import IGNORE_INDEX
 from qkv.training.distributed import all_sum
+from qkv.training.rundir import RunError
 
-__all__ = ["evaluate", "append_metrics", "read_metrics", "parse_metrics", "plot_curve"]
+__all__ = ["evaluate", "append_metrics", "read_metrics", "parse_metrics", "truncate_metrics", "plot_curve"]
 
 
 @torch.no_grad()
@@ -58,9 +59,10 @@ def evaluate(model: torch.nn.Module, batches, *, device: torch.device, max_batch
 
 
 def append_metrics(path: Path, record: dict) -> None:
-    """Append ``record`` as one JSON line, in one ``write`` (crash-safe: whole line or a torn last one)."""
+    """Append ``record`` as one JSON line, in one ``write`` (crash-safe: whole line or a torn last one).
+    A symbolic link at ``path`` is refused (``OSError``), never written through."""
     data = (json.dumps(record) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
         os.write(fd, data)
     finally:
@@ -77,8 +79,6 @@ def parse_metrics(path: Path, *, repair: bool = False) -> list[dict]:
     Raises:
         RunError: a line other than the last is not a JSON object (names the file and line).
     """
-    from qkv.training.rundir import RunError
-
     raw = Path(path).read_bytes()
     lines = raw.split(b"\n")
     torn = lines.pop() if lines else b""  # after the last newline: empty, or a torn append
@@ -103,6 +103,21 @@ def parse_metrics(path: Path, *, repair: bool = False) -> list[dict]:
                 rows.append(row)
         except (ValueError, UnicodeDecodeError):
             pass
+    return rows
+
+
+def truncate_metrics(out: Path, step: int) -> list[dict]:
+    """Keep only the metrics of steps ≤ ``step`` (those the resumed run will not log again) of run
+    folder ``out``; return them.
+
+    A last line torn by a crash mid-append is dropped (it is always the newest record, which the
+    resumed run writes again); a damaged line elsewhere raises :class:`RunError` naming it.
+    """
+    path = Path(out) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [r for r in parse_metrics(path, repair=True) if r.get("step", 0) <= step]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
 

@@ -14,7 +14,11 @@ never leaves a folder that ``--resume`` could mistake for a good one. The folder
 for the same ``--out`` is refused.
 
 ``metrics.jsonl`` is append-only, one whole line per write; a line torn by a crash mid-append
-can only be the last one, and :func:`truncate_metrics` (run on every resume) drops it.
+can only be the last one, and :func:`qkv.training.metrics.truncate_metrics` (run on every resume)
+drops it.
+
+This module holds the folder's parts (its check, ``run.json``); :mod:`qkv.training.lifecycle` runs a
+run's folder from its check to its last status.
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from qkv._faults import fault_point
-from qkv._fs import atomic_write_text, write_folder
+from qkv._fs import atomic_write_text
 from qkv.errors import QkvError
 
-__all__ = ["RunError", "check_out_dir", "create_run_dir", "read_run", "update_run", "truncate_metrics"]
+__all__ = ["RunError", "RUN_JSON", "check_out_dir", "read_run", "update_run"]
 
 RUN_JSON = "run.json"
 
@@ -37,43 +41,29 @@ class RunError(QkvError):
     """A run folder problem the user must fix (the message says how)."""
 
 
-def check_out_dir(out: Path, *, resume: bool) -> None:
-    """Fail early when ``out`` cannot hold this run."""
+def check_out_dir(out: Path, *, resume: bool, error: type[Exception] = RunError) -> None:
+    """Fail early when ``out`` cannot hold this run (``error``: the exception class raised)."""
     out = Path(out)
     if resume:
         if not (out / RUN_JSON).is_file():
-            raise RunError(f"--resume: {out} holds no run ({RUN_JSON} missing); start it without --resume")
+            raise error(f"--resume: {out} holds no run ({RUN_JSON} missing); start it without --resume")
         return
     if out.exists():
         if (out / RUN_JSON).is_file():
-            raise RunError(f"{out} already holds a run; continue it with --resume or choose another --out")
-        if not out.is_dir() or any(out.iterdir()):
-            raise RunError(f"{out} exists and is not an empty folder; choose another --out")
+            raise error(f"{out} already holds a run; continue it with --resume or choose another --out")
+        if not out.is_dir():
+            raise error(f"{out} exists and is not an empty folder (it is not a folder: a file); "
+                        "choose another --out")
+        if any(out.iterdir()):
+            raise error(f"{out} exists and is not an empty folder; choose another --out")
     parent = out.parent if not out.exists() else out
     probe = parent
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise RunError(f"cannot create the run folder {out}: {probe} is a file, not a folder")
+        raise error(f"cannot create the run folder {out}: {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise RunError(f"cannot write the run folder {out}: {probe} is not writable")
-
-
-def create_run_dir(out: Path, meta: dict[str, Any], tokenizer) -> Path:
-    """Create ``out`` with ``run.json`` and ``tokenizer.json``, atomically."""
-    from qkv.training.lock import write_lock
-
-    out = Path(out)
-
-    def taken(e: OSError) -> bool:  # another process created the run meanwhile
-        raise RunError(f"{out} was created by another process while this run prepared its data; "
-                       f"continue that run with --resume or choose another --out ({e.strerror})") from e
-
-    with write_folder(out, how="new", on_conflict=taken) as tmp:
-        tokenizer.save(tmp)
-        (tmp / RUN_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        write_lock(tmp)
-    return out
+        raise error(f"cannot write the run folder {out}: {probe} is not writable")
 
 
 def read_run(out: Path) -> dict[str, Any]:
@@ -99,19 +89,3 @@ def update_run(out: Path, **fields: Any) -> None:
     if fields.get("status") == "complete":
         fault_point("finalise.run_json")
     atomic_write_text(Path(out) / RUN_JSON, json.dumps(meta, indent=2))
-
-
-def truncate_metrics(out: Path, step: int) -> None:
-    """Keep only the metrics of steps ≤ ``step`` (those the resumed run will not log again).
-
-    A last line torn by a crash mid-append is dropped (it is always the newest record, which the
-    resumed run writes again); a damaged line elsewhere raises :class:`RunError` naming it.
-    """
-    path = Path(out) / "metrics.jsonl"
-    if not path.is_file():
-        return
-    from qkv.training.metrics import parse_metrics
-
-    rows = parse_metrics(path, repair=True)
-    keep = [json.dumps(r) for r in rows if r.get("step", 0) <= step]
-    atomic_write_text(path, "".join(line + "\n" for line in keep))

@@ -10,13 +10,14 @@ writes is replaced atomically, so the last complete checkpoint stays good.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 
 from qkv._faults import fault_point
 
-__all__ = ["StopFlag", "StepAbandoned"]
+__all__ = ["StopFlag", "StepAbandoned", "stop_requests"]
 
 
 class StepAbandoned(BaseException):
@@ -63,3 +64,23 @@ class StopFlag:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+class _NoStop:
+    """The stop flag of a run without signal handling: never set."""
+
+    hit = False
+    abandonable = False
+
+
+@contextlib.contextmanager
+def stop_requests(optimizer, *, enabled: bool, allow_abandon: bool = True):
+    """The stop flag of a training loop: with ``enabled`` a :class:`StopFlag` whose step is
+    abandonable until ``optimizer`` starts its update; else one that is never set (an in-memory run
+    has no folder to save into: a KeyboardInterrupt goes to its caller)."""
+    if not enabled:
+        yield _NoStop()
+        return
+    with StopFlag(allow_abandon=allow_abandon) as stop:
+        optimizer.register_step_pre_hook(stop.critical)  # a stop request abandons a step only before this
+        yield stop

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["ThreadGovernor"]
+__all__ = ["ThreadGovernor", "thread_governor"]
 
 
 class ThreadGovernor:
@@ -87,3 +87,13 @@ class ThreadGovernor:
         self._use(self.preferred)
         self._skip = True
         self._next_probe = self._clock() + self.probe_every_s
+
+
+def thread_governor(threads: int | str | None) -> ThreadGovernor | None:
+    """A training loop's threads: a :class:`ThreadGovernor` for ``"adaptive"``; a number is applied
+    (``torch.set_num_threads``) and ``None`` returned, as for ``None`` (torch's default)."""
+    if threads == "adaptive":
+        return ThreadGovernor()
+    if isinstance(threads, int):
+        torch.set_num_threads(threads)
+    return None
