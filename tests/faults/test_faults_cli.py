@@ -133,6 +133,12 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "lab seq2seq --out a file": ["lab", "seq2seq", "--task", "reverse", "--out", str(afile), "--steps", "1"],
         "lab seq2seq --out under a file": ["lab", "seq2seq", "--task", "reverse", "--out", str(afile / "r"),
                                            "--steps", "1"],
+        "serve missing model": ["serve", nowhere],
+        "serve --port 70000": ["serve", str(model), "--port", "70000"],
+        "serve --max-texts 0": ["serve", str(model), "--max-texts", "0"],
+        "serve --precision fp16": ["serve", str(model), "--precision", "fp16"],
+        "serve --index missing": ["serve", str(model), "--index", nowhere],
+        "serve a file as model": ["serve", str(afile)],
     }
 
 
@@ -170,6 +176,9 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "eval-embeddings --out under a file": "is a file, not a folder",
         "embed --device banana": "'banana' is not a device",
         "finetune no train": "--train is required",
+        "serve missing model": "model folder not found",
+        "serve --port 70000": "port=70000 must be in [0, 65535]",
+        "serve --index missing": "index folder not found",
         "finetune text file": "unknown format",
         "finetune --out user files": "not an empty folder",
         "predict no head": "no task head",

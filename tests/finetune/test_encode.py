@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from conftest import tagged_sentence
+from finetune_support import tagged_sentence
 from qkv.data.masking import IGNORE_INDEX
 from qkv.finetune.encode import TaskBatches, encode_sequences, encode_tagged, eval_batches
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_jsonl
+from finetune_support import write_jsonl
 from qkv.cli import main
 from qkv.finetune import FinetuneConfig, FinetuneDataError, finetune
 
@@ -50,7 +50,7 @@ def test_token_classification_learns_a_synthetic_tagging_task_and_conll_round_tr
 def test_sequence_classification_report_files_and_int_labels(tiny_bert, tmp_path):
     import random
 
-    from conftest import TOPIC, topic_text
+    from finetune_support import TOPIC, topic_text
 
     rng = random.Random(4)
     names = list(TOPIC)

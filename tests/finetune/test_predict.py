@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TOPIC, tagged_sentence, topic_text, write_conll, write_jsonl
+from finetune_support import TOPIC, tagged_sentence, topic_text, write_conll, write_jsonl
 from qkv.cli import main
 from qkv.finetune import FinetuneConfig, finetune
 from qkv.finetune.encode import encode_sequences, encode_tagged
