@@ -51,7 +51,7 @@ try:
     import qkv  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from qkv.embeddings import Embedder  # noqa: E402
+from qkv.embeddings.embedder import Embedder  # noqa: E402
 from qkv.hardware import cpu_features, precision_unsupported  # noqa: E402
 
 

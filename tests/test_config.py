@@ -120,7 +120,7 @@ def test_shared_qk_needs_its_own_qkv_map_and_no_grouped_heads_and_is_not_exporte
     model = build_masked_lm(ModelConfig.preset("tiny", shared_qk=True, dropout=0.0))
     attn = model.encoder.layers[0].attention
     assert attn.shared_qk and tuple(attn.qkv_proj.weight.shape) == (2 * attn.d_model, attn.d_model)
-    from qkv.models.families._common import _PLAIN
+    from qkv.checkpoints.families._common import _PLAIN
 
     assert _PLAIN["shared_qk"] is False  # no Hugging Face family writes a shared query/key map
 
@@ -183,7 +183,6 @@ def test_validation_names_value_and_allowed(field, value, message):
     ("norm_type", "batchnorm", "norm.kind='batchnorm' is not allowed; allowed: layernorm, rmsnorm"),
     ("feed_forward", "moe", "ffn.kind='moe' is not allowed; allowed: mlp, glu"),
     ("qk_norm", "batch", "attention.qk_norm='batch' is not allowed; allowed: none, layernorm, rmsnorm"),
-    ("family", "llama", "family='llama' is not allowed; allowed: bert"),
 ])
 def test_names_are_resolved_by_the_builders_not_the_config(field, value, message):
     cfg = ModelConfig.preset("tiny", **{field: value})  # the config holds a name; it resolves nothing

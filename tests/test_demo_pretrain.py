@@ -66,7 +66,7 @@ def test_the_cli_refuses_with_one_line_and_exit_2(tmp_path):
 
 
 def test_a_tiny_demo_run_reports_fill_mask_heads_and_viewer_and_can_be_rerun(tmp_path, monkeypatch, capsys):
-    from qkv.training import TrainConfig
+    from qkv.training.config import TrainConfig
 
     def tiny(out, *, minutes, seed=0, precision="auto"):
         return TrainConfig(corpus=("dataset:pydoc",), out=out, preset="tiny", model={"max_len": 40, "dropout": 0.0},

@@ -8,11 +8,11 @@ __all__ = ["__version__", "load", "Pretrained", "save", "export_hf", "convert", 
 
 # Public names imported on first use, so that ``import qkv`` stays light (no torch until needed).
 _LAZY = {
-    "load": "qkv.models.io",
-    "Pretrained": "qkv.models.io",
-    "save": "qkv.models.io",
-    "export_hf": "qkv.models.io",
-    "convert": "qkv.models.io",
+    "load": "qkv.checkpoints.io",
+    "Pretrained": "qkv.checkpoints.io",
+    "save": "qkv.checkpoints.io",
+    "export_hf": "qkv.checkpoints.io",
+    "convert": "qkv.checkpoints.convert",
     "ModelConfig": "qkv.config",
     "build_encoder": "qkv.models.builders",
     "build_masked_lm": "qkv.models.builders",

@@ -23,7 +23,7 @@ __all__ = ["main", "build_parser", "command_of", "add_common_options"]
 #: naming one of them builds only that group's parsers, so ``qkv pretrain`` imports and runs no other
 #: command's module; ``qkv --help``, no command or an unknown one builds them all.
 _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("convert",), "qkv.cli:_add_convert"),
+    (("convert",), "qkv.checkpoints.cli:add_convert_parser"),
     (("pretrain",), "qkv.training.cli:add_pretrain_parser"),
     (("finetune", "predict"), "qkv.finetune.cli:add_finetune_parsers"),
     (("analyze", "inspect"), "qkv.analysis.cli:add_analysis_parsers"),
@@ -32,7 +32,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("ablate",), "qkv.experiments.cli:add_ablate_parser"),
     (("generate",), "qkv.generation.cli:add_generate_parser"),
     (("lab",), "qkv.lab.cli:add_lab_parser"),
-    (("export",), "qkv.export.cli:add_export_parser"),
+    (("export",), "qkv.checkpoints.cli:add_export_parser"),
     (("serve",), "qkv.serve.cli:add_serve_parser"),
 )
 _ALL = frozenset(name for names, _ in _GROUPS for name in names) | {"demo"}
@@ -105,42 +105,6 @@ def _load_plugins(modules: list[str]) -> None:
     plugins.load_plugins()
     plugins.import_plugins(modules)
     plugins.share_with_children(modules)
-
-
-def _add_convert(sub) -> None:
-    convert = sub.add_parser(
-        "convert",
-        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, "
-        "GPT-2) <-> qkv, or -> sentence-transformers",
-        description="Convert a model folder. A Hugging Face folder (config.json with model_type "
-        "bert, roberta, distilbert, electra, modernbert or gpt2 + model.safetensors or pytorch_model.bin) "
-        "becomes a qkv folder; a qkv folder (qkv.json + model.safetensors) becomes a folder that "
-        "transformers' from_pretrained loads, of the family the model came from (BERT for a "
-        "model trained in qkv; GPT-2 for a causal language model built from the gpt2 preset); with "
-        "--to sentence-transformers either becomes a folder that "
-        "sentence_transformers.SentenceTransformer loads (pooling, normalisation and window from "
-        "the flags, else from SRC). Options a family cannot express, and heads qkv cannot "
-        "represent, are refused by name. The tokenizer travels along.",
-    )
-    convert.add_argument("src", help="the folder to read")
-    convert.add_argument("dst", help="the folder to write: missing, empty, or a model folder (replaced "
-                         "as a whole); a folder holding other files is refused")
-    convert.add_argument("--to", choices=("qkv", "hf", "sentence-transformers"), default=None,
-                         help="output format (default: the other one than src's); sentence-transformers: a "
-                         "folder sentence_transformers.SentenceTransformer loads (docs/embeddings.md)")
-    from qkv.embeddings.cli import add_convert_embed_options
-
-    add_convert_embed_options(convert)
-    convert.set_defaults(func=_convert)
-
-
-def _convert(args: argparse.Namespace) -> int:
-    from qkv.embeddings.cli import convert_embed_options
-    from qkv.models.io import convert
-
-    out = convert(args.src, args.dst, to=args.to, options=convert_embed_options(args))
-    print(f"wrote {out}")
-    return 0
 
 
 #: What a qkv run folder may hold; ``qkv demo`` replaces a folder only if it holds nothing else.

@@ -88,7 +88,7 @@ def _mark(out: Path) -> None:
 def demo_config(out: str, *, minutes: float, seed: int = 0, precision: str = "auto"):
     """The demo's :class:`~qkv.training.TrainConfig`: the recipe chosen by the sweep in
     docs/pretraining.md (the ``cpu-small`` preset and the settings below)."""
-    from qkv.training import TrainConfig
+    from qkv.training.config import TrainConfig
 
     return TrainConfig(
         corpus=("dataset:20newsgroups:train",), eval_corpus=("dataset:20newsgroups:test",), out=out,
@@ -157,7 +157,7 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     from qkv.analysis.specialisation import block_head_statistics, specialised_heads
     from qkv.analysis.viewer import inspect_text, write_inspection
     from qkv.config import ModelConfig
-    from qkv.training import pretrain
+    from qkv.training.loop import pretrain
     from qkv.training.precision import resolve_precision
 
     if not (isinstance(minutes, (int, float)) and np.isfinite(minutes) and 0 < minutes <= 24 * 60):

@@ -9,11 +9,16 @@ The packages' own error classes (``CorpusError``, ``CheckpointError``, ``Embeddi
 
 from __future__ import annotations
 
-__all__ = ["QkvError", "check_device"]
+__all__ = ["QkvError", "CheckpointError", "check_device"]
 
 
 class QkvError(ValueError):
     """A problem the user can fix; ``str(error)`` names it and the fix, in one line if possible."""
+
+
+class CheckpointError(QkvError):
+    """A checkpoint folder or file that cannot be loaded or written as asked; the message names the
+    file, the tensor or field, and the expected versus found value."""
 
 
 def check_device(device) -> None:

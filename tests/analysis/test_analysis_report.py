@@ -9,7 +9,10 @@ import pytest
 import torch
 from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts, qkv_load_unavailable
 
-from qkv.analysis import AnalysisInputError, AnalyzeOptions, Documents, analyze, write_report
+from qkv.analysis.analyze import analyze
+from qkv.analysis.analyze import AnalyzeOptions
+from qkv.analysis.inputs import AnalysisInputError, Documents
+from qkv.analysis.report import write_report
 from qkv.analysis.heads import HEAD_METRICS
 
 FAST = {"max_len": MAX_LEN, "token_sample": 600, "probe_top_tokens": 10, "max_word_types": 60, "batch_size": 8}

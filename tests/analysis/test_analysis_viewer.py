@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from analysis_support import MAX_LEN, N_HEADS, N_LAYERS, pydoc_texts
 
-from qkv.analysis import AnalysisInputError, inspect_text, write_inspection
+from qkv.analysis.inputs import AnalysisInputError
+from qkv.analysis.viewer import inspect_text, write_inspection
 from qkv.analysis.viewer_html import quantize_attention
 
 MIN_WEIGHT = 0.02  # the viewer's default line threshold
@@ -52,7 +53,7 @@ def test_inspect_long_text_is_an_error_unless_truncated(tiny_hf_model, tiny_toke
 
 def test_inspect_takes_what_qkv_load_returns(tiny_hf_folder, inspection, tmp_path):
     import qkv
-    from qkv.analysis import run_inspect
+    from qkv.analysis.viewer import run_inspect
 
     text, pair = "the cat sat on the mat because it was tired", "then it slept"
     ours = inspect_text(*qkv.load(tiny_hf_folder), text, pair)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from qkv.data import Corpus, build_token_cache, train_tokenizer
+from qkv.data.cache import build_token_cache
+from qkv.data.corpus import Corpus
+from qkv.data.tokenizer import train_tokenizer
 from qkv.data.versification import KJV_BOOKS, book
 
 VOCAB = 997  # distinct from every other size in the tests

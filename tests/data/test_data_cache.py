@@ -8,16 +8,10 @@ import socket
 import numpy as np
 import pytest
 
-from qkv.data import (
-    CacheError,
-    Corpus,
-    CorpusDecodeError,
-    EmptyCorpusError,
-    WordPieceTokenizer,
-    build_token_cache,
-    open_token_cache,
-    train_tokenizer,
-)
+from qkv.data.cache import build_token_cache, open_token_cache
+from qkv.data.corpus import Corpus
+from qkv.data.errors import CacheError, CorpusDecodeError, EmptyCorpusError
+from qkv.data.tokenizer import WordPieceTokenizer, train_tokenizer
 
 
 def _write(tmp_path, lines, name="c.txt"):

@@ -10,20 +10,8 @@ import tracemalloc
 
 import pytest
 
-from qkv.data import (
-    Corpus,
-    CorpusDecodeError,
-    CorpusError,
-    CorpusFormatError,
-    CorpusNotFoundError,
-    CorpusOptions,
-    DatasetNotInstalledError,
-    DocumentTooLongError,
-    EmptyCorpusError,
-    UnknownDatasetError,
-    open_corpus,
-    train_eval_corpora,
-)
+from qkv.data.corpus import Corpus, CorpusOptions, open_corpus, train_eval_corpora
+from qkv.data.errors import CorpusDecodeError, CorpusError, CorpusFormatError, CorpusNotFoundError, DatasetNotInstalledError, DocumentTooLongError, EmptyCorpusError, UnknownDatasetError
 
 
 def has_package(name: str) -> bool:

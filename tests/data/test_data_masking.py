@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.data import IGNORE_INDEX, MaskingConfig, PackedBlocks, mask_tokens, position_generators
+from qkv.data.masking import IGNORE_INDEX, MaskingConfig, mask_tokens, position_generators
+from qkv.data.packing import PackedBlocks
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from qkv.data import BlockSampler, PackedBlocks, SpecialTokens, TokenCache
+from qkv.data.cache import TokenCache
+from qkv.data.packing import BlockSampler, PackedBlocks
+from qkv.data.tokenizer import SpecialTokens
 
 SP = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4)
 

@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.data import (
-    IGNORE_INDEX,
-    CorpusDecodeError,
-    CorpusFormatError,
-    CorpusNotFoundError,
-    MaskingConfig,
-    UnknownDatasetError,
-    prepare_pretraining_data,
-)
+from qkv.data.errors import CorpusDecodeError, CorpusFormatError, CorpusNotFoundError, UnknownDatasetError
+from qkv.data.masking import IGNORE_INDEX, MaskingConfig
+from qkv.data.pipeline import prepare_pretraining_data
 
 
 @pytest.fixture(scope="module")

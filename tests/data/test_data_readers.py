@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from qkv.data import CorpusDecodeError, CorpusError, CorpusFormatError, CorpusNotFoundError
+from qkv.data.errors import CorpusDecodeError, CorpusError, CorpusFormatError, CorpusNotFoundError
 from qkv.data.readers import DEFAULT_MAX_DOC_BYTES, input_format, iter_records, read_records
 
 

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from qkv.data import SPECIAL_TOKENS, TokenizerError, load_tokenizer, train_tokenizer
+from qkv.data.errors import TokenizerError
+from qkv.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_tokenizer
 from qkv.data.tokenizer import _PIECE_CHARS
 
 TEXT = "The quick brown fox doesn't jump over Lazy dogs; unbelievable!"
@@ -32,7 +33,7 @@ def test_cased_option():
 
 
 def test_training_is_deterministic_across_processes(pydoc_tokenizer):
-    code = ("from qkv.data import Corpus, train_tokenizer;"
+    code = ("from qkv.data.corpus import Corpus; from qkv.data.tokenizer import train_tokenizer;"
             "print(train_tokenizer(Corpus('dataset:pydoc'), vocab_size=997).fingerprint())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == pydoc_tokenizer.fingerprint()
@@ -105,6 +106,6 @@ def test_load_errors(tmp_path):
 def test_train_errors():
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer(["a b c"], vocab_size=8)
-    from qkv.data import EmptyCorpusError
+    from qkv.data.errors import EmptyCorpusError
     with pytest.raises(EmptyCorpusError):
         train_tokenizer(["   ", "\n"], vocab_size=100)

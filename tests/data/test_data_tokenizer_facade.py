@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from qkv.data import TokenizerError
+from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import (
     TokenizerFile,
     TokenizerView,

@@ -143,7 +143,7 @@ def test_input_errors(tmp_path):
 
 def test_streaming_reads_lazily(tiny_model):
     """A chunk is embedded and handed on before the next one is read: memory is one chunk."""
-    from qkv.embeddings import Embedder
+    from qkv.embeddings.embedder import Embedder
 
     consumed = []
 

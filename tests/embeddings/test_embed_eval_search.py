@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qkv.cli import main
-from qkv.embeddings import EmbeddingError
+from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.evaluate import knn_accuracy, retrieval_map
 from qkv.embeddings.search import SearchIndex, build_index, search
 

@@ -89,7 +89,7 @@ def test_layer_average_matches_hand_computation(models):
 
 
 def test_folder_defaults_from_sentence_transformers_config(minilm):
-    from qkv.embeddings import Embedder
+    from qkv.embeddings.embedder import Embedder
 
     emb = Embedder(minilm)
     assert emb.pooling == "mean" and emb.window == 256  # sentence_bert_config.json's max_seq_length

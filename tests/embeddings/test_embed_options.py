@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv.embeddings import EmbeddingError, Embedder, EmbedOptions
+from qkv.embeddings.embedder import Embedder
+from qkv.embeddings.errors import EmbeddingError
+from qkv.embeddings.options import EmbedOptions
 from qkv.embeddings.options import VECTOR_FIELDS, as_options
 from qkv.errors import QkvError
 

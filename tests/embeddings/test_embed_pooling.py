@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import qkv
-from qkv.embeddings import EmbeddingError, EmptyDocumentError, pool
+from qkv.embeddings.errors import EmbeddingError, EmptyDocumentError
+from qkv.embeddings.pooling import pool
 from qkv.embeddings.pooling import normalize_layers, select_layers
 
 
@@ -103,7 +104,7 @@ def test_run_folder_declares_its_block_length(tiny_model, tmp_path):
     import json
     import shutil
 
-    from qkv.embeddings import Embedder
+    from qkv.embeddings.embedder import Embedder
 
     run = tmp_path / "run"
     shutil.copytree(tiny_model, run)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from qkv.data.windows import length_batches
-from qkv.embeddings import EmbeddingError, Embedder
+from qkv.embeddings.embedder import Embedder
+from qkv.embeddings.errors import EmbeddingError
 from qkv.hardware import precision_unsupported
 
 CPU = torch.device("cpu")

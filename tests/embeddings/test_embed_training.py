@@ -10,7 +10,7 @@ import torch
 
 import qkv
 from qkv.cli import main
-from qkv.embeddings import EmbeddingError
+from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.contrastive import ContrastiveConfig, contrastive_loss, train_embeddings
 
 
@@ -81,7 +81,7 @@ def test_train_embeddings_command(tiny_model, tmp_path, capsys):
 def test_training_from_a_masked_lm_folder(tiny_model, tmp_path, labelled):
     """A `qkv pretrain` run holds a MaskedLM; training keeps its encoder and writes an Encoder folder."""
     from qkv.models.builders import build_masked_lm
-    from qkv.models.io import save
+    from qkv.checkpoints.io import save
     from qkv.nn.encoder import Encoder
 
     encoder, tokenizer = qkv.load(tiny_model)

@@ -9,7 +9,8 @@ import torch
 
 import qkv
 from qkv.data.windows import window_starts  # checked against a hand-written reference in tests/data
-from qkv.embeddings import EmbeddingError, Embedder
+from qkv.embeddings.embedder import Embedder
+from qkv.embeddings.errors import EmbeddingError
 
 WORDS = ("the cat sat on a mat and the dog ran to the house by the river in the park with a "
          "ball then they slept under old tree").split()

@@ -34,7 +34,7 @@ def model_folder(tmp_path_factory, tokenizer) -> Path:
     """A tiny random qkv masked-LM folder (window 32) with its tokenizer; do not modify it."""
     from qkv.config import ModelConfig
     from qkv.models.builders import build_masked_lm
-    from qkv.models.io import save
+    from qkv.checkpoints.io import save
 
     torch.manual_seed(0)
     cfg = ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_len=32)

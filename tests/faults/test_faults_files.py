@@ -16,7 +16,7 @@ import qkv
 from qkv.cli import main
 from qkv.data.errors import CacheError
 from qkv.embeddings.errors import EmbeddingError
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 
 # ------------------------------------------------------------------------------------------ token cache
 

@@ -124,7 +124,7 @@ def test_damaged_checkpoint_is_refused_with_a_message(case, interrupted, capsys)
 def test_checkpoint_of_another_vocabulary_size_is_refused(interrupted):
     from qkv.config import ModelConfig
     from qkv.models.builders import build_masked_lm
-    from qkv.models.errors import CheckpointError
+    from qkv.errors import CheckpointError
     from qkv.training.checkpoint import load_checkpoint
     from qkv.training.optim import build_optimizer
 
@@ -178,7 +178,8 @@ def test_damaged_metrics_line_before_the_last_names_the_file(interrupted, capsys
 
 
 def test_rewritten_corpus_is_refused_on_resume(tmp_path, texts, capsys):
-    from qkv.training import TrainConfig, pretrain
+    from qkv.training.config import TrainConfig
+    from qkv.training.loop import pretrain
 
     corpus = tmp_path / "small.txt"
     corpus.write_text("\n".join(" ".join(t.split()) for t in texts[:40]) + "\n")
@@ -234,7 +235,8 @@ def test_two_new_runs_on_one_out_one_wins_cleanly(tmp_path, cache):
 
 def test_disk_full_while_checkpointing_says_nothing_is_lost(tmp_path, monkeypatch, capsys):
     import qkv.training.checkpoint as ck
-    from qkv.training import TrainConfig, pretrain
+    from qkv.training.config import TrainConfig
+    from qkv.training.loop import pretrain
     from qkv.training.checkpoint import CheckpointWriteError, latest_checkpoint
 
     cfg = TrainConfig(corpus=("dataset:pydoc",), out=str(tmp_path / "run"), preset="tiny", model={"max_len": 40},

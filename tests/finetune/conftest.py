@@ -27,7 +27,7 @@ def tiny_bert(tmp_path_factory, vocab_texts) -> Path:
     from qkv.config import ModelConfig
     from qkv.data.tokenizer import train_tokenizer
     from qkv.models.builders import build_encoder
-    from qkv.models.io import save
+    from qkv.checkpoints.io import save
 
     tok = train_tokenizer(vocab_texts, vocab_size=200)
     torch.manual_seed(0)

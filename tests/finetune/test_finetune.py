@@ -12,7 +12,9 @@ import torch
 
 from finetune_support import write_jsonl
 from qkv.cli import main
-from qkv.finetune import FinetuneConfig, FinetuneDataError, finetune
+from qkv.finetune.config import FinetuneConfig
+from qkv.finetune.examples import FinetuneDataError
+from qkv.finetune.run import finetune
 
 FAST = dict(batch_size=16, lr=3e-3, warmup_steps=5, progress=False, eval_sample=60, baselines=())
 
@@ -80,7 +82,7 @@ def test_sequence_classification_report_files_and_int_labels(tiny_bert, tmp_path
 
     model = qkv.load(tmp_path / "run").model
     assert type(model).__name__ == "SequenceClassifier" and model.task.labels == ("3", "13", "23")
-    from qkv.finetune import predict_file
+    from qkv.finetune.predict import predict_file
 
     predict_file(qkv.load(tmp_path / "run"), str(texts), tmp_path / "q.jsonl", progress=False, device="cpu")
     again = [json.loads(line) for line in (tmp_path / "q.jsonl").read_text().splitlines()]

@@ -12,7 +12,8 @@ import torch
 
 from finetune_support import TOPIC, tagged_sentence, topic_text, write_conll, write_jsonl
 from qkv.cli import main
-from qkv.finetune import FinetuneConfig, finetune
+from qkv.finetune.config import FinetuneConfig
+from qkv.finetune.run import finetune
 from qkv.finetune.encode import encode_sequences, encode_tagged
 from qkv.finetune.inputs import load_task_model
 from qkv.finetune.predict import score, score_packed

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from qkv.config import ModelConfig
-from qkv.generation import generate, pad_prompts
+from qkv.generation.loop import generate
+from qkv.generation.prompts import pad_prompts
 from qkv.models.builders import build_causal_lm, build_masked_lm
 
 

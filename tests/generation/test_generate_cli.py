@@ -15,7 +15,7 @@ def lm_folder(tmp_path_factory):
     from qkv.config import ModelConfig
     from qkv.data.tokenizer import train_tokenizer
     from qkv.models.builders import build_causal_lm
-    from qkv.models.io import save
+    from qkv.checkpoints.io import save
 
     texts = [topics[k] for k in sorted(topics)][:40]
     tok = train_tokenizer(texts, vocab_size=200, max_chars=60_000)
@@ -33,7 +33,7 @@ def _tokenizer(folder):
 
 
 def test_one_prompt_streams_the_greedy_continuation(lm_folder, capsys):
-    from qkv.generation import generate_texts
+    from qkv.generation.prompts import generate_texts
 
     import qkv
 
@@ -78,7 +78,7 @@ def test_prompt_helpers_follow_the_tokenizer(lm_folder):
 
 
 def test_pad_prompts_takes_strings_with_a_tokenizer(lm_folder):
-    from qkv.generation import pad_prompts
+    from qkv.generation.prompts import pad_prompts
     from qkv.generation.prompts import prompt_ids
 
     tok = _tokenizer(lm_folder)

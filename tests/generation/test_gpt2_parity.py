@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from qkv.generation import generate, pad_prompts
+from qkv.generation.loop import generate
+from qkv.generation.prompts import pad_prompts
 
 from gpt2_support import gpt2_pair
 

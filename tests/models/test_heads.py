@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import qkv
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.heads import POOLINGS, TASKS, SequenceClassifier, TaskConfig, TaskOutput, TokenClassifier
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.models.task_builders import build_task_model

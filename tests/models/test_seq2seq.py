@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import qkv
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder_decoder
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.seq2seq import shift_right
 
 

@@ -6,7 +6,7 @@ import torch
 
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder, build_masked_lm
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.heads import SequenceClassifier, TaskConfig, TokenClassifier
 from qkv.models.task_builders import attach_task_head, build_task_model
 from qkv.nn.pooler import Pooler

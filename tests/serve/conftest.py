@@ -35,7 +35,7 @@ def tiny_folders(tmp_path_factory, pydoc_texts) -> dict[str, Path]:
     from qkv.embeddings.search import build_index
     from qkv.models.builders import build_causal_lm, build_model
     from qkv.models.heads import TaskConfig
-    from qkv.models.io import save
+    from qkv.checkpoints.io import save
     from qkv.models.task_builders import build_task_model
 
     root = tmp_path_factory.mktemp("serve")

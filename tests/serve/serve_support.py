@@ -19,7 +19,7 @@ def minilm_folder() -> Path | None:
 
 def running(config):
     """A started :class:`~qkv.serve.BackgroundServer` for ``config`` (port 0: a free one)."""
-    from qkv.serve import BackgroundServer
+    from qkv.serve.runner import BackgroundServer
 
     return BackgroundServer(config).start()
 

@@ -7,7 +7,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from qkv.cli import main
-from qkv.serve import Limits, ModelSpec, ServeConfig, ServeError, parse_model_spec
+from qkv.serve.config import Limits, ModelSpec, ServeConfig, parse_model_spec
+from qkv.serve.errors import ServeError
 from qkv.serve.config import is_loopback
 from qkv.serve.metrics import Metrics
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_support import openai_client, running
 
 import qkv
-from qkv.serve import ServeConfig, parse_model_spec
+from qkv.serve.config import ServeConfig, parse_model_spec
 
 TEXTS = ["the cat sat on the mat", "Attention is all you need.",
          "Transformers read whole sentences at once; every token attends to every other token in the layer before.",

@@ -14,7 +14,7 @@ import urllib.parse
 import pytest
 from serve_support import openai_client, running
 
-from qkv.serve import Limits, ServeConfig, parse_model_spec
+from qkv.serve.config import Limits, ServeConfig, parse_model_spec
 
 KEY = "s3cret-key-for-tests"
 AUTH = {"Authorization": f"Bearer {KEY}"}

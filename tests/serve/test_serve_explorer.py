@@ -16,7 +16,7 @@ import pytest
 from serve_support import running
 
 import qkv
-from qkv.serve import ServeConfig, parse_model_spec
+from qkv.serve.config import ServeConfig, parse_model_spec
 from qkv.serve.pages import ASSETS
 
 HOSTILE = '<img src=x id=pwned onerror="document.title=1">'
@@ -92,7 +92,7 @@ def test_the_explorer_renders_attention_predictions_and_neighbours(server, brows
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from qkv.analysis import inspect_text
+    from qkv.analysis.viewer import inspect_text
     from qkv.analysis.fill_mask import fill_mask
     from qkv.data.tokenizer import WordPieceTokenizer
     from qkv.embeddings.search import SearchIndex
@@ -155,7 +155,7 @@ def test_the_explorer_streams_a_causal_lms_generation(server, browser, tiny_fold
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from qkv.generation import generate_texts
+    from qkv.generation.prompts import generate_texts
 
     drv = browser
     drv.get(server.url + "/")

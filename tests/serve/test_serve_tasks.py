@@ -12,7 +12,7 @@ import pytest
 from serve_support import openai_client, running
 
 import qkv
-from qkv.serve import ServeConfig, parse_model_spec
+from qkv.serve.config import ServeConfig, parse_model_spec
 
 PROMPTS = ["the class", "a function is"]
 
@@ -83,7 +83,7 @@ def test_fill_mask_answers_what_fill_mask_gives(server, tiny_folders):
 
 
 def test_completions_answer_what_generate_texts_gives(server, tiny_folders):
-    from qkv.generation import generate_texts
+    from qkv.generation.prompts import generate_texts
 
     model, tok = qkv.load(tiny_folders["lm"])
     client = openai_client(server.url)
@@ -115,7 +115,7 @@ def test_a_streamed_completion_adds_up_to_the_whole_one(server):
 
 
 def test_attention_is_inspect_texts(server, tiny_folders):
-    from qkv.analysis import inspect_text
+    from qkv.analysis.viewer import inspect_text
 
     got = post(server, "/v1/attention", {"model": "mlm", "input": "the class is a function"})
     want = inspect_text(*qkv.load(tiny_folders["mlm"]), "the class is a function")

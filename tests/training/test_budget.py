@@ -9,7 +9,8 @@ import signal
 
 import pytest
 
-from qkv.training import TrainConfig, pretrain
+from qkv.training.config import TrainConfig
+from qkv.training.loop import pretrain
 from qkv.training.budget import BudgetClock, timed_lr_factor
 from qkv.training.metrics import read_metrics
 

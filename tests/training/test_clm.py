@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 import qkv
 from qkv.data.pipeline import clm_labels
 from qkv.models.causal_lm import CausalLM
-from qkv.training import TrainConfig, pretrain
+from qkv.training.config import TrainConfig
+from qkv.training.loop import pretrain
 from qkv.training.baselines import CountModel, baseline_perplexities
 
 TINY = dict(objective="clm", preset="tiny", model={"max_len": 40, "dropout": 0.0, "norm": "pre"}, vocab_size=300,
@@ -49,7 +50,7 @@ def test_count_baselines_against_a_hand_computation():
 
 
 def test_baselines_are_scored_on_the_held_out_blocks_from_training_counts(tmp_path):
-    from qkv.data import prepare_pretraining_data
+    from qkv.data.pipeline import prepare_pretraining_data
 
     data = prepare_pretraining_data("dataset:pydoc", vocab_size=300, max_len=24, cache_dir=tmp_path / "c")
     idx = np.arange(min(20, len(data.eval)))

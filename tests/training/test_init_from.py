@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from qkv.training import TrainConfig, pretrain
+from qkv.training.config import TrainConfig
+from qkv.training.loop import pretrain
 
 transformers = pytest.importorskip("transformers")
 

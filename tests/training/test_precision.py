@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from qkv.training import TrainConfig, pretrain
+from qkv.training.config import TrainConfig
+from qkv.training.loop import pretrain
 from qkv.training import precision as prec
 from qkv.training.metrics import read_metrics
 

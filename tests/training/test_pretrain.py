@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qkv.training import TrainConfig, TrainingError, pretrain
+from qkv.training.config import TrainConfig
+from qkv.training.loop import TrainingError, pretrain
 from qkv.training.rundir import RunError
 
 TINY = dict(preset="tiny", model={"max_len": 40, "dropout": 0.0}, vocab_size=300, max_len=24,
@@ -48,7 +49,7 @@ def _env(tmp_path: Path) -> dict:
 
 def test_tiny_model_overfits_a_fixed_batch_of_pydoc(tmp_path):
     from qkv.config import ModelConfig
-    from qkv.data import prepare_pretraining_data
+    from qkv.data.pipeline import prepare_pretraining_data
     from qkv.models.builders import build_masked_lm
     from qkv.training.optim import build_optimizer
 

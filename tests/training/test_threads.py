@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qkv.training import TrainConfig
+from qkv.training.config import TrainConfig
 from qkv.training.threads import ThreadGovernor
 
 # seconds per step by thread count, measured for cpu-small on 2 cores (idle / one CPU-bound job)

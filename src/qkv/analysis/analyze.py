@@ -132,7 +132,7 @@ def analyze(
         AnalysisInputError: empty corpus, texts that do not fit (with ``long_text="error"``), or a
             model whose output lacks hidden states / attentions.
     """
-    from qkv.models.io import unpack
+    from qkv.checkpoints.io import unpack
 
     opts = options or AnalyzeOptions()
     t0 = time.perf_counter()

@@ -34,7 +34,7 @@ def load_model(path: str | Path):
     """Load a model folder with :func:`qkv.load` (a qkv folder or a Hugging Face BERT folder).
 
     Returns:
-        The :class:`~qkv.models.io.Pretrained` ``(model, tokenizer)``, the model in eval mode.
+        The :class:`~qkv.checkpoints.io.Pretrained` ``(model, tokenizer)``, the model in eval mode.
 
     Raises:
         AnalysisInputError: the folder is missing or ``qkv.load`` cannot load it (message names it).
@@ -57,13 +57,13 @@ def load_model(path: str | Path):
 
 
 def model_and_tokenizer(model) -> tuple[object, TokenizerView, str]:
-    """``(model, tokenizer view, name)`` of a model folder or a :class:`~qkv.models.io.Pretrained`
+    """``(model, tokenizer view, name)`` of a model folder or a :class:`~qkv.checkpoints.io.Pretrained`
     (what :func:`run_analyze` and ``run_inspect`` accept); ``name``: the folder, else the model's class.
 
     Raises:
         AnalysisInputError: a folder :func:`load_model` cannot load, or a model without a usable tokenizer.
     """
-    from qkv.models.io import Pretrained
+    from qkv.checkpoints.io import Pretrained
 
     if isinstance(model, Pretrained):
         return model.model, tokenizer_view(model.tokenizer), type(model.model).__name__

@@ -90,7 +90,7 @@ def inspect_text(
     """
     if long_text not in ("error", "truncate"):
         raise AnalysisInputError(f"long_text for inspect must be 'error' or 'truncate', got {long_text!r}")
-    from qkv.models.io import unpack
+    from qkv.checkpoints.io import unpack
 
     model, tokenizer = unpack(model, tokenizer)  # a qkv.load bundle brings its tokenizer
     tokenizer = tokenizer_view(tokenizer)
@@ -173,7 +173,7 @@ def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None =
     Raises:
         AnalysisInputError: empty text, a token outside the vocabulary, a text longer than the window.
     """
-    from qkv.models.io import unpack
+    from qkv.checkpoints.io import unpack
 
     model, tokenizer = unpack(model, tokenizer)
     if tokenizer is None:

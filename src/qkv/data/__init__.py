@@ -15,41 +15,5 @@ Parallel text for translation: :mod:`~qkv.data.sword` (SWORD Bible modules; mark
 :mod:`~qkv.data.verse_align` (a length-based check that two Bibles' verses match),
 :mod:`~qkv.data.bible` (``dataset:bible-en-es``, split by whole books), :mod:`~qkv.data.pairs`
 (pair files through the record reader).
-"""
 
-from qkv.data.cache import TokenCache, build_token_cache, default_cache_dir, open_token_cache
-from qkv.data.corpus import Corpus, CorpusOptions, Document, TrainEval, open_corpus, train_eval_corpora
-from qkv.data.datasets import DATASETS
-from qkv.data.errors import (
-    CacheError,
-    CorpusDecodeError,
-    CorpusError,
-    CorpusFormatError,
-    CorpusNotFoundError,
-    DatasetNotInstalledError,
-    DocumentTooLongError,
-    EmptyCorpusError,
-    TokenizerError,
-    UnknownDatasetError,
-)
-from qkv.data.masking import IGNORE_INDEX, MaskingConfig, mask_tokens, position_generators
-from qkv.data.packing import Blocks, BlockSampler, PackedBlocks
-from qkv.data.pipeline import MLMBatch, MLMBatches, PretrainingData, prepare_pretraining_data
-from qkv.data.tokenizer import (
-    SPECIAL_TOKENS,
-    SpecialTokens,
-    WordPieceTokenizer,
-    load_tokenizer,
-    train_tokenizer,
-)
-
-__all__ = [
-    "Corpus", "CorpusOptions", "Document", "TrainEval", "open_corpus", "train_eval_corpora", "DATASETS",
-    "WordPieceTokenizer", "SpecialTokens", "SPECIAL_TOKENS", "train_tokenizer", "load_tokenizer",
-    "TokenCache", "build_token_cache", "open_token_cache", "default_cache_dir",
-    "PackedBlocks", "Blocks", "BlockSampler",
-    "MaskingConfig", "mask_tokens", "position_generators", "IGNORE_INDEX",
-    "MLMBatch", "MLMBatches", "PretrainingData", "prepare_pretraining_data",
-    "CorpusError", "CorpusNotFoundError", "EmptyCorpusError", "CorpusDecodeError", "DocumentTooLongError",
-    "CorpusFormatError", "UnknownDatasetError", "DatasetNotInstalledError", "TokenizerError", "CacheError",
-]
+Import each name from the module that defines it."""

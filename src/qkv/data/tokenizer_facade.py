@@ -1,7 +1,7 @@
 """The one way in and out for the tokenizer of a model: load, view, check, save.
 
 Every package that tokenizes text for a model goes through here — model folders
-(:mod:`qkv.models.io`), embeddings, analysis, fine-tuning, pretraining tokenizers
+(:mod:`qkv.checkpoints.io`), embeddings, analysis, fine-tuning, pretraining tokenizers
 (:func:`qkv.data.tokenizer.load_tokenizer`); training new WordPiece tokenizers lives in
 :mod:`qkv.data.tokenizer`.
 

@@ -24,7 +24,7 @@ Texts are cut to their first ``max_len`` tokens during training (training sees w
 later still covers whole documents). The run folder ends as a model folder with
 ``embedding.json`` (the pooling it was trained for and the training record, written last), which
 :func:`qkv.embed` reads: by default (``folder_format="sentence-transformers"``) a
-sentence-transformers folder (:func:`qkv.embeddings.st_folder.save_st_folder`: Hugging Face BERT
+sentence-transformers folder (:func:`qkv.checkpoints.st_folder.save_st_folder`: Hugging Face BERT
 weights, ``modules.json``, ``1_Pooling``, ``2_Normalize``) that
 ``sentence_transformers.SentenceTransformer`` loads too, with the same vectors for texts within the
 window; with ``"qkv"`` a qkv encoder folder.
@@ -52,11 +52,12 @@ from qkv.embeddings.embedder import EMBED_SPECIALS, EMBEDDING_JSON, folder_defau
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import EmbedOptions
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
-from qkv.embeddings.st_folder import MODULES_JSON, save_st_folder
+from qkv.checkpoints.st_folder import save_st_folder
+from qkv.checkpoints.st_settings import MODULES_JSON
 from qkv.errors import check_device
-from qkv.models import families
-from qkv.models.errors import CheckpointError
-from qkv.models.io import load, save
+from qkv.checkpoints import families
+from qkv.errors import CheckpointError
+from qkv.checkpoints.io import load, save
 from qkv.models.mlm import MaskedLM
 from qkv.training import distributed as qdist
 from qkv.training.config import LoopConfig, RunConfig

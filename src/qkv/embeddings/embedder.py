@@ -66,13 +66,13 @@ class EmbedStats:
 
 def resolve_model(model_or_path, tokenizer=None):
     """``(encoder, tokenizer view, folder defaults, model reference)`` from a folder, a
-    :class:`~qkv.models.io.Pretrained` (``qkv.load(folder)``) or a model (with ``tokenizer=``).
+    :class:`~qkv.checkpoints.io.Pretrained` (``qkv.load(folder)``) or a model (with ``tokenizer=``).
 
     Raises:
         EmbeddingError: not loadable, not an encoder, or no tokenizer.
     """
-    from qkv.models.errors import CheckpointError
-    from qkv.models.io import Pretrained, load, unpack
+    from qkv.errors import CheckpointError
+    from qkv.checkpoints.io import Pretrained, load, unpack
     from qkv.models.mlm import MaskedLM
     from qkv.nn.encoder import Encoder
 
@@ -319,7 +319,7 @@ def embed(model_or_path, texts: Sequence[str] | str, options: EmbedOptions | Non
 
     Args:
         model_or_path: a model folder (qkv, qkv run, or Hugging Face BERT; see :func:`qkv.load`), what
-            :func:`qkv.load` returns (a :class:`~qkv.models.io.Pretrained`), or an
+            :func:`qkv.load` returns (a :class:`~qkv.checkpoints.io.Pretrained`), or an
             :class:`~qkv.nn.encoder.Encoder` / :class:`~qkv.models.mlm.MaskedLM` (with ``tokenizer=``).
         texts: the documents (a single ``str`` is one document).
         options: the :class:`~qkv.embeddings.options.EmbedOptions` (default ``EmbedOptions()``:

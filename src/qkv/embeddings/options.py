@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qkv.checkpoints.st_settings import read_st_settings
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling, normalize_layers
 from qkv.errors import check_device
@@ -298,7 +299,7 @@ def folder_defaults(folder: str | os.PathLike) -> dict[str, Any]:
 
     ``embedding.json`` (qkv), else a pretraining run's block length (``run.json``'s
     ``train_config.max_len``: longer windows would reach position embeddings that never trained) or
-    the sentence-transformers files (:func:`qkv.embeddings.st_folder.read_st_settings`: every
+    the sentence-transformers files (:func:`qkv.checkpoints.st_settings.read_st_settings`: every
     pooling mode of ``1_Pooling/config.json``, the ``Normalize`` module of ``modules.json``,
     ``max_seq_length``; a module or option qkv cannot reproduce is refused).
 
@@ -309,8 +310,6 @@ def folder_defaults(folder: str | os.PathLike) -> dict[str, Any]:
         OSError, json.JSONDecodeError: an unreadable settings file.
         EmbeddingError: a sentence-transformers folder qkv cannot reproduce (named).
     """
-    from qkv.embeddings.st_folder import read_st_settings
-
     folder = Path(folder)
     out: dict[str, Any] = {}
     own = folder / EMBEDDING_JSON

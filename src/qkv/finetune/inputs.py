@@ -19,7 +19,7 @@ def load_task_model(folder):
     """``(model, tokenizer view, settings)`` of a fine-tuning run or any folder with a task head.
 
     Args:
-        folder: the folder, or a :class:`~qkv.models.io.Pretrained` (``qkv.load(folder)``) whose
+        folder: the folder, or a :class:`~qkv.checkpoints.io.Pretrained` (``qkv.load(folder)``) whose
             model has a task head.
 
     ``settings``: ``task``, ``labels``, ``label_kind``, ``max_len``, ``stride``, ``truncate`` — from the
@@ -29,8 +29,8 @@ def load_task_model(folder):
     Raises:
         FinetuneDataError: not a loadable folder, no task head, or no tokenizer.
     """
-    from qkv.models.errors import CheckpointError
-    from qkv.models.io import Pretrained, load
+    from qkv.errors import CheckpointError
+    from qkv.checkpoints.io import Pretrained, load
 
     if isinstance(folder, Pretrained):
         (model, tok), folder = folder, None

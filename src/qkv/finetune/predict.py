@@ -165,7 +165,7 @@ class Predictor:
 
     Args:
         run: a fine-tuning run folder (its settings from ``run.json``), any folder with a task head,
-            or a :class:`~qkv.models.io.Pretrained` with one (``qkv.load(folder)``).
+            or a :class:`~qkv.checkpoints.io.Pretrained` with one (``qkv.load(folder)``).
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"`` …
         precision: ``"fp32"``, ``"bf16"`` or ``"int8"`` (see :func:`qkv.inference.for_inference`),
             checked against the device before anything is loaded.
@@ -237,7 +237,7 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     """``qkv predict``: predictions for every input of ``input_spec`` into JSONL ``out``.
 
     ``run``: a fine-tuning run folder (its settings from ``run.json``), any folder with a task head,
-    or a :class:`~qkv.models.io.Pretrained` with one (``qkv.load(folder)``).
+    or a :class:`~qkv.checkpoints.io.Pretrained` with one (``qkv.load(folder)``).
 
     Input: a text file (one text per line), ``.jsonl``/``.csv``/``.tsv`` with ``text_field`` (label
     fields, if present, are ignored), or for token models a CoNLL file / JSONL with ``tokens_field``.

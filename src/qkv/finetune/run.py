@@ -103,8 +103,8 @@ def _fingerprint(*splits: Examples) -> str:
 
 
 def _starting_model(cfg: FinetuneConfig):
-    from qkv.models.errors import CheckpointError
-    from qkv.models.io import load
+    from qkv.errors import CheckpointError
+    from qkv.checkpoints.io import load
 
     if not Path(cfg.model).is_dir():
         raise FinetuneDataError(f"{cfg.model}: not a folder; give a qkv model or run folder, or a Hugging Face "

@@ -39,9 +39,9 @@ def _eos_ids(eos_token_id) -> list[int]:
 
 def check_generate(model, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, sliding):
     """``ValueError`` for the first bad argument of :func:`generate`; the checked ``(ids, mask)``."""
-    from qkv.models.causal_lm import CausalLM
-
-    if not isinstance(model, CausalLM):
+    if not getattr(getattr(model, "decoder", None), "causal", False) or not hasattr(model, "decoder_weight"):
+        # a causal stack with a tied LM head (qkv.models.causal_lm.CausalLM); checked by shape, not by
+        # class, so that this module does not import the model that delegates its generate() here
         raise ValueError(f"generate needs a causal LM (qkv.models.causal_lm.CausalLM, kind causal_lm), got "
                          f"{type(model).__name__}; a masked LM or encoder does not predict the next token")
     if not isinstance(input_ids, Tensor):

@@ -12,10 +12,5 @@
   synthetic-task objective on the training engine; its configuration in :mod:`qkv.lab.encoder_config`)
   and measures held-out exact match (also at longer lengths), attention entropy and gradient norms
   at initialisation.
-"""
 
-from __future__ import annotations
-
-from qkv.lab.tasks import TASKS, Task, get_task, register_task
-
-__all__ = ["TASKS", "Task", "get_task", "register_task"]
+Import each name from the module that defines it."""

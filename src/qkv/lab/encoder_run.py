@@ -37,7 +37,7 @@ from qkv.analysis.heads import head_statistics
 from qkv.lab.encoder_config import EVAL_SEED, EncoderTaskConfig
 from qkv.lab.streams import IGNORE, SEP
 from qkv.models.builders import build_masked_lm
-from qkv.models.io import load, save
+from qkv.checkpoints.io import load, save
 from qkv.training.config import LoopConfig
 from qkv.training.distributed import refuse_world
 from qkv.training.engine import TrainResult, gradients, run_training

@@ -29,7 +29,7 @@ from qkv._fs import atomic_write_text
 from qkv.config import ModelConfig
 from qkv.lab.tasks import EOS, PAD, SPECIALS, Task, get_task
 from qkv.models.builders import build_encoder_decoder
-from qkv.models.io import load, save
+from qkv.checkpoints.io import load, save
 from qkv.training.config import LoopConfig, RunConfig
 from qkv.training.distributed import refuse_world
 from qkv.training.engine import run_training

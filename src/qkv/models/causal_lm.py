@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.generation.loop import generate
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.nn.encoder import Encoder
 from qkv.nn.kv_cache import KVCache
@@ -148,6 +149,4 @@ class CausalLM(nn.Module):
         Returns:
             ``(B, T + n)`` long: the prompts as given, then the new tokens.
         """
-        from qkv.generation.loop import generate
-
         return generate(self, input_ids, **options)

@@ -8,7 +8,7 @@ Loss with ``labels`` (1 = replaced, 0 = original): binary cross-entropy with log
 the real tokens (``attention_mask``), as Hugging Face's ``ElectraForPreTraining`` computes it.
 
 Built by :func:`qkv.models.builders.build_discriminator`; saved, loaded and exported by
-:mod:`qkv.models.io` (kind ``"discriminator"``).
+:mod:`qkv.checkpoints.io` (kind ``"discriminator"``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from qkv.models.builders import (build_causal_lm, build_discriminator, build_enc
                                  build_model)
 from qkv.models.causal_lm import CausalLM
 from qkv.models.discriminator import Discriminator
-from qkv.models.families import KINDS, kind_of
 from qkv.models.heads import TaskConfig, TaskModel
 from qkv.models.mlm import MaskedLM
 from qkv.models.seq2seq import EncoderDecoder
@@ -23,9 +22,19 @@ from qkv.models.task_builders import build_task_model
 from qkv.nn.encoder import Encoder
 from qkv.nn.maps import TRAINING, LinearMaps
 
-__all__ = ["KINDS", "model_kind", "build_kind", "encoder_of"]
+__all__ = ["KINDS", "kind_of", "model_kind", "build_kind", "encoder_of"]
 
+#: The kinds (``qkv.json`` ``kind``), as the Hugging Face converters name them too.
+KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification", "discriminator", "causal_lm",
+         "encoder_decoder")
 _MODELS = (MaskedLM, Encoder, TaskModel, Discriminator, CausalLM, EncoderDecoder)
+
+
+def kind_of(masked_lm: bool, task: TaskConfig | None) -> str:
+    """The kind of an encoder-based model: a task kind with ``task``, else masked LM or encoder."""
+    if task is not None:
+        return "sequence_classification" if task.is_sequence else "token_classification"
+    return "masked_lm" if masked_lm else "encoder"
 
 
 def model_kind(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]:

@@ -1,7 +1,7 @@
 """The names a :class:`~qkv.config.ModelConfig` gives to parts, resolved: :func:`check_parts`.
 
 A configuration holds names (a similarity, an attention backend, a position scheme, a norm, an
-activation, a feed-forward form, a qk-norm, a family); this module checks each against the registry
+activation, a feed-forward form, a qk-norm); this module checks each against the registry
 that makes the part, loading the installed plugins first when a name is unknown (:mod:`qkv.plugins`),
 and refuses what is still unknown with one line naming the field, the value, what is allowed and how
 to load a plugin. The builders call it before they build anything; commands that write a run folder
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from qkv import plugins
 from qkv.config import ModelConfig
-from qkv.models.families import FAMILIES
 from qkv.nn.backends import backend_names
 from qkv.nn.activations import ACTIVATIONS
 from qkv.nn.feed_forward import FEED_FORWARDS
@@ -49,8 +48,6 @@ def check_parts(config: ModelConfig) -> ModelConfig:
     for name, value, allowed in fixed:
         if value not in allowed:
             raise ValueError(f"{name}={value!r} is not allowed; allowed: {', '.join(allowed)}")
-    if config.family is not None and config.family not in FAMILIES:
-        raise ValueError(f"family={config.family!r} is not allowed; allowed: {', '.join(FAMILIES)}")
     if config.positions.qk_only and POSITION_SCHEMES[config.positions.scheme].slot != "input":
         absolute = [n for n, s in POSITION_SCHEMES.items() if s.slot == "input"]
         raise ValueError(f"positions.qk_only=True needs an input encoding; positions.scheme="

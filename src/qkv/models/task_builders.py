@@ -15,7 +15,7 @@ from torch import nn
 from qkv.config import ModelConfig
 from qkv.nn.maps import TRAINING, LinearMaps
 from qkv.models.builders import build_encoder, init_weights
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.heads import SequenceClassifier, TaskConfig, TaskModel, TokenClassifier
 from qkv.nn.encoder import Encoder
 

@@ -8,11 +8,5 @@ by name, their operations and queues), :mod:`~qkv.serve.operations`,
 :mod:`~qkv.serve.api` and :mod:`~qkv.serve.pages` (the routes), :mod:`~qkv.serve.security`,
 :mod:`~qkv.serve.metrics`, :mod:`~qkv.serve.app` (the ASGI application),
 :mod:`~qkv.serve.runner` (:func:`serve`, :class:`BackgroundServer`), :mod:`~qkv.serve.cli`.
-"""
 
-from qkv.serve.config import Limits, ModelSpec, ServeConfig, parse_model_spec
-from qkv.serve.errors import ApiError, ServeError
-from qkv.serve.runner import BackgroundServer, serve
-
-__all__ = ["ServeConfig", "Limits", "ModelSpec", "parse_model_spec", "serve", "BackgroundServer", "ServeError",
-           "ApiError"]
+Import each name from the module that defines it."""

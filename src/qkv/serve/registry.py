@@ -26,7 +26,7 @@ from qkv.errors import QkvError
 from qkv.models.causal_lm import CausalLM
 from qkv.models.discriminator import Discriminator
 from qkv.models.heads import TaskModel
-from qkv.models.io import load
+from qkv.checkpoints.io import load
 from qkv.models.mlm import MaskedLM
 from qkv.models.seq2seq import EncoderDecoder
 from qkv.serve.batching import BatchQueue

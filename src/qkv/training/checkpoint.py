@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from qkv._faults import fault_point
 from qkv._fs import atomic_write_text, sha256_file, write_folder
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "CheckpointWriteError",
            "read_trainer_state"]

@@ -22,8 +22,8 @@ def load_for_pretraining(path: str, *, objective: str = "mlm", **overrides):
     refused (its stack never saw the right-hand context). ``objective="clm"``: the folder must hold
     a causal LM (its head is tied: nothing new); an encoder is refused."""
     from qkv.models.causal_lm import CausalLM
-    from qkv.models.errors import CheckpointError
-    from qkv.models.io import load
+    from qkv.errors import CheckpointError
+    from qkv.checkpoints.io import load
     from qkv.models.mlm import MaskedLM
 
     try:

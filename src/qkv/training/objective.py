@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from qkv.data.tokenizer_facade import read_tokenizer
-from qkv.models.io import save
+from qkv.checkpoints.io import save
 
 __all__ = ["Objective", "save_final_model", "move_batch"]
 

@@ -27,8 +27,8 @@ from typing import Any
 from torch import Tensor
 
 from qkv.config import ModelConfig
-from qkv.models.errors import CheckpointError
-from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
+from qkv.errors import CheckpointError
+from qkv.checkpoints.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
                                          check_tied, head_bias_reasons, kind_from_hf, label_fields,
                                          refuse_causal_lm, refuse_unexpressible, state_from_plan,
                                          tensors_from_plan, token_task)

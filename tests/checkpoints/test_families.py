@@ -8,10 +8,9 @@ import pytest
 
 import qkv
 from qkv.config import ModelConfig
-from qkv.models.parts import check_parts
-from qkv.models import families
+from qkv.checkpoints import families
 from qkv.models.builders import build_encoder
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 
 
 @pytest.mark.parametrize("model_type", ["llama", "t5", None])
@@ -32,9 +31,17 @@ def test_dispatch_by_model_type_and_family():
         families.get("llama")
 
 
-def test_family_field_is_checked():
-    with pytest.raises(ValueError, match=r"family='llama' is not allowed; allowed: bert, roberta, distilbert, electra"):
-        check_parts(ModelConfig.preset("tiny", family="llama"))
+def test_family_field_is_checked(tmp_path):
+    model = build_encoder(ModelConfig.preset("tiny", family="llama"))  # the family builds nothing
+    with pytest.raises(CheckpointError, match=r"unknown model family 'llama'; qkv converts: bert, roberta"):
+        qkv.export_hf(model, tmp_path / "hf")
+    qkv.save(build_encoder(ModelConfig.preset("tiny")), tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "qkv.json").read_text())
+    meta["config"]["family"] = "llama"
+    (tmp_path / "m" / "qkv.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"family='llama' is not allowed; allowed: bert, roberta, distilbert, "
+                                              r"electra"):
+        qkv.load(tmp_path / "m")
 
 
 VARIANTS = [  # (field overrides, the field named in the refusal)

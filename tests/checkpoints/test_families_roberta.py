@@ -11,7 +11,7 @@ from families_support import TAGS, batch, close_at_real, compare, perturb
 import qkv
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.heads import TokenClassifier
 from qkv.models.mlm import MaskedLM
 from qkv.nn.encoder import Encoder

@@ -1,6 +1,6 @@
 """Hugging Face ELECTRA (discriminator) ⇄ qkv (``model_type: electra``).
 
-ELECTRA is BERT's layout under ``electra.`` (see :mod:`qkv.models.families.bert`) whose embeddings
+ELECTRA is BERT's layout under ``electra.`` (see :mod:`qkv.checkpoints.families.bert`) whose embeddings
 may be narrower than the layers: with ``embedding_size`` E ≠ ``hidden_size`` C the token,
 position and segment tables and the embedding LayerNorm are E wide, and ``embeddings_project``
 ``Linear(E, C)`` follows the embeddings (after their LayerNorm and dropout, as ``ElectraModel``
@@ -22,8 +22,8 @@ from typing import Any
 from torch import Tensor
 
 from qkv.config import ModelConfig
-from qkv.models.families import bert
-from qkv.models.families._common import (Imported, check_plan, kind_from_hf, label_fields, refuse_causal_lm,
+from qkv.checkpoints.families import bert
+from qkv.checkpoints.families._common import (Imported, check_plan, kind_from_hf, label_fields, refuse_causal_lm,
                                          refuse_unexpressible, state_from_plan, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 

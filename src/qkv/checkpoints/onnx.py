@@ -103,8 +103,8 @@ def _require_packages() -> None:
 
 
 def _encoder_of(model) -> nn.Module:
-    """The :class:`Encoder` of a folder, a :class:`~qkv.models.io.Pretrained`, a model with ``.encoder``."""
-    from qkv.models.io import Pretrained, load
+    """The :class:`Encoder` of a folder, a :class:`~qkv.checkpoints.io.Pretrained`, a model with ``.encoder``."""
+    from qkv.checkpoints.io import Pretrained, load
     from qkv.nn.encoder import Encoder
 
     if isinstance(model, (str, os.PathLike)):
@@ -198,7 +198,7 @@ def export_onnx(model_or_folder, out: str | os.PathLike, *, opset: int = DEFAULT
 
     Args:
         model_or_folder: a model folder (qkv or Hugging Face, as :func:`qkv.load` reads), a
-            :class:`~qkv.models.io.Pretrained`, an :class:`~qkv.nn.encoder.Encoder`, or a model with one
+            :class:`~qkv.checkpoints.io.Pretrained`, an :class:`~qkv.nn.encoder.Encoder`, or a model with one
             (``.encoder``: :class:`~qkv.models.mlm.MaskedLM`, the task models, the discriminator).
         out: the ``.onnx`` file to write.
         opset: ONNX opset (18 … the installed onnx's newest).

@@ -1,9 +1,7 @@
-"""sentence-transformers folders both ways: read the embedding settings a folder declares, and write
-a folder that ``sentence_transformers.SentenceTransformer(path)`` loads (offline).
+"""The embedding settings a sentence-transformers folder declares: :func:`read_st_settings`.
 
-Reading (:func:`read_st_settings`, through :func:`qkv.embeddings.options.folder_defaults`): qkv
-runs the pipeline ``Transformer → Pooling → Normalize`` (the last optional) that ``modules.json``
-lists, and takes from it:
+qkv runs the pipeline ``Transformer → Pooling → Normalize`` (the last optional) that ``modules.json``
+lists, and takes from it (read through :func:`qkv.embeddings.options.folder_defaults`):
 
 * ``pooling``: every mode of ``1_Pooling/config.json``, as sentence-transformers reads it: the
   ``pooling_mode`` key (a mode, or a list concatenated in its order), else the older
@@ -17,17 +15,8 @@ Anything qkv cannot reproduce is refused with one line naming it, never skipped:
 (``Dense``, a second ``Transformer``, ``CNN``, …), an unknown pooling key or mode, a pooling width
 that is not the model's, a ``Transformer`` that is not the folder itself or not plain feature
 extraction, ``do_lower_case`` on a tokenizer that does not lower-case, a default prompt.
-``include_prompt: false`` is accepted: qkv adds no prompt, so there is none to leave out.
-
-Writing (:func:`save_st_folder`, :func:`convert_to_st`; ``qkv convert SRC DST --to
-sentence-transformers``): the encoder as a Hugging Face ``BertModel`` (:func:`qkv.export_hf`), its
-tokenizer, ``modules.json``, ``1_Pooling/config.json`` (``pooling_mode`` as sentence-transformers 6
-writes it), ``2_Normalize`` when normalising, ``sentence_bert_config.json`` (``max_seq_length`` =
-the window, ``do_lower_case`` false; ``add_pooling_layer`` false for an encoder without pooler) and
-``config_sentence_transformers.json``; assembled aside and
-swapped into place (:mod:`qkv._fs`). ``SentenceTransformer(path).encode(texts)`` then equals
-``qkv.embed(path, texts)`` for texts within the window (sentence-transformers cuts longer texts to
-the window; qkv averages windows unless ``truncate``).
+``include_prompt: false`` is accepted: qkv adds no prompt, so there is none to leave out. Writing
+such a folder is :mod:`qkv.checkpoints.st_folder`.
 """
 
 from __future__ import annotations
@@ -37,24 +26,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from qkv.checkpoints.io import read_json
 from qkv.embeddings.errors import EmbeddingError
-from qkv.embeddings.pooling import check_pooling, pooling_modes
+from qkv.embeddings.pooling import check_pooling
 
-__all__ = ["read_st_settings", "save_st_folder", "convert_to_st", "ST_FILES", "MODULES_JSON"]
+__all__ = ["read_st_settings", "ST_FILES", "MODULES_JSON", "POOLING_DIR", "NORMALIZE_DIR", "BERT_CONFIG",
+           "ST_CONFIG", "ST_MODES", "QKV_TO_ST"]
 
 MODULES_JSON = "modules.json"
-_POOLING_DIR, _NORMALIZE_DIR = "1_Pooling", "2_Normalize"
-_BERT_CONFIG, _ST_CONFIG = "sentence_bert_config.json", "config_sentence_transformers.json"
+POOLING_DIR, NORMALIZE_DIR = "1_Pooling", "2_Normalize"
+BERT_CONFIG, ST_CONFIG = "sentence_bert_config.json", "config_sentence_transformers.json"
 #: The entries a sentence-transformers folder written by qkv consists of, beside the model files.
-ST_FILES = frozenset({MODULES_JSON, _POOLING_DIR, _NORMALIZE_DIR, _BERT_CONFIG, _ST_CONFIG})
+ST_FILES = frozenset({MODULES_JSON, POOLING_DIR, NORMALIZE_DIR, BERT_CONFIG, ST_CONFIG})
 #: Legacy ``pooling_mode_*`` keys in sentence-transformers' concatenation order → qkv modes.
 _LEGACY = (("pooling_mode_cls_token", "cls"), ("pooling_mode_max_tokens", "max"),
            ("pooling_mode_mean_tokens", "mean"), ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
            ("pooling_mode_weightedmean_tokens", "weightedmean"), ("pooling_mode_lasttoken", "lasttoken"))
 #: sentence-transformers' mode names → qkv's.
-_ST_MODES = {"cls": "cls", "max": "max", "mean": "mean", "mean_sqrt_len_tokens": "mean_sqrt_len",
+ST_MODES = {"cls": "cls", "max": "max", "mean": "mean", "mean_sqrt_len_tokens": "mean_sqrt_len",
              "weightedmean": "weightedmean", "lasttoken": "lasttoken"}
-_QKV_TO_ST = {v: k for k, v in _ST_MODES.items()}
+QKV_TO_ST = {v: k for k, v in ST_MODES.items()}
 _POOLING_KEYS = {"embedding_dimension", "word_embedding_dimension", "pooling_mode", "include_prompt",
                  *(k for k, _ in _LEGACY)}
 #: ``sentence_bert_config.json`` keys that do not change the vectors of ``encode(texts)``.
@@ -65,8 +56,6 @@ _SUPPORTED = "qkv runs Transformer → Pooling → optional Normalize"
 
 
 def _json(path: Path, kind: type = dict):
-    from qkv.models.io import read_json
-
     return read_json(path, kind=kind, error=EmbeddingError)
 
 
@@ -83,11 +72,11 @@ def read_st_settings(folder: str | os.PathLike) -> dict[str, Any]:
     """
     folder = Path(folder)
     out: dict[str, Any] = {}
-    pooling_dir = _POOLING_DIR if (folder / _POOLING_DIR / "config.json").is_file() else None
+    pooling_dir = POOLING_DIR if (folder / POOLING_DIR / "config.json").is_file() else None
     st = (folder / MODULES_JSON).is_file()
     if st:
         pooling_dir, out["normalize"] = _read_modules(folder)
-        _check_st_config(folder / _ST_CONFIG)
+        _check_st_config(folder / ST_CONFIG)
     if pooling_dir is not None:
         out["pooling"] = _read_pooling(folder / pooling_dir / "config.json", _model_width(folder))
     seq = _read_bert_config(folder)
@@ -118,12 +107,12 @@ def _read_modules(folder: Path) -> tuple[str, bool]:
     if modules[0].get("path", "") not in ("", "."):
         raise EmbeddingError(f"{source}: the Transformer lives in {modules[0]['path']!r}, not in the folder "
                              "itself; qkv reads the model from the folder's own config.json")
-    if len(modules) == 3 and (folder / modules[2].get("path", _NORMALIZE_DIR) / "config.json").is_file():
-        cfg = _json(folder / modules[2].get("path", _NORMALIZE_DIR) / "config.json")
+    if len(modules) == 3 and (folder / modules[2].get("path", NORMALIZE_DIR) / "config.json").is_file():
+        cfg = _json(folder / modules[2].get("path", NORMALIZE_DIR) / "config.json")
         if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
             raise EmbeddingError(f"{source}: Normalize acts on {cfg['module_input_name']!r}; qkv normalises "
                                  "only the pooled vector (sentence_embedding)")
-    return modules[1].get("path") or _POOLING_DIR, len(modules) == 3
+    return modules[1].get("path") or POOLING_DIR, len(modules) == 3
 
 
 def _read_pooling(path: Path, width: int | None) -> str:
@@ -138,11 +127,11 @@ def _read_pooling(path: Path, width: int | None) -> str:
         given = [given] if isinstance(given, str) else given
         if not isinstance(given, list) or not given or not all(isinstance(m, str) for m in given):
             raise EmbeddingError(f"{path}: pooling_mode must be a mode or a list of modes, got {given!r}")
-        bad = [m for m in given if m not in _ST_MODES]
+        bad = [m for m in given if m not in ST_MODES]
         if bad:
             raise EmbeddingError(f"{path}: pooling mode {bad[0]!r} is not one qkv supports; supported: "
-                                 f"{', '.join(_ST_MODES)}")
-        modes = [_ST_MODES[m] for m in given]
+                                 f"{', '.join(ST_MODES)}")
+        modes = [ST_MODES[m] for m in given]
     else:
         modes = [mode for key, mode in _LEGACY if data.get(key)] or ["mean"]  # none set: mean, as ST does
     if data.get("include_prompt", True) not in (True, False):
@@ -161,7 +150,7 @@ def _model_width(folder: Path) -> int | None:
 
 def _read_bert_config(folder: Path) -> int | None:
     """``max_seq_length`` (or the tokenizer's ``model_max_length``) of ``sentence_bert_config.json``."""
-    path = folder / _BERT_CONFIG
+    path = folder / BERT_CONFIG
     if not path.is_file():
         return None
     data = _json(path)
@@ -213,122 +202,3 @@ def _check_st_config(path: Path) -> None:
 
 
 # -- writing ----------------------------------------------------------------------------------------
-def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None,
-                   extra: dict | None = None) -> Path:
-    """Write a folder ``SentenceTransformer(dst)`` loads (see the module docstring). Atomic.
-
-    Args:
-        model: a qkv :class:`~qkv.nn.encoder.Encoder`, a model holding one (``MaskedLM``, a task
-            model), or a :class:`~qkv.models.io.Pretrained`.
-        dst: the folder: missing, empty, or a model / sentence-transformers folder (replaced as a
-            whole); a folder holding anything else is refused.
-        options: resolved :class:`~qkv.embeddings.options.EmbedOptions` (pooling, normalize,
-            max_len, layers set; see :meth:`~qkv.embeddings.options.EmbedOptions.resolved`).
-        tokenizer: replaces the bundle's.
-        extra: more JSON files to write at the top, by name (e.g. ``embedding.json``).
-
-    Raises:
-        EmbeddingError: ``layers`` other than the last (sentence-transformers pools the last layer),
-            a model BERT cannot express, no tokenizer, or a destination holding other files.
-    """
-    from qkv._fs import write_folder
-    from qkv.models.errors import CheckpointError
-    from qkv.models.io import export_hf, unpack
-
-    model, tokenizer = unpack(model, tokenizer)
-    encoder = getattr(model, "encoder", model)
-    if tokenizer is None:
-        raise EmbeddingError("a sentence-transformers folder needs the tokenizer; pass tokenizer= or a model "
-                             "folder that holds one")
-    if tuple(options.layers) != (len(encoder.layers),):
-        raise EmbeddingError(f"layers={list(options.layers)}: sentence-transformers pools the last layer "
-                             "only; convert with the default layers (-1)")
-    dst = _check_destination(Path(dst))
-    width = encoder.config.d_model
-    modes = pooling_modes(options.pooling)
-    st_modes = [_QKV_TO_ST[m] for m in modes]
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": _POOLING_DIR, "type": "sentence_transformers.models.Pooling"}]
-    if options.normalize:
-        modules.append({"idx": 2, "name": "2", "path": _NORMALIZE_DIR,
-                        "type": "sentence_transformers.models.Normalize"})
-    from qkv import __version__
-
-    from qkv.models import families
-
-    # BERT and RoBERTa build a pooler unless told not to; the other families have none to skip
-    has_pooler_arg = families.for_export(encoder.config).MODEL_TYPE in ("bert", "roberta")
-    no_pooler = {"model_args": {"add_pooling_layer": False}} if has_pooler_arg and not encoder.config.pooler else {}
-    files = {MODULES_JSON: modules,
-             f"{_POOLING_DIR}/config.json": {"embedding_dimension": width,
-                                             "pooling_mode": st_modes[0] if len(st_modes) == 1 else st_modes,
-                                             "include_prompt": True},
-             _BERT_CONFIG: {"max_seq_length": options.max_len, "do_lower_case": False,
-                            **no_pooler},
-             _ST_CONFIG: {"__version__": {"qkv": __version__}, "model_type": "SentenceTransformer",
-                          "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
-             **(extra or {})}
-    if options.normalize:
-        files[f"{_NORMALIZE_DIR}/config.json"] = {"module_input_name": "sentence_embedding",
-                                                  "module_output_name": "sentence_embedding"}
-    tokenizer = _bert_template(tokenizer)
-    with write_folder(dst, how="replace") as tmp:
-        try:
-            export_hf(encoder, tmp, tokenizer=tokenizer)
-        except CheckpointError as e:
-            raise EmbeddingError(f"cannot write a sentence-transformers folder: {e}") from e
-        for name, data in files.items():
-            (tmp / name).parent.mkdir(exist_ok=True)
-            (tmp / name).write_text(json.dumps(data, indent=2), encoding="utf-8")
-    return dst
-
-
-def _bert_template(tokenizer):
-    """A copy of ``tokenizer`` that adds ``[CLS] … [SEP]`` itself, as qkv does to every window, and
-    neither truncates nor pads (sentence-transformers sets both)."""
-    from tokenizers import processors
-
-    from qkv.data.tokenizer_facade import TokenizerView
-
-    view = TokenizerView(tokenizer, error=EmbeddingError)
-    out = view.backend
-    out.post_processor = processors.BertProcessing(("[SEP]", view.sep_id), ("[CLS]", view.cls_id))
-    return out
-
-
-def _check_destination(dst: Path) -> Path:
-    from qkv.models.io import MODEL_FILES
-
-    if dst.exists() and not dst.is_dir():
-        raise EmbeddingError(f"{dst}: exists and is not a folder; choose another destination")
-    if dst.is_dir():
-        extra = sorted(p.name for p in dst.iterdir()
-                       if p.name not in MODEL_FILES | ST_FILES and not p.name.startswith("."))
-        if extra:
-            raise EmbeddingError(f"{dst}: holds files that are not part of a model ({', '.join(extra[:5])}); "
-                                 "the folder is replaced as a whole: choose an empty or model-only folder")
-    return dst
-
-
-def convert_to_st(src: str | os.PathLike, dst: str | os.PathLike, options=None) -> Path:
-    """``qkv convert SRC DST --to sentence-transformers``: read ``src`` (a qkv, Hugging Face BERT or
-    sentence-transformers folder) and write ``dst`` with :func:`save_st_folder`.
-
-    Args:
-        options: :class:`~qkv.embeddings.options.EmbedOptions`; unset fields come from ``src``'s
-            declared settings (:func:`~qkv.embeddings.options.folder_defaults`), else mean pooling,
-            normalised, the model's window.
-
-    Raises:
-        EmbeddingError: see :func:`save_st_folder`; a source that cannot be loaded.
-    """
-    from qkv.embeddings.embedder import resolve_model
-    from qkv.embeddings.options import as_options
-
-    options = as_options(options)
-    encoder, view, folder, _ = resolve_model(src)
-    limit = encoder.max_len
-    resolved = options.with_folder_defaults(folder, max_positions=limit).resolved(
-        n_layers=len(encoder.layers), max_positions=limit)
-    return save_st_folder(encoder, dst, resolved, tokenizer=view.backend)
-

@@ -14,7 +14,7 @@ pytest.importorskip("onnxscript")
 
 import qkv  # noqa: E402
 from qkv.cli import main  # noqa: E402
-from qkv.export import ExportError, export_onnx  # noqa: E402
+from qkv.checkpoints.onnx import ExportError, export_onnx  # noqa: E402
 
 
 @pytest.fixture(scope="module")

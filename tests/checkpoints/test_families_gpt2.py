@@ -11,10 +11,10 @@ from families_support import batch, close_at_real, compare, perturb
 
 import qkv
 from qkv.config import ModelConfig
-from qkv.models import families
+from qkv.checkpoints import families
 from qkv.models.builders import build_causal_lm, build_encoder
 from qkv.models.causal_lm import CausalLM
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 

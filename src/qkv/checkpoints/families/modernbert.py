@@ -40,8 +40,8 @@ import torch
 from torch import Tensor
 
 from qkv.config import ModelConfig, layer_period
-from qkv.models.errors import CheckpointError
-from qkv.models.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
+from qkv.errors import CheckpointError
+from qkv.checkpoints.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
                                          check_tied, kind_from_hf, refuse_causal_lm, refuse_unexpressible,
                                          state_from_plan, tensors_from_plan)
 from qkv.models.heads import TaskConfig

@@ -12,7 +12,7 @@ import qkv
 from qkv.config import ModelConfig
 from qkv.models.builders import build_discriminator, build_encoder, build_masked_lm
 from qkv.models.discriminator import Discriminator
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.heads import TokenClassifier
 from qkv.nn.encoder import Encoder
 

@@ -48,8 +48,8 @@ from typing import Any
 from torch import Tensor
 
 from qkv.config import ModelConfig
-from qkv.models.errors import CheckpointError
-from qkv.models.families._common import (Imported, Plan, activation_from_hf, architectures, check_plan,
+from qkv.errors import CheckpointError
+from qkv.checkpoints.families._common import (Imported, Plan, activation_from_hf, architectures, check_plan,
                                          check_tied, refuse_unexpressible, state_from_plan, tensors_from_plan)
 from qkv.models.heads import TaskConfig
 

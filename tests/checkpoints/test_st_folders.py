@@ -20,10 +20,10 @@ import torch
 
 import qkv
 from qkv.cli import main
-from qkv.embeddings import EmbeddingError
+from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.embedder import Embedder
 from qkv.embeddings.options import EmbedOptions
-from qkv.models.io import convert
+from qkv.checkpoints.convert import convert
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

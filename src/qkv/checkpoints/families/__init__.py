@@ -8,7 +8,7 @@ three things:
   (with ``family`` set to the module's ``MODEL_TYPE``), kind, task and state dict, every tensor
   checked for presence and shape and any other tensor refused;
 * ``config_to_hf(config, kind, task)`` — the ``config.json`` dict, or a
-  :class:`~qkv.models.errors.CheckpointError` naming every field the family cannot express;
+  :class:`~qkv.errors.CheckpointError` naming every field the family cannot express;
 * ``write(state, config, kind, task) -> (config.json dict, tensors)``.
 
 :data:`FAMILIES` maps ``model_type`` to the module; adding a family is one module and one entry.
@@ -23,21 +23,27 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from qkv.models.errors import CheckpointError
-from qkv.models.families._common import KINDS, Imported, kind_of
+from qkv.errors import CheckpointError
 
-__all__ = ["FAMILIES", "KINDS", "Imported", "for_checkpoint", "for_export", "get", "kind_of"]
+__all__ = ["FAMILIES", "for_checkpoint", "for_export", "get", "check_family"]
 
 #: ``config.json`` ``model_type`` → the converter module (imported on first use).
 FAMILIES: dict[str, str] = {
-    "bert": "qkv.models.families.bert",
-    "roberta": "qkv.models.families.roberta",
-    "distilbert": "qkv.models.families.distilbert",
-    "electra": "qkv.models.families.electra",
-    "modernbert": "qkv.models.families.modernbert",
-    "gpt2": "qkv.models.families.gpt2",
+    "bert": "qkv.checkpoints.families.bert",
+    "roberta": "qkv.checkpoints.families.roberta",
+    "distilbert": "qkv.checkpoints.families.distilbert",
+    "electra": "qkv.checkpoints.families.electra",
+    "modernbert": "qkv.checkpoints.families.modernbert",
+    "gpt2": "qkv.checkpoints.families.gpt2",
 }
 DEFAULT = "bert"
+
+
+def check_family(config) -> None:
+    """:class:`CheckpointError` unless ``config.family`` is ``None`` (a qkv model) or a family qkv converts."""
+    if config.family is not None and config.family not in FAMILIES:
+        raise CheckpointError(f"family={config.family!r} is not allowed; allowed: {', '.join(FAMILIES)} "
+                              "(or none: a qkv model, exported as BERT)")
 
 
 def get(name: str) -> ModuleType:

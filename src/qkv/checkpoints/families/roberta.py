@@ -1,6 +1,6 @@
 """Hugging Face RoBERTa ⇄ qkv (``model_type: roberta``).
 
-RoBERTa is BERT's layout under ``roberta.`` (see :mod:`qkv.models.families.bert`) with two
+RoBERTa is BERT's layout under ``roberta.`` (see :mod:`qkv.checkpoints.families.bert`) with two
 differences:
 
 * **Positions start at pad id + 1**: a real token at index t uses position row
@@ -24,9 +24,9 @@ from typing import Any
 from torch import Tensor
 
 from qkv.config import ModelConfig
-from qkv.models.errors import CheckpointError
-from qkv.models.families import bert
-from qkv.models.families._common import (Imported, check_plan, check_tied, head_bias_reasons, kind_from_hf,
+from qkv.errors import CheckpointError
+from qkv.checkpoints.families import bert
+from qkv.checkpoints.families._common import (Imported, check_plan, check_tied, head_bias_reasons, kind_from_hf,
                                          label_fields, refuse_causal_lm, refuse_unexpressible,
                                          state_from_plan, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig

@@ -12,7 +12,7 @@ from families_support import batch, compare, perturb
 import qkv
 from qkv.config import ModelConfig, layer_period
 from qkv.models.builders import build_masked_lm
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.mlm import MaskedLM
 from qkv.nn.encoder import Encoder
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 import qkv
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder, build_masked_lm
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.mlm import IGNORE_INDEX, MaskedLM
 from qkv.nn.encoder import Encoder
 

@@ -1,4 +1,4 @@
-"""Model folders in and out: ``load``, ``save``, ``export_hf``, ``convert`` and the tokenizer.
+"""Model folders in and out: ``load``, ``save``, ``export_hf`` and the tokenizer (``convert``: :mod:`qkv.checkpoints.convert`).
 
 Two folder formats:
 
@@ -12,7 +12,7 @@ Two folder formats:
 * **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2): ``config.json`` with its
   ``model_type`` and ``model.safetensors`` or ``pytorch_model.bin``; the latter is read only with
   ``torch.load(weights_only=True)``, which refuses any pickle that would run code. The family's
-  converter in :mod:`qkv.models.families` maps the names and says what is kept (the encoder, a
+  converter in :mod:`qkv.checkpoints.families` maps the names and says what is kept (the encoder, a
   pooler, a masked-LM, discriminator or classifier head, GPT-2's causal LM); a head qkv does not
   support is refused, never dropped. The family is kept in ``ModelConfig.family``, and :func:`export_hf`
   writes the model back as that family.
@@ -45,13 +45,13 @@ from qkv._fs import write_folder
 from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
 from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
-from qkv.models import families
-from qkv.models.errors import CheckpointError
+from qkv.checkpoints import families
+from qkv.errors import CheckpointError
 from qkv.models.heads import TaskConfig
-from qkv.models.kinds import build_kind, model_kind
+from qkv.models.kinds import KINDS, build_kind, kind_of, model_kind
 from qkv.validation import check_choice
 
-__all__ = ["Pretrained", "load", "save", "export_hf", "convert", "unpack", "read_weights", "read_json", "CheckpointError"]
+__all__ = ["Pretrained", "load", "save", "export_hf", "unpack", "read_weights", "read_json", "is_model_folder"]
 
 QKV_CONFIG = "qkv.json"
 HF_CONFIG = "config.json"
@@ -60,7 +60,6 @@ HF_PICKLE = "pytorch_model.bin"
 #: 2: the nested ModelConfig (1: flat, read and migrated).
 FORMAT_VERSION = 2
 #: ``qkv.json`` kinds: the model classes :func:`load` builds.
-KINDS = families.KINDS
 #: The files a model folder consists of (what :func:`save` / :func:`export_hf` may write or replace).
 MODEL_FILES = frozenset({QKV_CONFIG, HF_CONFIG, WEIGHTS, HF_PICKLE, "tokenizer.json", "vocab.txt",
                          "tokenizer_config.json", "special_tokens_map.json", "embedding.json"})
@@ -138,7 +137,7 @@ def _check_state(state: dict[str, Tensor], model: nn.Module, source: Path) -> No
                               "the config disagrees with the weights")
 
 
-_kind = families.kind_of
+_kind = kind_of
 
 
 def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
@@ -193,6 +192,7 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
         try:  # version 1 holds the flat config: ModelConfig.from_dict migrates it
             config = ModelConfig.from_dict(meta.get("config", {}))
             config = config.replace(**overrides) if overrides else config
+            families.check_family(config)
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{folder / QKV_CONFIG}: {e}") from e
         kind, task = meta["kind"], None
@@ -296,7 +296,7 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     overrides). BERT: ``BertForMaskedLM`` (masked-LM model), ``BertForSequenceClassification``
     (sequence classification, regression; ``AutoModelForSequenceClassification``),
     ``BertForTokenClassification`` or ``BertModel`` (encoder), the pooler's weights too when the
-    model has one; the other families as :mod:`qkv.models.families` says (e.g.
+    model has one; the other families as :mod:`qkv.checkpoints.families` says (e.g.
     ``ElectraForPreTraining`` for a discriminator, ``GPT2LMHeadModel`` for a causal LM). Atomic.
     Returns the folder. ``model`` and ``tokenizer`` as in :func:`save`.
 
@@ -320,40 +320,3 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
 
     _write_folder(Path(path), HF_CONFIG, fill)
     return Path(path)
-
-
-def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str | None = None, options=None) -> Path:
-    """Convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2)
-    → qkv, qkv → Hugging Face as the family the model came from (BERT for a qkv model; see
-    :func:`export_hf`), or either → sentence-transformers.
-
-    Args:
-        src: a qkv or Hugging Face folder.
-        dst: the folder to write.
-        to: ``"qkv"``, ``"hf"`` or ``"sentence-transformers"`` (a folder
-            ``sentence_transformers.SentenceTransformer`` loads; see :mod:`qkv.embeddings.st_folder`);
-            default: the other format than ``src``'s.
-        options: for ``"sentence-transformers"`` only: the
-            :class:`~qkv.embeddings.options.EmbedOptions` (pooling, normalize, max_len) the folder
-            declares; unset ones come from ``src``'s declared settings, else mean, normalised, the
-            model's window.
-    """
-    check_choice("to", to, ("qkv", "hf", "sentence-transformers"), optional=True)
-    if to == "sentence-transformers":
-        from qkv.embeddings.st_folder import convert_to_st
-
-        return convert_to_st(src, dst, options)
-    if options is not None:
-        raise ValueError("options= are the embedding settings of a sentence-transformers folder; "
-                         "pass to='sentence-transformers' or leave options out")
-    if to is None:
-        to = "hf" if (Path(src) / QKV_CONFIG).is_file() else "qkv"
-    dst_path = Path(dst)
-    if dst_path.exists() and not dst_path.is_dir():
-        raise CheckpointError(f"{dst}: exists and is not a folder; choose another destination")
-    if dst_path.is_dir() and not is_model_folder(dst_path):
-        extra = sorted(p.name for p in dst_path.iterdir() if p.name not in MODEL_FILES and not p.name.startswith("."))
-        raise CheckpointError(f"{dst}: holds files that are not part of a model ({', '.join(extra[:5])}); "
-                              "convert replaces the destination as a whole: choose an empty or model-only folder")
-    pretrained = load(src)
-    return export_hf(pretrained, dst) if to == "hf" else save(pretrained, dst)

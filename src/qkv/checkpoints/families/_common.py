@@ -17,19 +17,15 @@ import torch
 from torch import Tensor
 
 from qkv.config import ModelConfig, field_path, flat_value
-from qkv.models.errors import CheckpointError
+from qkv.errors import CheckpointError
 from qkv.models.heads import TaskConfig
+from qkv.models.kinds import KINDS, kind_of  # noqa: F401  (the converters name kinds as qkv does)
 
 ACT_FROM_HF = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "silu": "silu", "swish": "silu"}
 ACT_TO_HF = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu"}
-#: The qkv model kinds (``qkv.json`` ``kind``), as the converters name them too.
-KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification", "discriminator", "causal_lm",
-         "encoder_decoder")
-
-
 class Imported(NamedTuple):
-    """A converted Hugging Face checkpoint: what :mod:`qkv.models.io` builds and fills."""
+    """A converted Hugging Face checkpoint: what :mod:`qkv.checkpoints.io` builds and fills."""
 
     config: ModelConfig
     kind: str
@@ -55,12 +51,6 @@ class Plan:
         for _, parts, sym in self.fused:
             out.update({hf: sym for hf in parts})
         return out
-
-
-def kind_of(masked_lm: bool, task: TaskConfig | None) -> str:
-    if task is not None:
-        return "sequence_classification" if task.is_sequence else "token_classification"
-    return "masked_lm" if masked_lm else "encoder"
 
 
 def check_plan(tensors: dict[str, Tensor], plan: Plan, source: str, *, ignored: tuple[str, ...],

@@ -1,0 +1,71 @@
+"""``qkv convert SRC DST`` (qkv ⇄ Hugging Face, → sentence-transformers) and ``qkv export MODEL --onnx OUT``
+(the encoder as an ONNX file, checked in ONNX Runtime)."""
+
+from __future__ import annotations
+
+import argparse
+
+from qkv.checkpoints.convert import convert
+from qkv.embeddings.cli import add_convert_embed_options, convert_embed_options
+
+__all__ = ["add_convert_parser", "add_export_parser"]
+
+
+def add_convert_parser(sub) -> None:
+    """Add ``qkv convert`` to ``sub`` (an argparse subparsers object)."""
+    convert = sub.add_parser(
+        "convert",
+        help="convert a checkpoint folder: Hugging Face (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, "
+        "GPT-2) <-> qkv, or -> sentence-transformers",
+        description="Convert a model folder. A Hugging Face folder (config.json with model_type "
+        "bert, roberta, distilbert, electra, modernbert or gpt2 + model.safetensors or pytorch_model.bin) "
+        "becomes a qkv folder; a qkv folder (qkv.json + model.safetensors) becomes a folder that "
+        "transformers' from_pretrained loads, of the family the model came from (BERT for a "
+        "model trained in qkv; GPT-2 for a causal language model built from the gpt2 preset); with "
+        "--to sentence-transformers either becomes a folder that "
+        "sentence_transformers.SentenceTransformer loads (pooling, normalisation and window from "
+        "the flags, else from SRC). Options a family cannot express, and heads qkv cannot "
+        "represent, are refused by name. The tokenizer travels along.",
+    )
+    convert.add_argument("src", help="the folder to read")
+    convert.add_argument("dst", help="the folder to write: missing, empty, or a model folder (replaced "
+                         "as a whole); a folder holding other files is refused")
+    convert.add_argument("--to", choices=("qkv", "hf", "sentence-transformers"), default=None,
+                         help="output format (default: the other one than src's); sentence-transformers: a "
+                         "folder sentence_transformers.SentenceTransformer loads (docs/embeddings.md)")
+    add_convert_embed_options(convert)
+    convert.set_defaults(func=_convert)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    out = convert(args.src, args.dst, to=args.to, options=convert_embed_options(args))
+    print(f"wrote {out}")
+    return 0
+
+
+def add_export_parser(sub) -> None:
+    """Add ``qkv export`` to ``sub`` (an argparse subparsers object)."""
+    e = sub.add_parser("export", help="the encoder of a model as an ONNX file (dynamic batch and length)",
+                       description="Export the encoder of MODEL (a qkv or Hugging Face folder) to --onnx OUT: "
+                       "inputs input_ids, attention_mask (and token_type_ids with segment embeddings), "
+                       "output last_hidden_state, dynamic batch and length up to the model's limit; "
+                       "then run OUT in ONNX Runtime and compare with qkv on another padded batch "
+                       "(max |diff| ≤ 1e-4, else no file is left). Relative, T5 and ALiBi position "
+                       "biases are refused. See docs/deployment.md.")
+    e.add_argument("model", help="model folder")
+    e.add_argument("--onnx", required=True, metavar="OUT", help="the .onnx file to write")
+    e.add_argument("--opset", type=int, default=None, help="ONNX opset (default 18)")
+    e.add_argument("--force", action="store_true", help="replace an existing OUT file")
+    e.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime check")
+    e.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from qkv.checkpoints.onnx import DEFAULT_OPSET, export_onnx
+
+    r = export_onnx(args.model, args.onnx, opset=args.opset if args.opset is not None else DEFAULT_OPSET,
+                    overwrite=args.force, check=not args.no_check)
+    diff = "not checked" if r.max_diff is None else f"ONNX Runtime vs qkv max |diff| {r.max_diff:.2e}"
+    print(f"wrote {r.path} ({r.size / 1e6:.1f} MB, opset {r.opset}; inputs {', '.join(r.inputs)}; "
+          f"output {r.output}); {diff}")
+    return 0
