@@ -180,6 +180,6 @@ def test_real_tokenizer_json_travels_to_transformers(tmp_path):
 
 def test_lazy_public_names():
     assert qkv.load is qkv.checkpoints.io.load and qkv.ModelConfig is ModelConfig
-    assert qkv.Pretrained is qkv.models.Pretrained is qkv.checkpoints.io.Pretrained
+    assert qkv.Pretrained is qkv.checkpoints.io.Pretrained and qkv.convert is qkv.checkpoints.convert.convert
     with pytest.raises(AttributeError):
         qkv.nothing_here

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from qkv.validation import check_choice
+from qkv.errors import QkvError
+from qkv._faults import fault_point
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_file", "publish_file", "sha256_file",
            "temp_path", "make_temp_dir", "make_temp_file", "clean_stale_temps", "clean_stale_temps_in",
@@ -286,8 +288,6 @@ def publish_dir(tmp: str | os.PathLike, dest: str | os.PathLike, *, how: str = "
             dest.rmdir()
         os.replace(tmp, dest)
     else:
-        from qkv._faults import fault_point
-
         names = sorted(p.name for p in tmp.iterdir())
         names.sort(key=lambda n: n == last)
         for i, name in enumerate(names):
@@ -340,8 +340,6 @@ def check_output_path(path: str | os.PathLike, what: str = "--out") -> None:
         QkvError: an ancestor is a file, the nearest existing folder is not writable, or ``path``
             itself is a folder where a file is expected.
     """
-    from qkv.errors import QkvError
-
     path = Path(path)
     if path.is_dir():
         raise QkvError(f"{what} {path} is a folder; give a file name")

@@ -24,6 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from qkv.errors import QkvError
+from qkv.training.config import TrainConfig
+from qkv.training.metrics import read_metrics
+from qkv.data.cache import open_token_cache
+from qkv.data.packing import PackedBlocks
+from qkv.data.tokenizer import load_tokenizer
+import qkv
+from qkv.analysis.fill_mask import fill_mask, unigram_distribution
+from qkv.analysis.specialisation import block_head_statistics, specialised_heads
+from qkv.analysis.viewer import inspect_text, write_inspection
+from qkv.config import ModelConfig
+from qkv.training.loop import pretrain
+from qkv.training.precision import resolve_precision
+from qkv.training.metrics import plot_curve
 
 __all__ = ["DEMO_MARK", "DemoError", "DEMO_SENTENCES", "claim_demo_dir", "run_pretrain_demo"]
 
@@ -88,8 +101,6 @@ def _mark(out: Path) -> None:
 def demo_config(out: str, *, minutes: float, seed: int = 0, precision: str = "auto"):
     """The demo's :class:`~qkv.training.TrainConfig`: the recipe chosen by the sweep in
     docs/pretraining.md (the ``cpu-small`` preset and the settings below)."""
-    from qkv.training.config import TrainConfig
-
     return TrainConfig(
         corpus=("dataset:20newsgroups:train",), eval_corpus=("dataset:20newsgroups:test",), out=out,
         preset="cpu-small", vocab_size=8192, max_len=128, batch_size=32, time_budget=minutes, lr=3e-3,
@@ -100,8 +111,6 @@ def demo_config(out: str, *, minutes: float, seed: int = 0, precision: str = "au
 
 
 def _first_crossing(metrics: Path, level: float) -> dict | None:
-    from qkv.training.metrics import read_metrics
-
     for r in read_metrics(metrics):
         if "accuracy" in r and r["accuracy"] >= level:
             return r
@@ -109,10 +118,6 @@ def _first_crossing(metrics: Path, level: float) -> dict | None:
 
 
 def _held_out_blocks(run: Path, n_blocks: int = 64):
-    from qkv.data.cache import open_token_cache
-    from qkv.data.packing import PackedBlocks
-    from qkv.data.tokenizer import load_tokenizer
-
     meta = json.loads((run / "run.json").read_text(encoding="utf-8"))
     tok = load_tokenizer(run)
     blocks = PackedBlocks(open_token_cache(meta["data"]["eval_cache"]), meta["train_config"]["max_len"], tok.special)
@@ -152,14 +157,6 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     ``sentences``: ``(text with one [MASK], hidden word)`` pairs for fill-in-the-blank; those whose
     word is not a single token of the trained vocabulary are listed as skipped.
     """
-    import qkv
-    from qkv.analysis.fill_mask import fill_mask, unigram_distribution
-    from qkv.analysis.specialisation import block_head_statistics, specialised_heads
-    from qkv.analysis.viewer import inspect_text, write_inspection
-    from qkv.config import ModelConfig
-    from qkv.training.loop import pretrain
-    from qkv.training.precision import resolve_precision
-
     if not (isinstance(minutes, (int, float)) and np.isfinite(minutes) and 0 < minutes <= 24 * 60):
         raise DemoError(f"--minutes {minutes!r} must be a number of minutes in (0, 1440], e.g. 8")
     t0 = time.perf_counter()
@@ -178,8 +175,6 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
     if result.status != "complete":
         print(f"interrupted after step {result.steps_done}; run `qkv demo --out {out}` again to start over")
         return {"status": result.status}
-    from qkv.training.metrics import plot_curve
-
     plot_curve(out_path / "metrics.jsonl", out_path / "curve.png", x="minutes",
                title=f"qkv demo: {cfg.preset} on 20 Newsgroups", accuracy_marks={"old demo, 10 min": OLD_DEMO_ACCURACY})
     ev = result.final_eval

@@ -29,6 +29,7 @@ def check_device(device) -> None:
     """
     if device is None or device == "auto":
         return
+    # lazy: qkv.errors stays free of torch (1.2 s to import): the CLI's error path and config checks use it
     import torch
 
     try:

@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Iterable
 
 from qkv.errors import QkvError
+from importlib.metadata import entry_points
 
 __all__ = ["GROUP", "ENV", "KINDS", "PluginError", "load_plugins", "import_plugins", "record_part",
            "registered_by", "parts", "plugins_needed", "check_recorded", "how_to_load", "failed_plugins",
@@ -115,8 +116,6 @@ def import_plugins(modules: Iterable[str]) -> list[str]:
 
 
 def _entry_point_modules() -> list[str]:
-    from importlib.metadata import entry_points
-
     found = []
     for ep in entry_points(group=GROUP):
         module = ep.value.split(":")[0].strip()

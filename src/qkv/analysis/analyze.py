@@ -33,6 +33,11 @@ from qkv.analysis.layers import (
     self_similarity,
 )
 from qkv.validation import check_choice, check_range
+from qkv.checkpoints.io import unpack
+from qkv.analysis.inputs import model_and_tokenizer, read_corpus
+from qkv.analysis.report import write_report
+from qkv.nn.maps import PRECISIONS
+from tqdm import tqdm
 
 __all__ = ["AnalyzeOptions", "AnalysisResult", "analyze", "run_analyze"]
 
@@ -76,8 +81,6 @@ class AnalyzeOptions:
     precision: str = "fp32"
 
     def __post_init__(self) -> None:
-        from qkv.nn.maps import PRECISIONS
-
         check_choice("precision", self.precision, PRECISIONS, error=AnalysisInputError)
         for name in ("batch_size", "token_sample", "max_word_types", "probe_top_tokens", "max_label_docs"):
             check_range(name, getattr(self, name), 1)
@@ -132,8 +135,6 @@ def analyze(
         AnalysisInputError: empty corpus, texts that do not fit (with ``long_text="error"``), or a
             model whose output lacks hidden states / attentions.
     """
-    from qkv.checkpoints.io import unpack
-
     opts = options or AnalyzeOptions()
     t0 = time.perf_counter()
     model, tokenizer = unpack(model, tokenizer)  # a qkv.load bundle brings its tokenizer
@@ -161,8 +162,6 @@ def analyze(
     heads = HeadAccumulator(tokenizer.cls_id, tokenizer.sep_id)
     batches = iter_captures(model, contexts, batch_size=opts.batch_size, pad_id=tokenizer.pad_id)
     if progress:
-        from tqdm import tqdm
-
         batches = tqdm(batches, total=-(-len(contexts) // opts.batch_size), desc="analyze", unit="batch")
     for cap in batches:
         collector.update(cap)
@@ -263,9 +262,6 @@ def run_analyze(
     Returns the result and the paths written (``report.html``, ``report.md``, ``analysis.json``,
     figures).
     """
-    from qkv.analysis.inputs import model_and_tokenizer, read_corpus
-    from qkv.analysis.report import write_report
-
     opts = options or AnalyzeOptions()
     documents = read_corpus(corpus, max_docs=max_docs, seed=opts.seed)  # cheap errors first
     model, tokenizer, name = model_and_tokenizer(model_path)

@@ -30,6 +30,10 @@ import torch
 
 from qkv.analysis.inputs import AnalysisInputError, tokenizer_view
 from qkv.data.windows import length_batches, make_windows, pad_batch
+from qkv.inference import for_inference_calibrated
+from qkv.nn.encoder import Encoder
+from qkv.nn.packed import PackedBatch
+from qkv.models.kinds import encoder_of
 
 __all__ = ["Contexts", "Capture", "model_window", "tokenize_corpus", "forward", "iter_captures", "in_precision"]
 
@@ -96,14 +100,9 @@ def _encoder_of(model):
     """A qkv model's stack of layers (no vocabulary projection needed): a masked LM's encoder, a
     causal LM's causal stack (``.decoder``, maps zero above the diagonal); any other model itself."""
     try:
-        from qkv.nn.encoder import Encoder
-    except ImportError:  # pragma: no cover - the encoder package is part of qkv
+        return encoder_of(model)
+    except ValueError:  # not a qkv model (a Hugging Face one): itself
         return model
-    for name in ("encoder", "decoder"):
-        stack = getattr(model, name, None)
-        if isinstance(stack, Encoder):
-            return stack
-    return model
 
 
 def in_precision(model, tokenizer, precision: str, max_len: int):
@@ -117,8 +116,6 @@ def in_precision(model, tokenizer, precision: str, max_len: int):
     """
     if precision == "fp32":
         return model
-    from qkv.inference import for_inference_calibrated
-
     stack = _encoder_of(model)
     if not _is_qkv_encoder(stack):
         raise AnalysisInputError(f"precision {precision!r} needs a qkv model, got {type(model).__name__}; load "
@@ -222,15 +219,11 @@ def forward(
 
 
 def _is_qkv_encoder(stack) -> bool:
-    from qkv.nn.encoder import Encoder
-
     return isinstance(stack, Encoder)
 
 
 def _forward_packed(stack, input_ids, mask, token_type_ids, attentions):
     """:func:`forward` of a qkv stack on the padding-free path, results laid out as padded."""
-    from qkv.nn.packed import PackedBatch
-
     T = input_ids.shape[1]
     batch = PackedBatch.from_padded(input_ids, mask, token_type_ids)
     with torch.inference_mode():

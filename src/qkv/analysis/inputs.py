@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.checkpoints.io import Pretrained
+from qkv.data.corpus import open_corpus
+from qkv.data.errors import CorpusError
 
 __all__ = [
     "AnalysisInputError",
@@ -63,8 +66,6 @@ def model_and_tokenizer(model) -> tuple[object, TokenizerView, str]:
     Raises:
         AnalysisInputError: a folder :func:`load_model` cannot load, or a model without a usable tokenizer.
     """
-    from qkv.checkpoints.io import Pretrained
-
     if isinstance(model, Pretrained):
         return model.model, tokenizer_view(model.tokenizer), type(model.model).__name__
     if not isinstance(model, (str, Path)):
@@ -130,9 +131,6 @@ def read_corpus(specs: str | list[str], *, max_docs: int | None = None, seed: in
     Raises:
         AnalysisInputError: a missing file, an unknown dataset, an unreadable file, no documents.
     """
-    from qkv.data.corpus import open_corpus
-    from qkv.data.errors import CorpusError
-
     specs = [specs] if isinstance(specs, (str, Path)) else list(specs)
     if max_docs is not None and max_docs < 1:
         raise AnalysisInputError(f"max_docs must be ≥ 1, got {max_docs}")

@@ -19,6 +19,11 @@ from qkv.analysis.capture import forward, model_window
 from qkv.analysis.inputs import AnalysisInputError, tokenizer_view
 from qkv.data.tokenizer_facade import TokenizerView
 from qkv.analysis.viewer_html import render_viewer
+from qkv.checkpoints.io import unpack
+from qkv.analysis.inputs import model_and_tokenizer
+from qkv.models.seq2seq import EncoderDecoder
+import json
+from qkv.analysis.inputs import load_model
 
 __all__ = ["Inspection", "inspect_text", "write_inspection", "run_inspect", "Seq2SeqInspection", "inspect_seq2seq",
            "write_seq2seq_inspection"]
@@ -90,8 +95,6 @@ def inspect_text(
     """
     if long_text not in ("error", "truncate"):
         raise AnalysisInputError(f"long_text for inspect must be 'error' or 'truncate', got {long_text!r}")
-    from qkv.checkpoints.io import unpack
-
     model, tokenizer = unpack(model, tokenizer)  # a qkv.load bundle brings its tokenizer
     tokenizer = tokenizer_view(tokenizer)
     window = model_window(model) or 512
@@ -173,8 +176,6 @@ def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None =
     Raises:
         AnalysisInputError: empty text, a token outside the vocabulary, a text longer than the window.
     """
-    from qkv.checkpoints.io import unpack
-
     model, tokenizer = unpack(model, tokenizer)
     if tokenizer is None:
         raise AnalysisInputError("the encoder-decoder folder has no tokenizer.json; save the model with its tokenizer")
@@ -232,15 +233,9 @@ def run_inspect(
 ) -> tuple[Inspection, dict[str, Path]]:
     """Load a model folder (or take what :func:`qkv.load` returned), inspect ``text`` and write the
     heatmaps and the viewer into ``out_dir``."""
-    from qkv.analysis.inputs import model_and_tokenizer
-
-    from qkv.models.seq2seq import EncoderDecoder
-
     if not isinstance(model_path, (str, Path)) or not _is_seq2seq_folder(model_path):
         model, tokenizer, name = model_and_tokenizer(model_path)
     else:  # an encoder-decoder folder: its word-level tokenizer has no [CLS]/[SEP]
-        from qkv.analysis.inputs import load_model
-
         (model, tokenizer), name = load_model(model_path), str(model_path)
     if isinstance(model, EncoderDecoder):
         ins = inspect_seq2seq(model, tokenizer, text)
@@ -251,8 +246,6 @@ def run_inspect(
 
 def _is_seq2seq_folder(path) -> bool:
     """Whether ``path`` is a qkv folder of kind ``encoder_decoder``."""
-    import json
-
     try:
         return json.loads((Path(path) / "qkv.json").read_text(encoding="utf-8")).get("kind") == "encoder_decoder"
     except (OSError, ValueError, AttributeError):

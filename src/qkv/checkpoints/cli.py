@@ -1,5 +1,10 @@
 """``qkv convert SRC DST`` (qkv ⇄ Hugging Face, → sentence-transformers) and ``qkv export MODEL --onnx OUT``
-(the encoder as an ONNX file, checked in ONNX Runtime)."""
+(the encoder as an ONNX file, checked in ONNX Runtime).
+
+Library modules are imported inside the command functions, not at the top: ``qkv COMMAND`` builds
+only that command's parsers (:data:`qkv.cli._GROUPS`), so a command imports no other command's
+library (measured by ``benchmarks/call_path.py``).
+"""
 
 from __future__ import annotations
 

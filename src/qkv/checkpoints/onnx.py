@@ -37,6 +37,8 @@ from torch import Tensor, nn
 
 from qkv._fs import atomic_file
 from qkv.errors import QkvError
+from qkv.checkpoints.io import Pretrained, load
+from qkv.nn.encoder import Encoder
 
 __all__ = ["export_onnx", "OnnxExport", "ExportError", "REFUSED_POSITIONS", "DEFAULT_OPSET", "INSTALL_HINT"]
 
@@ -104,9 +106,6 @@ def _require_packages() -> None:
 
 def _encoder_of(model) -> nn.Module:
     """The :class:`Encoder` of a folder, a :class:`~qkv.checkpoints.io.Pretrained`, a model with ``.encoder``."""
-    from qkv.checkpoints.io import Pretrained, load
-    from qkv.nn.encoder import Encoder
-
     if isinstance(model, (str, os.PathLike)):
         model = load(model).model
     if isinstance(model, Pretrained):
@@ -138,7 +137,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def _check_opset(opset) -> int:
-    import onnx
+    import onnx  # lazy: onnx takes 0.67 s to import and is an optional extra (qkv[onnx]); only the export needs it
 
     top = onnx.defs.onnx_opset_version()
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= top:
@@ -161,7 +160,7 @@ def _batch(encoder: nn.Module, B: int, T: int, seed: int) -> dict[str, Tensor]:
 
 def _compare(path: Path, encoder: nn.Module, feeds: dict[str, Tensor]) -> float:
     """max |ONNX Runtime − qkv| at the real positions of ``feeds``."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: an optional extra (qkv[onnx]); only the check needs it
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = torch.from_numpy(sess.run([OUTPUT], {k: v.numpy() for k, v in feeds.items()})[0])  # (B,T,C)

@@ -37,6 +37,7 @@ from qkv.data.bible import bible_fingerprint, bible_pairs
 from qkv.data.errors import CorpusFormatError, DatasetNotInstalledError, UnknownDatasetError
 from qkv.data.pairs import Pair
 from qkv.data.readers import CorpusOptions, Document, iter_file_documents
+from pydoc_data.topics import topics
 
 __all__ = ["DATASETS", "DatasetInfo", "parse_dataset_spec", "dataset_documents", "dataset_fingerprint",
            "dataset_pairs", "PARALLEL_DATASETS"]
@@ -161,8 +162,6 @@ def _tab_documents(path: Path, name: str, split: str) -> Iterator[Document]:
 
 
 def _pydoc_topics() -> dict[str, str]:
-    from pydoc_data.topics import topics
-
     return topics
 
 

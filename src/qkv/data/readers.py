@@ -32,6 +32,8 @@ from qkv.data.errors import (
     DocumentTooLongError,
 )
 from qkv.validation import check_choice, check_int
+import csv
+import io
 
 __all__ = ["CorpusOptions", "Document", "iter_file_documents", "file_format", "DEFAULT_MAX_DOC_BYTES",
            "iter_records", "record_format", "RECORD_FORMATS", "read_records", "input_format"]
@@ -312,9 +314,6 @@ def iter_records(path: Path, *, encoding_errors: str = "strict", columns: tuple[
             of fields than the header, an empty header or an unknown format (each names file and line).
         CorpusDecodeError, CorpusError: invalid UTF-8 (strict), an unreadable file or a broken ``.gz``.
     """
-    import csv
-    import io
-
     path = Path(path)
     fmt = record_format(path)
     if fmt is None:

@@ -58,6 +58,7 @@ def bead_cost(l1: np.ndarray | float, l2: np.ndarray | float, model: LengthModel
     """−log of the probability that texts of ``l1`` and ``l2`` characters translate each other."""
     # Imported here, not at the top: scipy.special costs ~0.26 s (measured with -X importtime) on every
     # `import qkv.data`, and only the Bible datasets need it.
+    # lazy: scipy.stats/special take 0.26–0.73 s to import (python -X importtime); only this test needs it
     from scipy.special import log_ndtr
 
     l1, l2 = np.asarray(l1, dtype=np.float64), np.asarray(l2, dtype=np.float64)

@@ -41,6 +41,11 @@ from qkv.embeddings.pooling import forward_pooled_packed, pooling_modes
 from qkv.errors import QkvError
 from qkv.inference import check_precision, for_inference_calibrated, inference_precision
 from qkv.nn.packed import PackedBatch
+from qkv.errors import CheckpointError
+from qkv.checkpoints.io import Pretrained, load, unpack
+from qkv.models.mlm import MaskedLM
+from qkv.nn.encoder import Encoder
+from tqdm.auto import tqdm
 
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
            "folder_defaults", "resolve_model"]
@@ -71,11 +76,6 @@ def resolve_model(model_or_path, tokenizer=None):
     Raises:
         EmbeddingError: not loadable, not an encoder, or no tokenizer.
     """
-    from qkv.errors import CheckpointError
-    from qkv.checkpoints.io import Pretrained, load, unpack
-    from qkv.models.mlm import MaskedLM
-    from qkv.nn.encoder import Encoder
-
     defaults: dict[str, Any] = {}
     ref = None
     if isinstance(model_or_path, (str, os.PathLike)):
@@ -234,8 +234,6 @@ class Embedder:
     def _open_bar(self, total):
         if not self.progress:
             return None
-        from tqdm.auto import tqdm
-
         self._bar = tqdm(total=0, unit="window", desc="embedding", dynamic_ncols=True)
         self._docs_expected = total
         self._docs_before = self.stats.documents + self.stats.empty  # this call's count starts here

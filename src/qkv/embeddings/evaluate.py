@@ -30,6 +30,12 @@ import numpy as np
 
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
+from qkv.data.errors import CorpusError
+from qkv.data.readers import iter_records
+from qkv.data.corpus import Corpus
+from qkv.data.datasets import DATASETS
+from qkv.data.readers import record_format
+from qkv.embeddings.embedder import Embedder
 
 __all__ = ["EvalData", "load_eval_data", "score", "tfidf_vectors", "evaluate_models", "format_table"]
 
@@ -57,9 +63,6 @@ def subsample(texts, labels, n, seed, what, notes):
 
 
 def _file_split(path: Path, seed: int, text_field: str, label_field: str):
-    from qkv.data.errors import CorpusError
-    from qkv.data.readers import iter_records
-
     rows: dict[str, tuple[list, list]] = {"train": ([], []), "test": ([], []), "": ([], [])}
     try:
         for source, obj in iter_records(path):
@@ -100,11 +103,6 @@ def load_eval_data(dataset: str, *, max_train: int | None = None, max_test: int 
         EmbeddingError: unknown dataset, unlabelled data, a split with fewer than 2 documents, a
             malformed file (names the file and line).
     """
-    from qkv.data.corpus import Corpus
-    from qkv.data.datasets import DATASETS
-    from qkv.data.errors import CorpusError
-    from qkv.data.readers import record_format
-
     path = Path(dataset)
     notes: list[str] = []
     if dataset in DATASETS:
@@ -175,6 +173,8 @@ def retrieval_map(test, test_y: np.ndarray) -> float:
 
 def score(train, train_labels, test, test_labels, *, k: int = 10) -> dict[str, float]:
     """k-NN accuracy, logistic-regression accuracy and MAP of vectors (dense or sparse, rows unit-norm)."""
+    # lazy: scikit-learn takes 1.0–1.4 s to import (python -X importtime); only the baselines need it
+    # lazy: scikit-learn takes 1.0–1.4 s to import (python -X importtime); only the baselines need it
     from sklearn.linear_model import LogisticRegression
 
     names = sorted(set(train_labels) | set(test_labels))
@@ -187,6 +187,7 @@ def score(train, train_labels, test, test_labels, *, k: int = 10) -> dict[str, f
 
 
 def tfidf_vectors(data: EvalData):
+    # lazy: scikit-learn takes 1.0–1.4 s to import (python -X importtime); only the baselines need it
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     vec = TfidfVectorizer(sublinear_tf=True, stop_words="english", min_df=2)
@@ -214,8 +215,6 @@ def evaluate_models(models: list[str], data: EvalData, *, k: int = 10, options: 
     Raises:
         EmbeddingError: a bad option or model.
     """
-    from qkv.embeddings.embedder import Embedder
-
     options = as_options(options, default=EmbedOptions(empty="zero"), **changes).replace(normalize=True)
     rows = []
     t0 = time.perf_counter()

@@ -35,6 +35,8 @@ from qkv._fs import write_folder
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
 from qkv.validation import check_range
+from qkv.embeddings.embedder import Embedder
+from qkv.embeddings.streams import open_writer
 
 __all__ = ["build_index", "search", "SearchIndex", "load_index_meta", "index_options", "Hit", "INDEX_JSON"]
 
@@ -101,9 +103,6 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
     Raises:
         EmbeddingError: ``out`` exists and is not empty, or the embedder's errors.
     """
-    from qkv.embeddings.embedder import Embedder
-    from qkv.embeddings.streams import open_writer
-
     options = as_options(options, default=EmbedOptions(empty="skip"), **changes).replace(normalize=True)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -230,8 +229,6 @@ class SearchIndex:
     """
 
     def __init__(self, index: str | os.PathLike, *, device=None, precision: str = "fp32"):
-        from qkv.embeddings.embedder import Embedder
-
         self.index = Path(index)
         self.meta = meta = load_index_meta(index)
         model = Path(meta["model"])

@@ -160,7 +160,7 @@ class _JsonlWriter(VectorWriter):
 
 class _ParquetWriter(VectorWriter):
     def __init__(self, path, dim):
-        import pyarrow as pa
+        import pyarrow as pa  # lazy: an optional dependency; only Parquet output needs it
         import pyarrow.parquet as pq
 
         super().__init__(path, dim)

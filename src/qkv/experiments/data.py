@@ -22,6 +22,10 @@ from typing import Any
 
 from qkv.experiments.grid import DATA_FIELDS
 from qkv._fs import atomic_file, atomic_write_text, write_folder
+from qkv.data.corpus import CorpusOptions
+from qkv.data.corpus import Corpus, train_eval_corpora
+from qkv.data.pipeline import prepare_pretraining_data
+from qkv.data.tokenizer import train_tokenizer
 
 __all__ = ["prepare_shared_data", "corpus_options"]
 
@@ -30,8 +34,6 @@ SHARED_JSON = "shared.json"
 
 def corpus_options(fields: dict[str, Any]):
     """The :class:`~qkv.data.corpus.CorpusOptions` of TrainConfig-style ``fields``."""
-    from qkv.data.corpus import CorpusOptions
-
     return CorpusOptions(**{k: fields[k] for k in ("doc_sep", "text_field", "encoding_errors",
                                                    "max_doc_bytes", "long_docs")})
 
@@ -62,10 +64,6 @@ def prepare_shared_data(out: Path, corpus: tuple[str, ...], eval_corpus: tuple[s
         ValueError: the folder was prepared from other inputs; and every corpus or tokenizer error
             of :mod:`qkv.data` (a subclass of ``ValueError``).
     """
-    from qkv.data.corpus import Corpus, train_eval_corpora
-    from qkv.data.pipeline import prepare_pretraining_data
-    from qkv.data.tokenizer import train_tokenizer
-
     out = Path(out)
     inputs = {"corpus": list(corpus), "eval_corpus": list(eval_corpus) if eval_corpus else None,
               **{k: fields[k] for k in DATA_FIELDS}}

@@ -63,6 +63,7 @@ def paired_t_p(diffs: Sequence[float]) -> float:
     mean, std = _mean_std(list(diffs))
     if std == 0:
         return 1.0 if mean == 0 else 0.0
+    # lazy: scipy.stats/special take 0.26–0.73 s to import (python -X importtime); only this test needs it
     from scipy.stats import t as student_t
 
     return float(2 * student_t.sf(abs(mean) / (std / math.sqrt(n)), n - 1))

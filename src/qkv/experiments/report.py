@@ -123,7 +123,7 @@ def _reused_lines(grid: Grid, rows: list[dict]) -> list[str]:
 
 def plot_curves(grid: Grid, rows: list[dict], path: Path) -> Path | None:
     """Held-out loss against step, mean over seeds (band: ± std) per variant."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib takes 0.4–0.6 s to import (python -X importtime); only plotting needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

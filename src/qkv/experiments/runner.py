@@ -44,6 +44,7 @@ from qkv.experiments.worker import is_finished, read_result, run_job
 from qkv._fs import atomic_write_text
 from qkv.training.config import TrainConfig
 from qkv.validation import check_int
+import torch
 
 __all__ = ["AblationConfig", "AblationResult", "run_ablation"]
 
@@ -242,8 +243,6 @@ def _execute(jobs: list[Job], *, n_jobs: int, threads: int, out: Path, log: Call
 
 
 def _run_inline(job: Job, threads: int, log) -> dict:
-    import torch
-
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -29,6 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from qkv._fs import atomic_write_text
+from qkv.analysis.heads import HeadAccumulator
+from qkv.analysis.specialisation import specialised_heads
 
 __all__ = ["attention_summary", "head_summary", "encoder_attentions", "grad_norms", "EarlyStats"]
 
@@ -81,9 +83,6 @@ def head_summary(attentions: Sequence[Tensor], input_ids: Tensor, mask: Tensor, 
     on one place (previous, next, itself, ``[CLS]``), the mean entropy of every head's attention and
     that of uniform attention (log n), both in nats.
     """
-    from qkv.analysis.heads import HeadAccumulator
-    from qkv.analysis.specialisation import specialised_heads
-
     acc = HeadAccumulator(cls_id, sep_id)
     weights = torch.stack([a.detach().float().cpu() for a in attentions])  # L × (B,H,T,T) -> (L,B,H,T,T)
     acc.update(weights, mask.cpu(), input_ids.cpu())

@@ -30,6 +30,15 @@ from qkv.experiments.plan import Job
 from qkv.experiments.reuse import REUSED_KEY
 from qkv.experiments.stats import EarlyStats, attention_summary, encoder_attentions, head_summary
 from qkv._fs import atomic_write_text
+from qkv.experiments.data import corpus_options
+from qkv.data.pipeline import prepare_pretraining_data
+from qkv.training.loop import TrainingError, pretrain
+import qkv
+from qkv.training.metrics import read_metrics
+from qkv.data.masking import MaskingConfig
+from qkv.data.packing import PackedBlocks
+from qkv.data.pipeline import MLMBatches
+from qkv.training.metrics import evaluate
 
 __all__ = ["run_job", "is_finished", "read_result", "RESULT_JSON", "EARLY_JSON"]
 
@@ -59,9 +68,6 @@ def _run_state(run_dir: Path) -> str:
 
 def _load_data(cfg):
     """The run's data (caches already built by the harness, so this only opens them)."""
-    from qkv.experiments.data import corpus_options
-    from qkv.data.pipeline import prepare_pretraining_data
-
     return prepare_pretraining_data(
         list(cfg.corpus), options=corpus_options(cfg.to_dict()),
         eval_corpus=list(cfg.eval_corpus) if cfg.eval_corpus else None, eval_fraction=cfg.eval_fraction,
@@ -78,8 +84,6 @@ def run_job(job: Job, *, log=print) -> dict:
 
     Returns ``{"status": "interrupted", …}`` without a result file when training was interrupted.
     """
-    from qkv.training.loop import TrainingError, pretrain
-
     cfg, run_dir = job.config(), Path(job.run_dir)
     data = _load_data(cfg)
     hook = None
@@ -106,9 +110,6 @@ def run_job(job: Job, *, log=print) -> dict:
 
 def measure(job: Job, cfg, data, hook: EarlyStats | None) -> dict:
     """Everything ``result.json`` holds, read from the finished run folder."""
-    import qkv
-    from qkv.training.metrics import read_metrics
-
     run_dir = Path(job.run_dir)
     model = qkv.load(run_dir).model.eval()
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -149,11 +150,6 @@ def measure(job: Job, cfg, data, hook: EarlyStats | None) -> dict:
 
 def _long_eval(model, cfg, data, factor: int) -> dict:
     """Held-out loss and accuracy on blocks ``factor × max_len`` long, or why not."""
-    from qkv.data.masking import MaskingConfig
-    from qkv.data.packing import PackedBlocks
-    from qkv.data.pipeline import MLMBatches
-    from qkv.training.metrics import evaluate
-
     length = factor * cfg.max_len
     window = model.config.max_len
     out = {"long_len": length, "long_eval_loss": None, "long_accuracy": None, "long_note": ""}

@@ -19,6 +19,9 @@ import time
 from collections import Counter
 
 import numpy as np
+from qkv.finetune.metrics import classification_report, regression_report
+from qkv.embeddings.embedder import Embedder
+from qkv.finetune.metrics import token_report
 
 __all__ = ["tfidf_baseline", "frozen_baseline", "word_tag_baseline", "paired"]
 
@@ -26,9 +29,9 @@ LOGREG_C = 10.0
 
 
 def _fit_score(x_train, y_train, x_test, y_test, task: str, labels):
+    # lazy: scikit-learn takes 1.0–1.4 s to import (python -X importtime); only the baselines need it
+    # lazy: scikit-learn takes 1.0–1.4 s to import (python -X importtime); only the baselines need it
     from sklearn.linear_model import LogisticRegression, Ridge
-
-    from qkv.finetune.metrics import classification_report, regression_report
 
     if task == "regression":
         reg = Ridge(alpha=1.0).fit(x_train, np.asarray(y_train, dtype=np.float64))
@@ -40,6 +43,7 @@ def _fit_score(x_train, y_train, x_test, y_test, task: str, labels):
 
 def tfidf_baseline(train_texts, train_y, test_texts, test_y, *, task: str, labels) -> dict:
     """TF-IDF + logistic (ridge) regression; ``*_y`` class ids or floats."""
+    # lazy: scikit-learn takes 1.0–1.4 s to import (python -X importtime); only the baselines need it
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     t0 = time.perf_counter()
@@ -52,8 +56,6 @@ def tfidf_baseline(train_texts, train_y, test_texts, test_y, *, task: str, label
 def frozen_baseline(model_path: str, train_texts, train_y, test_texts, test_y, *, task: str, labels,
                     max_len: int, stride: int, truncate: bool, batch_size: int, progress: bool) -> dict:
     """Logistic (ridge) regression on the starting model's frozen mean-pooled vectors."""
-    from qkv.embeddings.embedder import Embedder
-
     t0 = time.perf_counter()
     emb = Embedder(model_path, pooling="mean", max_len=max_len, stride=stride, truncate=truncate,
                    batch_size=batch_size, progress=progress)
@@ -64,8 +66,6 @@ def frozen_baseline(model_path: str, train_texts, train_y, test_texts, test_y, *
 
 def word_tag_baseline(train_words, train_tags, test_words, test_tags) -> dict:
     """The most frequent training tag of each (lower-cased) word; tags as strings."""
-    from qkv.finetune.metrics import token_report
-
     t0 = time.perf_counter()
     by_word: dict[str, Counter] = {}
     overall: Counter = Counter()
@@ -84,6 +84,7 @@ def paired(y_true, model_pred, baseline_pred) -> dict:
     """The two classifiers compared example by example on the same test split: how often only the
     model is right (``model_only``), only the baseline (``baseline_only``), and the exact two-sided
     McNemar p-value (binomial test of the discordant pairs against 1/2; 1.0 when there are none)."""
+    # lazy: scipy.stats/special take 0.26–0.73 s to import (python -X importtime); only this test needs it
     from scipy.stats import binomtest
 
     t, a, b = (np.asarray(v) for v in (y_true, model_pred, baseline_pred))

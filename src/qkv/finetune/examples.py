@@ -30,6 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from qkv.errors import QkvError
+from qkv.data.errors import CorpusError
+from qkv.data.readers import iter_records
+from qkv.data.datasets import dataset_documents, parse_dataset_spec
+from qkv.data.readers import record_format
 
 __all__ = ["Examples", "FinetuneDataError", "read_examples", "read_conll", "label_set", "split_examples", "subsample"]
 
@@ -88,9 +92,6 @@ def _label_value(value, source: str, task: str, name: str):
 
 
 def _record_examples(path: Path, task: str, fields: dict[str, str], encoding_errors: str) -> Examples:
-    from qkv.data.errors import CorpusError
-    from qkv.data.readers import iter_records
-
     out = Examples()
     try:
         for source, rec in iter_records(path, encoding_errors=encoding_errors):
@@ -180,9 +181,6 @@ def read_conll(path: Path, encoding_errors: str = "strict", *, with_tags: bool =
 
 
 def _dataset_examples(spec: str, task: str) -> Examples:
-    from qkv.data.datasets import dataset_documents, parse_dataset_spec
-    from qkv.data.errors import CorpusError
-
     try:
         info, split = parse_dataset_spec(spec)
         if not info.labelled:
@@ -207,8 +205,6 @@ def read_examples(spec: str | os.PathLike, task: str, *, text_field: str = "text
     Raises:
         FinetuneDataError: an unreadable or malformed file, a missing field or label, a bad target.
     """
-    from qkv.data.readers import record_format
-
     spec = str(spec)
     if spec.startswith("dataset:"):
         ex = _dataset_examples(spec, task)

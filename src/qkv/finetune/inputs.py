@@ -8,6 +8,11 @@ from pathlib import Path
 
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
 from qkv.finetune.examples import FinetuneDataError
+from qkv.errors import CheckpointError
+from qkv.checkpoints.io import Pretrained, load
+from qkv.data.errors import CorpusError
+from qkv.data.readers import iter_records, read_records, record_format
+from qkv.finetune.examples import read_conll
 
 __all__ = ["load_task_model", "read_inputs"]
 
@@ -29,9 +34,6 @@ def load_task_model(folder):
     Raises:
         FinetuneDataError: not a loadable folder, no task head, or no tokenizer.
     """
-    from qkv.errors import CheckpointError
-    from qkv.checkpoints.io import Pretrained, load
-
     if isinstance(folder, Pretrained):
         (model, tok), folder = folder, None
         where = "the model"
@@ -72,10 +74,6 @@ def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field:
     other file is plain text, one input per non-blank line (all read by :mod:`qkv.data.readers`,
     except CoNLL).
     """
-    from qkv.data.errors import CorpusError
-    from qkv.data.readers import iter_records, read_records, record_format
-    from qkv.finetune.examples import read_conll
-
     path = Path(spec)
     if not path.is_file():
         raise FinetuneDataError(f"{spec}: no such file; give a text file (one input per line), .jsonl, .csv or "

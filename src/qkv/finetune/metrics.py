@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from qkv._fs import atomic_write_bytes
 
 __all__ = ["classification_report", "regression_report", "spans", "token_report", "plot_confusion",
            "format_classification", "format_token", "format_regression"]
@@ -244,9 +245,8 @@ def plot_confusion(confusion: Sequence[Sequence[int]], labels: Sequence[str], pa
     """A confusion-matrix PNG at ``path``: colours are row-normalised (share of each true class),
     counts are written in the cells up to 25 classes, and the figure grows with the class count.
     Written atomically (temp file beside ``path``, then a rename); the parent folder is created."""
+    # lazy: matplotlib takes 0.4–0.6 s to import (python -X importtime); only plotting needs it
     from matplotlib.figure import Figure
-
-    from qkv._fs import atomic_write_bytes
 
     conf = np.asarray(confusion, dtype=np.int64)
     labels = [str(x) for x in labels]

@@ -28,6 +28,15 @@ import numpy as np
 import torch
 
 from qkv.finetune.encode import Encoded, eval_batches
+from qkv.data.windows import length_batches
+from qkv.nn.packed import PackedBatch
+from qkv._fs import atomic_write_text
+from qkv.finetune.examples import FinetuneDataError
+from qkv.finetune.inputs import read_inputs
+from qkv.finetune.inputs import load_task_model
+from qkv.inference import check_precision, for_inference_calibrated
+from qkv.finetune.encode import encode_sequences, encode_tagged
+from tqdm.auto import tqdm
 
 __all__ = ["WindowScores", "score", "score_packed", "example_outputs", "Predictor", "Predictions",
            "predict_file"]
@@ -51,8 +60,6 @@ class WindowScores:
 def score(model, enc: Encoded, *, task: str, batch_size: int, device, pad_id: int, rows=None,
           with_loss: bool = True, progress: bool = False, desc: str = "scoring") -> WindowScores:
     """Run ``model`` (eval mode, restored after) over the windows ``rows`` of ``enc`` (default all)."""
-    from tqdm.auto import tqdm
-
     regression = task == "regression"
     was_training = model.training
     model.eval()
@@ -95,11 +102,6 @@ def score_packed(model, enc: Encoded, *, task: str, batch_size: int = 256, batch
     of ``enc`` without padding: batches of similar length, at most ``batch_size`` windows and
     ``batch_tokens`` tokens (a longer window alone). No loss. Same outputs as :func:`score` up to
     float rounding (and the precision the model was prepared in)."""
-    from tqdm.auto import tqdm
-
-    from qkv.data.windows import length_batches
-    from qkv.nn.packed import PackedBatch
-
     out = WindowScores()
     bar = tqdm(total=len(enc.ids), disable=not progress, unit="win", desc=desc, dynamic_ncols=True, leave=False)
     try:
@@ -186,9 +188,6 @@ class Predictor:
 
     def __init__(self, run, *, device: str = "auto", precision: str = "fp32", batch_size: int = 64,
                  batch_tokens: int | None = 4096):
-        from qkv.finetune.inputs import load_task_model
-        from qkv.inference import check_precision, for_inference_calibrated
-
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                                    ("cpu" if device == "auto" else device))
         check_precision(precision, self.device)  # before any loading
@@ -200,8 +199,6 @@ class Predictor:
 
     def encode(self, inputs: list) -> Encoded:
         """The windows of ``inputs``: texts, or word lists for a token-classification model."""
-        from qkv.finetune.encode import encode_sequences, encode_tagged
-
         meta = self.settings
         if self.task == "token-classification":
             return encode_tagged(self.tokenizer, inputs, [[0] * len(s) for s in inputs], max_len=meta["max_len"])
@@ -248,10 +245,6 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     ``batch_size`` windows and ``batch_tokens`` tokens (:class:`Predictor`). Returns a summary
     (counts, windows, long inputs).
     """
-    from qkv._fs import atomic_write_text
-    from qkv.finetune.examples import FinetuneDataError
-    from qkv.finetune.inputs import read_inputs
-
     predictor = Predictor(run, device=device, precision=precision, batch_size=batch_size,
                           batch_tokens=batch_tokens)
     ids, inputs = read_inputs(input_spec, predictor.task, text_field=text_field, tokens_field=tokens_field)

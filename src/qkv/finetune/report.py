@@ -15,13 +15,16 @@ from pathlib import Path
 import numpy as np
 
 from qkv._fs import atomic_write_text
+from qkv.finetune.baselines import frozen_baseline, tfidf_baseline, word_tag_baseline
+from qkv.finetune.metrics import format_classification, format_regression, format_token
+from qkv.finetune.metrics import plot_confusion
+from qkv.training.rundir import update_run
+from qkv.finetune.baselines import paired
 
 __all__ = ["final_report"]
 
 
 def _baselines(cfg, train, held, train_t, held_t, labels, stride: int) -> dict[str, dict]:
-    from qkv.finetune.baselines import frozen_baseline, tfidf_baseline, word_tag_baseline
-
     out: dict[str, dict] = {}
     if cfg.task == "token-classification":
         if "word-tag" in cfg.baselines:
@@ -46,8 +49,6 @@ def _model_name(path: str) -> str:
 
 
 def _format(task: str, report: dict, baselines: dict[str, dict]) -> str:
-    from qkv.finetune.metrics import format_classification, format_regression, format_token
-
     if task == "regression":
         return format_regression(report, baselines=baselines)
     if task == "token-classification":
@@ -79,9 +80,6 @@ def _predictions(task: str, held, held_t, outputs: dict, labels, kind: str) -> s
 def final_report(cfg, objective, model, train, held, train_t, held_t, labels, kind: str, out: Path, *,
                  train_seconds: float, notes: list[str], stride: int) -> dict:
     """Score everything held out, run the baselines, write the report files; return the report."""
-    from qkv.finetune.metrics import plot_confusion
-    from qkv.training.rundir import update_run
-
     t0 = time.perf_counter()
     every = np.arange(len(held))
     ev = objective.evaluate(model, rows=np.arange(len(objective.held.ids)), examples=every, progress=cfg.progress)
@@ -92,8 +90,6 @@ def final_report(cfg, objective, model, train, held, train_t, held_t, labels, ki
               "train_examples": len(train), "train_seconds": round(float(train_seconds), 1),
               "eval_seconds": round(eval_s, 1), "fine_tuned": report, "baselines": baselines, "notes": notes}
     if cfg.task == "sequence-classification":
-        from qkv.finetune.baselines import paired
-
         mine = [int(np.argmax(ev["outputs"][e])) for e in range(len(held))]
         for b in baselines.values():
             b["paired"] = paired(held_t, mine, b.pop("predictions"))

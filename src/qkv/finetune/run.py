@@ -41,6 +41,15 @@ from qkv.training.lifecycle import RunFolder, resume_eval, run_session
 from qkv.training.objective import save_final_model
 from qkv.training.precision import resolve_precision
 from qkv.training.rundir import RunError
+from qkv.errors import CheckpointError
+from qkv.checkpoints.io import load
+from qkv.embeddings.embedder import folder_defaults
+from qkv.finetune.metrics import classification_report, regression_report, token_report
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.finetune.inputs import FINETUNE_SPECIALS
+from qkv.models.task_builders import attach_task_head
+from qkv.models.heads import TaskConfig
+from qkv.finetune.report import final_report
 
 __all__ = ["finetune", "FinetuneResult"]
 
@@ -103,9 +112,6 @@ def _fingerprint(*splits: Examples) -> str:
 
 
 def _starting_model(cfg: FinetuneConfig):
-    from qkv.errors import CheckpointError
-    from qkv.checkpoints.io import load
-
     if not Path(cfg.model).is_dir():
         raise FinetuneDataError(f"{cfg.model}: not a folder; give a qkv model or run folder, or a Hugging Face "
                                 "BERT folder")
@@ -118,8 +124,6 @@ def _starting_model(cfg: FinetuneConfig):
 
 def _window(cfg: FinetuneConfig, model) -> FinetuneConfig:
     """``max_len`` made explicit and checked against the model (and stride against it)."""
-    from qkv.embeddings.embedder import folder_defaults
-
     limit = model.config.max_len
     if cfg.max_len is None:
         trained = folder_defaults(cfg.model).get("max_len") if Path(cfg.model).is_dir() else None
@@ -196,8 +200,6 @@ class TaskObjective:
 
 def report_for(task: str, labels, targets, outputs) -> dict:
     """The metrics report of example ``outputs`` (probabilities, values or tag ids) against ``targets``."""
-    from qkv.finetune.metrics import classification_report, regression_report, token_report
-
     if task == "regression":
         return regression_report([float(t) for t in targets], [float(o[0]) for o in outputs])
     if task == "token-classification":
@@ -229,11 +231,6 @@ def _finished(run: RunFolder, cfg: FinetuneConfig) -> FinetuneResult | None:
 
 
 def _run(cfg: FinetuneConfig, run: RunFolder, info, precision: str, clock, on_backward) -> FinetuneResult:
-    from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
-    from qkv.finetune.inputs import FINETUNE_SPECIALS
-    from qkv.models.task_builders import attach_task_head
-    from qkv.models.heads import TaskConfig
-
     train, held, notes = _data(cfg)
     model, tokenizer = _starting_model(cfg)
     head = getattr(model, "task", None)
@@ -285,8 +282,6 @@ def _run(cfg: FinetuneConfig, run: RunFolder, info, precision: str, clock, on_ba
     train_s = time.perf_counter() - t0
     if result.status != "complete" or not info.is_main:
         return FinetuneResult(out, result.steps_done, result.status, None)
-    from qkv.finetune.report import final_report
-
     report = final_report(cfg, objective, model, train, held, train_t, held_t, labels, kind, out,
                           train_seconds=run.meta().get("elapsed_s", train_s), notes=notes, stride=stride)
     return FinetuneResult(out, result.steps_done, "complete", report)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from qkv.generation.loop import generate
+from qkv.generation.streaming import continuation
 
 __all__ = ["pad_prompts", "prompt_ids", "special_ids", "generate_texts", "decode"]
 
@@ -96,8 +98,6 @@ def generate_texts(model, tokenizer, prompts: Sequence[str], **options) -> list[
         **options: :func:`qkv.generation.generate` options; ``eos_token_id`` and ``pad_token_id``
             default to the tokenizer's end and padding tokens.
     """
-    from qkv.generation.loop import generate
-
     if isinstance(prompts, str):
         prompts = [prompts]
     _, eos, pad = special_ids(tokenizer)
@@ -107,8 +107,6 @@ def generate_texts(model, tokenizer, prompts: Sequence[str], **options) -> list[
     ids, mask = pad_prompts(prefixes,
                             pad_token_id=options["pad_token_id"] if options["pad_token_id"] is not None else 0)
     out = generate(model, ids, attention_mask=mask, **options)  # (B,T+n)
-    from qkv.generation.streaming import continuation
-
     stop = options["eos_token_id"]
     stop = stop if isinstance(stop, int) else None
     return [continuation(tokenizer, prefix, row[ids.shape[1]:].tolist(), stop)

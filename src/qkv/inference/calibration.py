@@ -18,6 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
+from qkv.data.windows import make_windows
+from qkv.nn.packed import PackedBatch
+from pydoc_data.topics import topics
 
 __all__ = ["HELD_OUT", "calibration_texts", "calibration_sequences", "input_maxima"]
 
@@ -31,8 +34,6 @@ _BATCH_TOKENS = 4096
 
 def calibration_texts() -> list[str]:
     """The calibration texts: the pydoc topics after the first :data:`HELD_OUT`, in sorted order."""
-    from pydoc_data.topics import topics
-
     return [topics[k] for k in sorted(topics)][HELD_OUT:]
 
 
@@ -40,8 +41,6 @@ def calibration_sequences(tokenizer, max_len: int) -> list[np.ndarray]:
     """The calibration texts as ``[CLS] … [SEP]`` windows, the first window of each text, of at most
     ``min(max_len, 256)`` tokens (≈ 14,000 tokens: about a second of float32 compute for a MiniLM),
     for a tokenizer with ``encode(texts)`` (content ids per text), ``cls_id`` and ``sep_id``."""
-    from qkv.data.windows import make_windows
-
     wins = make_windows(tokenizer.encode(calibration_texts()), window=min(int(max_len), _WINDOW),
                         truncate=True, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, skip_empty=True)
     return [np.asarray(w, dtype=np.int64) for w in wins.ids]
@@ -51,8 +50,6 @@ def calibration_sequences(tokenizer, max_len: int) -> list[np.ndarray]:
 def input_maxima(encoder: nn.Module, modules: Sequence[nn.Module], sequences: Sequence) -> list[Tensor]:
     """For each of ``modules`` (maps inside ``encoder``), ``(I,)``: the largest ``|x|`` of each input
     channel while ``encoder.forward_packed`` runs over ``sequences`` (token id sequences)."""
-    from qkv.nn.packed import PackedBatch
-
     if not sequences:
         raise ValueError("calibration needs at least one token sequence")
     maxima: list[Tensor | None] = [None] * len(modules)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from qkv.lab.synthetic import SYNTHETIC_TASKS
+from qkv.lab.encoder_config import EncoderTaskConfig
 
 __all__ = ["LabGrid", "Cell", "load_lab_grid", "builtin_lab_grids", "is_lab_grid", "parse_metric",
            "DECISION_GAP"]
@@ -188,8 +189,6 @@ class LabGrid:
         grid = cls(name, data["question"].strip(), task, _copy(variants), metric, data.get("claim", "").strip(),
                    _copy(options), _copy(base), tuple(tuple(p) for p in comparisons),
                    tuple(maps) if maps else None, data.get("notes", ""), source)
-        from qkv.lab.encoder_config import EncoderTaskConfig
-
         for cell in grid.cells():  # every cell builds (bad task options, model fields, values)
             try:
                 EncoderTaskConfig(**run_fields(grid, cell.overrides), seed=0)

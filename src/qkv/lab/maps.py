@@ -12,6 +12,11 @@ from pathlib import Path
 
 from qkv._fs import atomic_file
 from qkv.lab.grid import LabGrid, parse_metric
+from qkv.lab.encoder_config import EncoderTaskConfig
+from qkv.models.builders import build_masked_lm
+from qkv.analysis.capture import forward
+from qkv.lab.encoder_config import EVAL_SEED
+import torch
 
 __all__ = ["plot_scores", "plot_attention_maps", "load_run_model"]
 
@@ -19,7 +24,7 @@ _MAX_LABELLED = 40  # tokens per axis that still get their names
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # lazy: matplotlib takes 0.4–0.6 s to import (python -X importtime); only plotting needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -66,11 +71,6 @@ def plot_scores(grid: LabGrid, rows: list[dict], values: dict, chosen: dict, pat
 def load_run_model(out: Path, cell: str):
     """``(model, EncoderTaskConfig)`` of seed 0 of ``cell`` in the lab folder ``out``, or ``None`` when its
     weights are not there."""
-    import torch
-
-    from qkv.lab.encoder_config import EncoderTaskConfig
-    from qkv.models.builders import build_masked_lm
-
     run = out / "runs" / cell / "seed0.json"
     state = run.with_suffix(".pt")
     if not (run.exists() and state.exists()):
@@ -83,9 +83,6 @@ def load_run_model(out: Path, cell: str):
 
 def plot_attention_maps(grid: LabGrid, out: Path, cells: list[str], labels: list[str], path: Path) -> Path | None:
     """The attention of seed 0 of each cell on the same held-out row (the metric's length)."""
-    from qkv.analysis.capture import forward
-    from qkv.lab.encoder_config import EVAL_SEED
-
     loaded = [load_run_model(Path(out), c) for c in cells]
     if any(x is None for x in loaded):
         return None

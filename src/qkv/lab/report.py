@@ -18,6 +18,7 @@ from pathlib import Path
 from qkv._fs import atomic_write_text
 from qkv.lab.grid import DECISION_GAP, LabGrid, parse_metric
 from qkv.lab.verdict import Comparison, best_rate, compare, mean_std, with_holm
+from qkv.lab.maps import plot_attention_maps, plot_scores
 
 __all__ = ["write_report", "run_row", "metric_of", "CSV_COLUMNS"]
 
@@ -166,8 +167,6 @@ def _csv(rows: list[dict]) -> str:
 def write_report(grid: LabGrid, config, out: Path, done: dict) -> tuple[str, list[Comparison]]:
     """Write the report of the finished runs ``done`` ((cell, seed) → result dict) into ``out``;
     returns the Markdown table and the comparisons."""
-    from qkv.lab.maps import plot_attention_maps, plot_scores
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells = {c.name: c for c in grid.cells(config.overrides)}

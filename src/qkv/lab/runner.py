@@ -26,6 +26,11 @@ from typing import Any
 from qkv._fs import atomic_file, atomic_write_text
 from qkv.lab.grid import Cell, LabGrid, load_lab_grid, run_fields
 from qkv.validation import check_int
+from qkv.lab.encoder_config import EncoderTaskConfig
+from qkv.lab.encoder_run import train_on_task
+from qkv.lab.report import write_report
+from tqdm.auto import tqdm
+import torch
 
 __all__ = ["LabRunConfig", "LabResult", "run_lab", "run_path"]
 
@@ -89,11 +94,6 @@ def run_path(out: Path, cell: str, seed: int) -> Path:
 
 def _train(fields: dict, seed: int, threads: int, json_path: str, state_path: str | None) -> dict:
     """One run in a worker (or in this process): train, write the result (and seed 0's weights)."""
-    import torch
-
-    from qkv.lab.encoder_config import EncoderTaskConfig
-    from qkv.lab.encoder_run import train_on_task
-
     torch.set_num_threads(threads)
     result = train_on_task(EncoderTaskConfig(**fields, seed=seed))
     data = result.to_dict()
@@ -127,8 +127,6 @@ def _existing(path: Path, wanted: dict) -> dict | None:
 
 def _plan(config: LabRunConfig, grid: LabGrid, out: Path) -> tuple[list[tuple[Cell, int, dict]], dict]:
     """``(to train: (cell, seed, fields), done: (cell, seed) → result)``."""
-    from qkv.lab.encoder_config import EncoderTaskConfig
-
     todo, done = [], {}
     for cell in grid.cells(config.overrides):
         fields = run_fields(grid, cell.overrides)
@@ -147,8 +145,6 @@ def _plan(config: LabRunConfig, grid: LabGrid, out: Path) -> tuple[list[tuple[Ce
 
 def run_lab(config: LabRunConfig, log: Callable[[str], None] = print, progress: bool = True) -> LabResult:
     """Train what is missing, then write the report (see the module docstring)."""
-    from qkv.lab.report import write_report
-
     grid = config.load()
     out = Path(config.out).expanduser()
     todo, done = _plan(config, grid, out)
@@ -197,6 +193,4 @@ def _collect(done: dict, errors: dict, key: tuple[str, int], label: str, get, ba
 
 
 def _bar(total: int, progress: bool):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, unit="run", dynamic_ncols=True, disable=not progress or total == 0)

@@ -36,6 +36,8 @@ from qkv.training.engine import run_training
 from qkv.training.lifecycle import open_run, resume_eval
 from qkv.training.precision import PRECISIONS, resolve_precision
 from qkv.validation import check_choice, check_positive
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers.models import WordLevel
 
 __all__ = ["PRESETS", "preset_config", "train", "evaluate", "LabResult", "Seq2SeqObjective", "Seq2SeqRunConfig",
            "task_tokenizer", "EVAL_SEED"]
@@ -105,9 +107,6 @@ class Seq2SeqRunConfig(RunConfig):
 
 def task_tokenizer(task: Task):
     """A ``tokenizers`` WordLevel tokenizer over the task's tokens (whitespace-split)."""
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers.models import WordLevel
-
     vocab = {t: i for i, t in enumerate(task.vocab)}
     tok = Tokenizer(WordLevel(vocab, unk_token="[PAD]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -30,6 +30,11 @@ from qkv.nn.qk_norm import build_qk_norm
 from qkv.nn.positional import build_positions
 from qkv.nn.similarity import build_similarity
 from qkv.validation import check_heads
+from qkv.models.discriminator import Discriminator, DiscriminatorHead
+from qkv.models.mlm import MaskedLM, MaskedLMHead
+from qkv.models.causal_lm import CausalLM
+from qkv.models.seq2seq import Decoder, EncoderDecoder, SharedTokenEmbeddings
+from qkv.nn.decoder_layer import DecoderLayer
 
 __all__ = ["build_attention", "build_layer", "build_norm_for", "build_encoder",
            "build_masked_lm", "build_causal_lm", "build_model", "build_discriminator",
@@ -200,8 +205,6 @@ def build_encoder(config: ModelConfig, *, init: bool = True, causal: bool = Fals
 def build_discriminator(config: ModelConfig, *, init: bool = True, maps: LinearMaps = TRAINING):
     """The replaced-token discriminator (encoder + ELECTRA's per-token head) described by
     ``config``; see :class:`qkv.models.discriminator.Discriminator`."""
-    from qkv.models.discriminator import Discriminator, DiscriminatorHead
-
     encoder = build_encoder(config, init=False, maps=maps)
     head = DiscriminatorHead(config.d_model, activation=config.ffn.activation, maps=maps)
     model = Discriminator(encoder, head, config=config)
@@ -220,8 +223,6 @@ def build_masked_lm(config: ModelConfig, *, init: bool = True, sparse_prediction
     export, a task head later), frozen (``requires_grad=False``): the masked-LM loss does not use
     it, and a parameter without gradient would stall distributed (DDP) training.
     """
-    from qkv.models.mlm import MaskedLM, MaskedLMHead
-
     if config.embedding_size not in (None, config.d_model):
         raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the "
                          "masked-LM head ties its decoder to C-wide token embeddings; build an encoder or "
@@ -251,8 +252,6 @@ def build_causal_lm(config: ModelConfig, *, init: bool = True, maps: LinearMaps 
     pooler (it reads the first token, which sees only itself in a causal stack) and an
     ``embedding_size`` other than C (the head is tied to C-wide token embeddings).
     """
-    from qkv.models.causal_lm import CausalLM
-
     if config.pooler:
         raise ValueError("pooler=True: BERT's pooler reads the first token, which a causal model lets see only "
                          "itself; build the causal LM without a pooler")
@@ -313,9 +312,6 @@ def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_sta
     causal self-attention; absolute ones index the decoder's own positions from 0 (a table of its
     own). Cross-attention has no positions. Refused: a pooler and ``embedding_size`` ≠ C.
     """
-    from qkv.models.seq2seq import Decoder, EncoderDecoder, SharedTokenEmbeddings
-    from qkv.nn.decoder_layer import DecoderLayer
-
     if config.pooler:
         raise ValueError("pooler=True: an encoder-decoder has no use for BERT's pooler; build it without one")
     if config.embedding_size not in (None, config.d_model):

@@ -18,6 +18,8 @@ from qkv.models.builders import build_encoder, init_weights
 from qkv.errors import CheckpointError
 from qkv.models.heads import SequenceClassifier, TaskConfig, TaskModel, TokenClassifier
 from qkv.nn.encoder import Encoder
+from qkv.models.discriminator import Discriminator
+from qkv.models.mlm import MaskedLM
 
 __all__ = ["build_task_model", "attach_task_head"]
 
@@ -79,9 +81,6 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
         CheckpointError: ``model`` has a different task head and ``reset_head`` is False.
         ValueError: ``model`` is not a qkv model with a ``.config``.
     """
-    from qkv.models.discriminator import Discriminator
-    from qkv.models.mlm import MaskedLM
-
     config = getattr(model, "config", None)
     if (not isinstance(model, (Encoder, MaskedLM, TaskModel, Discriminator))
             or not isinstance(config, ModelConfig)):

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from qkv.data.masking import IGNORE_INDEX
+from qkv.data.pipeline import clm_labels
 
 __all__ = ["scored_pairs", "CountModel", "baseline_perplexities", "LAMBDAS"]
 
@@ -30,8 +31,6 @@ LAMBDAS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 def scored_pairs(blocks, indices: np.ndarray, *, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
     """``(previous, next)`` token ids, ``(N,)`` each, of every scored next-token target of the blocks
     ``indices`` of a :class:`~qkv.data.packing.PackedBlocks` (targets as :func:`clm_labels` makes them)."""
-    from qkv.data.pipeline import clm_labels
-
     prev, nxt = [], []
     for start in range(0, len(indices), chunk):
         b = blocks.batch(indices[start : start + chunk])

@@ -13,6 +13,7 @@ from qkv.models.parts import check_parts
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range, is_int
+from qkv.data.masking import MaskingConfig
 
 __all__ = ["LoopConfig", "RunConfig", "TrainConfig", "OBJECTIVES", "RESUME_MAY_CHANGE", "model_config_for", "read_config_file",
            "parse_json_object"]
@@ -303,8 +304,6 @@ def model_config_for(cfg: TrainConfig, vocab_size: int | None = None, *, hint: s
 
 
 def _check_masking(cfg) -> None:
-    from qkv.data.masking import MaskingConfig
-
     check_range("select_rate", cfg.select_rate, 0, 1, bounds="(]",
                 tail=": it is the share of tokens the model learns to predict (--select-rate, default 0.15)")
     MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)

@@ -9,6 +9,10 @@ import torch
 
 from qkv.config import ModelConfig
 from qkv.models.builders import build_masked_lm
+from qkv.models.causal_lm import CausalLM
+from qkv.errors import CheckpointError
+from qkv.checkpoints.io import load
+from qkv.models.mlm import MaskedLM
 
 __all__ = ["load_for_pretraining"]
 
@@ -21,11 +25,6 @@ def load_for_pretraining(path: str, *, objective: str = "mlm", **overrides):
     BERT-initialised, decoder tied to the word embeddings — and ``new_head=True``. A causal LM is
     refused (its stack never saw the right-hand context). ``objective="clm"``: the folder must hold
     a causal LM (its head is tied: nothing new); an encoder is refused."""
-    from qkv.models.causal_lm import CausalLM
-    from qkv.errors import CheckpointError
-    from qkv.checkpoints.io import load
-    from qkv.models.mlm import MaskedLM
-
     try:
         loaded = load(path, **overrides).model
     except (CheckpointError, ValueError, TypeError) as e:

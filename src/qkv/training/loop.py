@@ -35,6 +35,7 @@ from qkv.training.metrics import evaluate
 from qkv.training.objective import save_final_model
 from qkv.training.precision import resolve_precision
 from qkv.training.rundir import RunError
+import numpy as np
 
 __all__ = ["pretrain", "PretrainResult", "TrainingError", "MaskedLMObjective"]
 
@@ -91,8 +92,6 @@ def _initial_model(cfg: TrainConfig):
 
 def init_unigram_bias(model, tokens, vocab_size: int, *, max_tokens: int = 20_000_000) -> None:
     """Set the masked-LM output bias to ``log p(token)`` (add-one smoothed) over the training tokens."""
-    import numpy as np
-
     counts = np.bincount(np.asarray(tokens[:max_tokens], dtype=np.int64), minlength=vocab_size)[:vocab_size]
     logp = np.log((counts + 1.0) / (counts.sum() + vocab_size))
     with torch.no_grad():
