@@ -20,6 +20,7 @@ import torch
 
 from qkv import reference
 from qkv.models.builders import build_attention
+from qkv.nn.attention import MultiHeadAttention
 from qkv.nn.similarity import SIMILARITIES
 
 __all__ = ["run_attention_demo"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from families_support import batch, compare, perturb
+from families_support import batch, perturb
 
 import qkv
 from qkv.config import ModelConfig, layer_period

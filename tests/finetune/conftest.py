@@ -3,7 +3,6 @@ tokenizer trained on it, and synthetic labelled data written as JSONL / CSV / Co
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 

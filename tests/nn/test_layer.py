@@ -1,6 +1,8 @@
 """Feed-forward and transformer layer against torch.nn.TransformerEncoderLayer (weights copied)."""
 
 import pytest
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -196,3 +198,30 @@ def test_unknown_norm():
     with pytest.raises(ValueError, match="unknown norm placement 'mid'; allowed: post, pre"):
         TransformerLayer(build_attention(C, H), FeedForward(C, FF), norm1=nn.LayerNorm(C), norm2=nn.LayerNorm(C),
                          norm="mid")
+
+
+def test_from_layer_to_kernel_is_four_qkv_frames(monkeypatch):
+    """layer.forward → attention.forward → the plan the module was built with → the backend → the
+    kernel: the backend is decided when the module is built, not re-decided through string lookups
+    (torch's own ``Module.__call__`` frames between the modules are not counted)."""
+    import inspect
+
+    import torch.nn.functional as F
+
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_encoder
+
+    kernel, seen = F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        frames = [(f.function, Path(f.filename)) for f in inspect.stack()[1:]]
+        ours = [(fn, path.parent.name + "/" + path.name) for fn, path in frames if "qkv" in path.parts]
+        seen.append(ours[: [p for _, p in ours].index("nn/layer.py") + 1])
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    enc = build_encoder(ModelConfig.preset("tiny", dropout=0.0)).eval()
+    with torch.no_grad():
+        enc(torch.randint(1, 97, (2, 7)))
+    assert seen[0] == [("run", "backends/sdpa.py"), ("run", "nn/attend.py"), ("forward", "nn/attention.py"),
+                       ("forward", "nn/layer.py")], seen[0]

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.hardware import precision_unsupported
-from qkv.nn.linear import InferenceLinear, Int8Linear, smoothing_scale
+from qkv.nn.linear import InferenceLinear, Int8Linear
 from qkv.nn.maps import INT8_KINDS, LinearMaps, linear_shape
 
 CPU = torch.device("cpu")

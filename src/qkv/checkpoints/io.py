@@ -49,7 +49,6 @@ from qkv.checkpoints import families
 from qkv.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 from qkv.models.kinds import KINDS, build_kind, kind_of, model_kind
-from qkv.validation import check_choice
 
 __all__ = ["Pretrained", "load", "save", "export_hf", "unpack", "read_weights", "read_json", "is_model_folder"]
 

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from qkv._fs import atomic_file
 from qkv.errors import QkvError
 from qkv.checkpoints.io import Pretrained, load
-from qkv.nn.encoder import Encoder
+from qkv.models.kinds import encoder_of
 
 __all__ = ["export_onnx", "OnnxExport", "ExportError", "REFUSED_POSITIONS", "DEFAULT_OPSET", "INSTALL_HINT"]
 
@@ -110,11 +110,11 @@ def _encoder_of(model) -> nn.Module:
         model = load(model).model
     if isinstance(model, Pretrained):
         model = model.model
-    encoder = model if isinstance(model, Encoder) else getattr(model, "encoder", None)
-    if not isinstance(encoder, Encoder):
+    try:
+        return encoder_of(model)
+    except ValueError:
         raise ExportError(f"expected a qkv model folder, an Encoder or a model with one (.encoder: MaskedLM, "
-                          f"classifiers, Discriminator), got {type(model).__name__}")
-    return encoder
+                          f"classifiers, Discriminator), got {type(model).__name__}") from None
 
 
 def _check_supported(encoder: nn.Module) -> None:

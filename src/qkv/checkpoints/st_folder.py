@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from tokenizers import processors
 
@@ -31,8 +30,9 @@ from qkv.data.tokenizer_facade import TokenizerView
 from qkv.embeddings.embedder import resolve_model
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import as_options
-from qkv.embeddings.pooling import check_pooling, pooling_modes
+from qkv.embeddings.pooling import pooling_modes
 from qkv.errors import CheckpointError
+from qkv.models.kinds import encoder_of
 
 __all__ = ["save_st_folder", "convert_to_st"]
 
@@ -56,7 +56,7 @@ def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None,
     """
 
     model, tokenizer = unpack(model, tokenizer)
-    encoder = getattr(model, "encoder", model)
+    encoder = encoder_of(model)
     if tokenizer is None:
         raise EmbeddingError("a sentence-transformers folder needs the tokenizer; pass tokenizer= or a model "
                              "folder that holds one")

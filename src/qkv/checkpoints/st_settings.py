@@ -21,7 +21,6 @@ such a folder is :mod:`qkv.checkpoints.st_folder`.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from qkv._fs import atomic_write_text
 from qkv.analysis.heads import HeadAccumulator
 from qkv.analysis.specialisation import specialised_heads
+from qkv.models.kinds import encoder_of
 
 __all__ = ["attention_summary", "head_summary", "encoder_attentions", "grad_norms", "EarlyStats"]
 
@@ -96,7 +97,7 @@ def head_summary(attentions: Sequence[Tensor], input_ids: Tensor, mask: Tensor, 
 def encoder_attentions(model: nn.Module, input_ids: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
     """Every layer's ``(B,H,T,T)`` attention weights of a qkv model (masked-LM or encoder), in
     eval mode (restored afterwards), without running the vocabulary head."""
-    encoder = getattr(model, "encoder", model)
+    encoder = encoder_of(model)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

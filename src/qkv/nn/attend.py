@@ -56,7 +56,7 @@ from qkv.nn.masks import check_mask
 from qkv.nn.offset_bias import OffsetBias
 from qkv.nn.stages import AttendOutput, Bias, expand_kv
 
-__all__ = ["attend", "attend_call", "choose_backend", "features_of", "run_backend", "BackendPlan", "DEFAULT_BUDGET"]
+__all__ = ["attend", "attend_call", "choose_backend", "features_of", "BackendPlan", "DEFAULT_BUDGET"]
 
 #: Elements of score work memory one explicit block may use (2**24 floats = 64 MiB in float32).
 DEFAULT_BUDGET = 2**24
@@ -128,22 +128,6 @@ def attend_call(q: Tensor, k: Tensor, v: Tensor, similarity, bias: Bias | None, 
                       weights_out, window)
 
 
-def run_backend(backend: Backend, call: AttendCall, f: Features, *, named: bool) -> AttendOutput:
-    """Run ``call`` on ``backend``: a named backend first says why it cannot (one line), keys and values
-    are expanded to H heads for a backend that does not take grouped ones, weights not asked for are
-    dropped."""
-    if named:
-        reason = backend.refuse(call, f)
-        if reason is not None:
-            able = [b.name for b in BACKENDS.values() if b.supports.missing(f, sized=False) is None]
-            raise ValueError(f"{reason}; use backend 'auto'" + (f" (or {', '.join(able)})" if able else ""))
-    if f.grouped_kv and not backend.supports.grouped_kv:  # (B,G,S,·) -> (B,H,S,·) for a backend written for H
-        H = call.q.shape[1]
-        call = replace(call, k=expand_kv(call.k, H), v=expand_kv(call.v, H))
-    res = backend.run(call)
-    return res if call.need_weights or res.weights is None else AttendOutput(res.output)
-
-
 class BackendPlan:
     """An attention module's backend, resolved once when the module is built.
 
@@ -165,12 +149,24 @@ class BackendPlan:
         self._picked: dict[Features, Backend] = {}
 
     def run(self, call: AttendCall) -> AttendOutput:
-        """Attention for ``call`` on the backend this plan picks for it."""
+        """Attention for ``call`` on the backend this plan picks for it (the same kind of call: the same
+        backend, chosen once). A named backend that cannot run the call says why in one line; keys and
+        values are expanded to H heads for a backend that does not take grouped ones; weights not
+        asked for are dropped."""
         f = features_of(call)
         backend = self._picked.get(f)
         if backend is None:
             backend = self._picked[f] = self._backends[choose_backend(self.requested, f, self._backends)]
-        return run_backend(backend, call, f, named=self.requested != "auto")
+        if self.requested != "auto":
+            reason = backend.refuse(call, f)
+            if reason is not None:
+                able = [b.name for b in self._backends.values() if b.supports.missing(f, sized=False) is None]
+                raise ValueError(f"{reason}; use backend 'auto'" + (f" (or {', '.join(able)})" if able else ""))
+        if f.grouped_kv and not backend.supports.grouped_kv:  # (B,G,S,·) -> (B,H,S,·) for a backend written for H
+            H = call.q.shape[1]
+            call = replace(call, k=expand_kv(call.k, H), v=expand_kv(call.v, H))
+        res = backend.run(call)
+        return res if call.need_weights or res.weights is None else AttendOutput(res.output)
 
     def __repr__(self) -> str:
         return repr(self.requested)
@@ -256,5 +252,4 @@ def attend(
                          f"got {tuple(weights_out.shape)}")
     call = attend_call(q, k, v, similarity, bias, mask, causal, dropout_p, need_weights, chunk_size, budget,
                        weights_out, window)
-    f = features_of(call)
-    return run_backend(BACKENDS[choose_backend(backend, f)], call, f, named=backend != "auto")
+    return BackendPlan(backend).run(call)  # the backends registered now, chosen for this call

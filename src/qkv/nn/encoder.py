@@ -198,7 +198,6 @@ class Encoder(nn.Module):
             padding_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
             if bool(padding_mask.all()):
                 padding_mask = None  # nothing to mask: keep the unmasked fused kernel
-        T = input_ids.shape[1]
         if position_ids is not None:
             self._check_positions(position_ids, tuple(input_ids.shape))
         return self._stack(input_ids, token_type_ids, position_ids, padding_mask, output_hidden_states,

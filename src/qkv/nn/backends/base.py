@@ -249,7 +249,7 @@ class Backend(ABC):
 
     def refuse(self, call: AttendCall, f: Features) -> str | None:
         """``None`` when this backend can run ``call``, else what it does not run (a few words;
-        :func:`~qkv.nn.attend.run_backend` adds which backends would)."""
+        :meth:`~qkv.nn.attend.BackendPlan.run` adds which backends would)."""
         what = self.supports.missing(f, sized=False)
         if what is None:
             return None
