@@ -10,7 +10,9 @@ sends ``kill -9``. Without the variable a point costs one environment lookup. Th
     finalise.model       the final model half-published into the run folder
     finalise.run_json    the final model written, ``run.json`` not yet marked complete
 
-and one readiness point, ``stop.installed`` (the training loop's signal handlers are in place).
+and the readiness points ``stop.installed`` (the training loop's signal handlers are in place),
+``cli.start`` (the command line's handler is in place, nothing parsed or imported yet) and
+``cli.parsed`` (the command's parser built — its library imported — and the arguments parsed).
 """
 
 from __future__ import annotations

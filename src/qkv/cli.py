@@ -19,6 +19,8 @@ import argparse
 import os
 import sys
 
+from qkv._faults import fault_point
+
 __all__ = ["main", "build_parser", "command_of", "add_common_options"]
 
 
@@ -143,22 +145,17 @@ def describe_error(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``qkv`` with ``argv``; return the exit status (0 ok, 2 error, 130 interrupted)."""
+    """Run ``qkv`` with ``argv``; return the exit status (0 ok, 2 error, 130 interrupted).
+
+    Everything runs inside the one handler — building the command's parser (which imports its library)
+    too — so that Ctrl-C at any moment after start-up is one line and exit 130.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(command_of(argv))
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # reported by the subcommand's parser: "qkv <command>: error: unrecognized arguments"
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        (sub.choices[args.command] if getattr(args, "command", None) else parser).error(
-            f"unrecognized arguments: {' '.join(extra)}")
-    if not hasattr(args, "func"):
-        parser.print_help()
-        return 2
-    debug = getattr(args, "debug", False) or os.environ.get("QKV_DEBUG", "") not in ("", "0")
-    name = f"qkv {args.command}"
+    command = command_of(argv)
+    name = f"qkv {command}" if command in _ALL else "qkv"
+    debug = "--debug" in argv or os.environ.get("QKV_DEBUG", "") not in ("", "0")
     try:
-        _load_plugins(getattr(args, "plugin", []))
-        return int(args.func(args) or 0)
+        return _run(argv)
     except KeyboardInterrupt:
         if debug:
             raise
@@ -173,6 +170,23 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{name}: error: {describe_error(exc)}", file=sys.stderr)
         return 2
+
+
+def _run(argv: list[str]) -> int:
+    """Parse ``argv`` (the command's parsers only), load the plugins, run the command."""
+    fault_point("cli.start")
+    parser = build_parser(command_of(argv))
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser: "qkv <command>: error: unrecognized arguments"
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        (sub.choices[args.command] if getattr(args, "command", None) else parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    fault_point("cli.parsed")
+    _load_plugins(getattr(args, "plugin", []))
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

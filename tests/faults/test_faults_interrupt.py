@@ -1,0 +1,78 @@
+"""Ctrl-C at any moment after start-up is one line and exit 130, for every command: interrupted at the
+start of the command line (nothing parsed), after its parser is built (its library imported) and the
+arguments parsed, and while the command runs — never a traceback, nothing half-written."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from faults_support import env
+
+from qkv.cli import build_parser
+
+POINTS = ("cli.start", "cli.parsed")
+
+
+def _commands(tmp: Path, model: Path) -> dict[str, list[str]]:
+    text = tmp / "docs.txt"
+    text.write_text("one document\nanother one\n")
+    return {
+        "convert": ["convert", str(model), str(tmp / "out-convert")],
+        "export": ["export", str(model), "--onnx", str(tmp / "out.onnx")],
+        "embed": ["embed", str(model), str(text), "--out", str(tmp / "out.npy")],
+        "index": ["index", str(model), str(text), "--out", str(tmp / "out-index")],
+        "search": ["search", str(tmp / "no-index"), "a query"],
+        "predict": ["predict", str(model), str(text), "--out", str(tmp / "out.jsonl")],
+        "inspect": ["inspect", str(model), "one document", "--out", str(tmp / "out-inspect")],
+        "analyze": ["analyze", str(model), "--corpus", str(text), "--out", str(tmp / "out-analyze")],
+        "generate": ["generate", str(model), "hello"],
+        "pretrain": ["pretrain", "--corpus", str(text), "--preset", "tiny", "--out", str(tmp / "out-pretrain")],
+        "finetune": ["finetune", str(model), "--task", "regression", "--train", str(text), "--out", str(tmp / "f")],
+        "demo": ["demo", "--out", str(tmp / "out-demo")],
+        "lab": ["lab", "seq2seq", "--task", "reverse", "--out", str(tmp / "out-lab")],
+        "ablate": ["ablate", "--grid", "heads", "--corpus", str(text), "--out", str(tmp / "out-ablate")],
+        "serve": ["serve", str(model), "--port", "0"],
+        "train-embeddings": ["train-embeddings", str(model), "--corpus", str(text), "--out", str(tmp / "out-te")],
+        "eval-embeddings": ["eval-embeddings", str(model), "--dataset", str(text)],
+    }
+
+
+def _interrupt_at(argv: list[str], point: str, tmp: Path) -> subprocess.CompletedProcess:
+    mark = tmp / "mark"
+    mark.unlink(missing_ok=True)
+    e = env(tmp, QKV_FAULT_PAUSE=f"{point}:60", QKV_FAULT_MARK=str(mark))
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", *argv], env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's
+    deadline = time.time() + 120
+    while not mark.exists():
+        assert proc.poll() is None, f"{argv[0]} ended before {point}: {proc.communicate()[1][-400:]}"
+        assert time.time() < deadline, f"{argv[0]} never reached {point}"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_ctrl_c_at_start_up_is_one_line_and_exit_130(point, tmp_path, model_folder):
+    commands = _commands(tmp_path, model_folder)
+    failures = []
+    for name in sorted(commands):
+        done = _interrupt_at(commands[name], point, tmp_path)
+        lines = [x for x in done.stderr.splitlines() if x.strip()]
+        if done.returncode != 130 or "Traceback" in done.stderr or len(lines) != 1 or "interrupted" not in lines[0]:
+            failures.append(f"{name} at {point}: exit {done.returncode}, stderr {done.stderr[-300:]!r}")
+    assert not failures, "\n".join(failures)
+    assert not any(p.name.startswith("out") for p in tmp_path.iterdir())  # nothing written
+
+
+def test_every_command_has_an_interrupt_case(tmp_path, model_folder):
+    parser = build_parser()
+    commands = set(next(a for a in parser._actions if a.dest == "command").choices)
+    assert set(_commands(tmp_path, model_folder)) == commands  # a new command needs a case here
