@@ -333,14 +333,22 @@ def write_folder(dest: str | os.PathLike, *, how: str = "replace",
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_output_path(path: str | os.PathLike, what: str = "--out") -> None:
-    """Fail early, before any computation, when ``path`` cannot be created or replaced.
+def check_output_path(path: str | os.PathLike, what: str = "--out", *,
+                      inputs: tuple[str | os.PathLike, ...] = ()) -> None:
+    """Fail early, before any computation, when ``path`` cannot be created or replaced, or is one of
+    the command's ``inputs`` (compared as resolved paths, symbolic links followed: an output never
+    overwrites what it is computed from).
 
     Raises:
-        QkvError: an ancestor is a file, the nearest existing folder is not writable, or ``path``
-            itself is a folder where a file is expected.
+        QkvError: an ancestor is a file, the nearest existing folder is not writable, ``path`` itself
+            is a folder where a file is expected, or ``path`` is an input.
     """
     path = Path(path)
+    for source in inputs:
+        if os.path.exists(source) and path.exists() and os.path.samefile(source, path) \
+                or Path(source).resolve() == path.resolve():
+            raise QkvError(f"{what} {path} is the input {source}; writing it would overwrite what it is "
+                           f"computed from: choose another {what}")
     if path.is_dir():
         raise QkvError(f"{what} {path} is a folder; give a file name")
     probe = path.parent

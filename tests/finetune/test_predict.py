@@ -109,3 +109,18 @@ def test_predictor_in_memory_gives_what_predict_writes(tiny_bert, tmp_path, task
             assert {k: round(p, 6) for k, p in rec["probabilities"].items()} == line["probabilities"]
             assert abs(sum(rec["probabilities"].values()) - 1) < 1e-6
     assert Predictor(run, device="cpu").predict([]).records == []
+
+
+def test_predict_never_writes_over_its_input(tmp_path, tiny_bert, capsys):
+    """``qkv predict MODEL in.txt --out in.txt`` is refused before anything runs; the input is intact
+    (also through a symbolic link to it)."""
+    from qkv.cli import main
+
+    src = tmp_path / "in.txt"
+    src.write_text("good movie\nbad film\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(src)
+    for out in (src, link):
+        assert main(["predict", str(tiny_bert), str(src), "--out", str(out)]) == 2
+        assert "is the input" in capsys.readouterr().err  # refused for that, before the model is read
+        assert src.read_text() == "good movie\nbad film\n"

@@ -30,7 +30,7 @@ import torch
 from qkv.finetune.encode import Encoded, eval_batches
 from qkv.data.windows import length_batches
 from qkv.nn.packed import PackedBatch
-from qkv._fs import atomic_write_text
+from qkv._fs import atomic_write_text, check_output_path
 from qkv.finetune.examples import FinetuneDataError
 from qkv.finetune.inputs import read_inputs
 from qkv.finetune.inputs import load_task_model
@@ -245,6 +245,7 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     ``batch_size`` windows and ``batch_tokens`` tokens (:class:`Predictor`). Returns a summary
     (counts, windows, long inputs).
     """
+    check_output_path(out, inputs=(input_spec,))  # before loading anything
     predictor = Predictor(run, device=device, precision=precision, batch_size=batch_size,
                           batch_tokens=batch_tokens)
     ids, inputs = read_inputs(input_spec, predictor.task, text_field=text_field, tokens_field=tokens_field)
