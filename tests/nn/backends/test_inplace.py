@@ -24,6 +24,7 @@ from torch import nn
 
 from qkv import reference as ref
 from qkv.models.builders import build_attention
+from qkv.nn.attend import attend
 from qkv.nn.backends import inplace
 from qkv.nn.backends.inplace import dot_scores_, softmax_scores_
 from qkv.nn.masks import causal_mask
@@ -256,3 +257,20 @@ def test_stage_functions_equal_masked_softmax(mask_shape, bias_kind, causal):
     want = masked_softmax(want, m)
     torch.testing.assert_close(scores, want, rtol=0, atol=1e-6)
     assert not scores.isnan().any()
+
+
+def test_float16_weights_stay_finite_where_the_scores_overflow_float16():
+    """Scores beyond float16's range (65504): ``auto`` with weights takes a backend that computes them
+    in float32 (the in-place one declares no float16), as the fused kernel does without weights."""
+    torch.manual_seed(0)
+    mha = build_attention(32, 2).half().eval()
+    x = torch.randn(2, 6, 32).half() * 500
+    with torch.no_grad():
+        fused, exact = mha(x), mha(x, need_weights=True)
+    assert torch.isfinite(fused.output).all() and torch.isfinite(exact.output).all()
+    assert torch.isfinite(exact.weights).all()
+    torch.testing.assert_close(exact.output.float(), fused.output.float(), atol=0.1, rtol=0.02)
+    q = torch.randn(1, 2, 4, 16).half() * 300
+    with pytest.raises(ValueError, match="the inplace backend does not run dtype float16"):
+        attend(q, q, q, similarity=build_similarity("scaled_dot", n_heads=2, d_head=16), need_weights=True,
+               backend="inplace")

@@ -84,8 +84,10 @@ def softmax_scores_(scores: Tensor, *, bias: Bias | None, mask: Tensor | None, c
 class InplaceBackend(Backend):
     """Weights filled in place (see the module docstring)."""
 
+    # float16 is left out: the scores are written into the (B,H,T,S) weights before the softmax, and
+    # float16's range (65504) overflows where the other backends compute them in float32
     supports = Supports(weights=True, window=True, window_as_mask=True, dropout=False, autograd=False,
-                        grouped_kv=True, empty=False, memory="blocks")
+                        grouped_kv=True, empty=False, dtypes=("float32", "float64", "bfloat16"), memory="blocks")
 
     def speed(self, f: Features) -> float:
         # the weights' own memory only; without a wish for weights it makes them for nothing
