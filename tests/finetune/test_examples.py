@@ -118,3 +118,20 @@ def test_split_and_subsample_are_seeded_and_disjoint(tmp_path):
     assert split_examples(ex, 0.2, seed=3)[1].sources == b.sources
     s = subsample(ex, 100, 0, "train")
     assert len(s) == 100 and "subsample of 100 of 2189" in s.notes[-1]
+
+
+def test_plain_text_is_not_read_as_conll(tmp_path):
+    """Twenty lines of prose are refused for token classification (and its prediction), never read as
+    one 'sentence' of each line's first word."""
+    from qkv.finetune.examples import FinetuneDataError, read_conll, read_examples
+
+    prose = tmp_path / "notes.txt"
+    prose.write_text("".join(f"line {i} of ordinary prose with several words\n" if i % 2 else f"short line {i}\n"
+                             for i in range(20)))
+    with pytest.raises(FinetuneDataError, match=r"notes.txt, line 2: 8 columns where line 1 has 3: not a CoNLL file"):
+        read_examples(prose, "token-classification")
+    with pytest.raises(FinetuneDataError, match="not a CoNLL file"):
+        read_conll(prose, with_tags=False)
+    conll = tmp_path / "ok.conll"
+    conll.write_text("Alice B-PER\nsaw O\n\nParis B-LOC\n")
+    assert read_examples(conll, "token-classification").inputs == [["Alice", "saw"], ["Paris"]]

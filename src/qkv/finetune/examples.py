@@ -145,6 +145,7 @@ def read_conll(path: Path, encoding_errors: str = "strict", *, with_tags: bool =
     words: list[str] = []
     tags: list[str] = []
     start = 0
+    width: tuple[int, int] | None = None  # (columns, line) of the first token line: every line has as many
 
     def flush() -> None:
         if words:
@@ -169,6 +170,13 @@ def read_conll(path: Path, encoding_errors: str = "strict", *, with_tags: bool =
                 if with_tags and len(cols) < 2:
                     raise FinetuneDataError(f"{path}, line {line_no}: expected 'word … tag' (whitespace-separated "
                                             f"columns, the tag last), got {line.strip()!r}")
+                if width is None:
+                    width = (len(cols), line_no)
+                elif len(cols) != width[0]:
+                    raise FinetuneDataError(
+                        f"{path}, line {line_no}: {len(cols)} columns where line {width[1]} has {width[0]}: not a "
+                        "CoNLL file (one token per line, the same columns on every line, the tag last, a blank line "
+                        "between sentences); for words and tags per sentence use .jsonl with 'tokens' and 'tags'")
                 if not words:
                     start = line_no
                 words.append(cols[0])
