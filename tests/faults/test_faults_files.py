@@ -245,7 +245,7 @@ def test_messages_suggest_only_options_the_command_has(tmp_path, index, model_fo
     bad.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     code = main(["analyze", str(model_folder), "--corpus", str(bad), "--out", str(tmp_path / "a"), "--quiet"])
     err = capsys.readouterr().err
-    assert code == 2 and "not valid UTF-8" in err and "in qkv pretrain, embed and index" in err, err
+    assert code == 2 and "not valid UTF-8" in err and "--encoding-errors replace" in err, err
     code = main(["search", str(index), "  "])
     err = capsys.readouterr().err
     assert code == 2 and "query 1 is empty" in err and "--empty" not in err, err

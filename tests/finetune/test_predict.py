@@ -124,3 +124,26 @@ def test_predict_never_writes_over_its_input(tmp_path, tiny_bert, capsys):
         assert main(["predict", str(tiny_bert), str(src), "--out", str(out)]) == 2
         assert "is the input" in capsys.readouterr().err  # refused for that, before the model is read
         assert src.read_text() == "good movie\nbad film\n"
+
+
+def test_the_encoding_errors_option_the_message_names_exists(tmp_path, tiny_bert, capsys):
+    """A Latin-1 input names --encoding-errors replace, and predict and finetune both take it."""
+    import qkv
+    from qkv.cli import build_parser, main
+    from qkv.models.heads import TaskConfig
+    from qkv.models.task_builders import attach_task_head
+
+    model, tok = qkv.load(tiny_bert)
+    qkv.save(attach_task_head(model, TaskConfig("sequence-classification", ("a", "b"))), tmp_path / "clf",
+             tokenizer=tok)
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    assert main(["predict", str(tmp_path / "clf"), str(bad), "--out", str(tmp_path / "p.jsonl")]) == 2
+    assert "--encoding-errors replace" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "clf"), str(bad), "--out", str(tmp_path / "p.jsonl"),
+                 "--encoding-errors", "replace"]) == 0
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 1  # read, the bad byte replaced
+    for argv in (["predict", "m", "i", "--out", "o", "--encoding-errors", "replace"],
+                 ["finetune", "m", "--task", "regression", "--train", "t", "--out", "o", "--encoding-errors",
+                  "replace"]):
+        assert build_parser(argv[0]).parse_args(argv).encoding_errors == "replace"

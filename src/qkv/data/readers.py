@@ -177,7 +177,7 @@ def _decode(data: bytes, path: Path, line_no: int, offset: int, errors: str, *, 
         raise CorpusDecodeError(
             f"{path}: not valid UTF-8 at byte offset {offset + e.start} {where}(line {line_no}): "
             f"{e.reason}, bytes {bad!r}. Convert the file to UTF-8 (e.g. iconv), or "
-            "pass encoding_errors='replace' (in qkv pretrain, embed and index: --encoding-errors replace) to "
+            "pass encoding_errors='replace' (on the command line: --encoding-errors replace) to "
             "read it with U+FFFD in place of the bad bytes."
         ) from None
 

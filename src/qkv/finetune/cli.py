@@ -32,6 +32,8 @@ _OPTIONS = [
     ("--eval-fraction", "eval_fraction", float, "share of training examples held out when no --eval is given"),
     ("--text-field", "text_field", str, "JSONL field / CSV column of the text"),
     ("--label-field", "label_field", str, "JSONL field / CSV column of the label (or regression target)"),
+    ("--encoding-errors", "encoding_errors", str, "'strict' (stop at invalid UTF-8, naming file and line; the "
+     "default) or 'replace' (U+FFFD for bad bytes)"),
     ("--tokens-field", "tokens_field", str, "JSONL field of the word list (token-classification)"),
     ("--tags-field", "tags_field", str, "JSONL field of the tag list (token-classification)"),
     ("--labels", "labels", _csv, "the label set in id order, comma-separated (default: sorted training labels, or "
@@ -102,6 +104,8 @@ def add_finetune_parsers(sub) -> None:
     q.add_argument("--out", required=True, help="the .jsonl file to write (atomically)")
     q.add_argument("--text-field", default="text", help="field/column of the text (default: text)")
     q.add_argument("--tokens-field", default="tokens", help="field of the word list (default: tokens)")
+    q.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict",
+                   help="'strict' (stop at invalid UTF-8, naming file and line; default) or 'replace' (U+FFFD)")
     q.add_argument("--batch-size", type=int, default=64, help="windows per batch at most (default: 64)")
     q.add_argument("--batch-tokens", type=int, default=4096,
                    help="tokens per padding-free batch at most (a longer window runs alone; default: 4096)")
@@ -149,8 +153,9 @@ def _predict(args: argparse.Namespace) -> int:
     if args.batch_tokens < 1:
         raise ValueError(f"--batch-tokens {args.batch_tokens} must be ≥ 1")
     info = predict_file(args.run, args.input, args.out, batch_size=args.batch_size, text_field=args.text_field,
-                        tokens_field=args.tokens_field, progress=args.progress, device=args.device,
-                        precision=args.precision, batch_tokens=args.batch_tokens)
+                        tokens_field=args.tokens_field, encoding_errors=args.encoding_errors,
+                        progress=args.progress, device=args.device, precision=args.precision,
+                        batch_tokens=args.batch_tokens)
     extra = f", {info['long']} long inputs read in several windows" if info["long"] else ""
     print(f"wrote {info['inputs']} predictions to {info['out']} ({info['windows']} windows{extra})")
     return 0

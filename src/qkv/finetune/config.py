@@ -76,6 +76,7 @@ class FinetuneConfig(RunConfig):
     label_field: str = "label"
     tokens_field: str = "tokens"
     tags_field: str = "tags"
+    encoding_errors: str = "strict"
     labels: tuple[str, ...] | None = None
     max_len: int | None = None
     stride: int | None = None
@@ -124,6 +125,7 @@ class FinetuneConfig(RunConfig):
                 object.__setattr__(self, name, str(getattr(self, name)))
         check_field_types(self)
         check_choice("task", self.task, TASKS)
+        check_choice("encoding_errors", self.encoding_errors, ("strict", "replace"))
         if not self.model:
             raise ValueError("model is empty: give the folder of the model to fine-tune")
         if not self.train:

@@ -66,7 +66,8 @@ def load_task_model(folder):
     return model.eval(), TokenizerView(tok, error=FinetuneDataError, purpose=FINETUNE_SPECIALS), settings
 
 
-def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field: str = "tokens"):
+def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field: str = "tokens",
+                encoding_errors: str = "strict"):
     """``(ids, inputs)``: texts (sequence models) or word lists (token models) of ``spec``.
 
     A ``.jsonl``/``.csv``/``.tsv`` file gives its ``text_field`` (or ``tokens_field``) and its ``id``
@@ -82,7 +83,7 @@ def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field:
     if record_format(path):
         field = tokens_field if task == "token-classification" else text_field
         try:
-            for source, rec in iter_records(path):
+            for source, rec in iter_records(path, encoding_errors=encoding_errors):
                 if field not in rec:
                     keys = ", ".join(map(repr, list(rec)[:12]))
                     opt = "--tokens-field" if task == "token-classification" else "--text-field"
@@ -98,11 +99,11 @@ def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field:
         except CorpusError as e:
             raise FinetuneDataError(str(e)) from None
     elif task == "token-classification":
-        ex = read_conll(path, with_tags=False)
+        ex = read_conll(path, encoding_errors, with_tags=False)
         ids, inputs = [s.rsplit(":", 1)[-1] for s in ex.sources], ex.inputs
     else:
         try:
-            for line_no, line in read_records(path, fmt="text"):
+            for line_no, line in read_records(path, fmt="text", encoding_errors=encoding_errors):
                 if line.strip():
                     ids.append(line_no)
                     inputs.append(line.strip())

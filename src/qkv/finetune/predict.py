@@ -229,7 +229,8 @@ class Predictor:
 
 
 def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: int = 64,
-                 text_field: str = "text", tokens_field: str = "tokens", progress: bool = True,
+                 text_field: str = "text", tokens_field: str = "tokens", encoding_errors: str = "strict",
+                 progress: bool = True,
                  device: str = "auto", precision: str = "fp32", batch_tokens: int | None = 4096) -> dict:
     """``qkv predict``: predictions for every input of ``input_spec`` into JSONL ``out``.
 
@@ -248,7 +249,8 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     check_output_path(out, inputs=(input_spec,))  # before loading anything
     predictor = Predictor(run, device=device, precision=precision, batch_size=batch_size,
                           batch_tokens=batch_tokens)
-    ids, inputs = read_inputs(input_spec, predictor.task, text_field=text_field, tokens_field=tokens_field)
+    ids, inputs = read_inputs(input_spec, predictor.task, text_field=text_field, tokens_field=tokens_field,
+                              encoding_errors=encoding_errors)
     if not inputs:
         raise FinetuneDataError(f"{input_spec}: no inputs to predict")
     result = predictor.predict(inputs, progress=progress)

@@ -69,7 +69,8 @@ def _read_split(specs, cfg: FinetuneConfig) -> Examples:
     ex = Examples()
     for spec in specs:
         ex.extend(read_examples(spec, cfg.task, text_field=cfg.text_field, label_field=cfg.label_field,
-                                tokens_field=cfg.tokens_field, tags_field=cfg.tags_field))
+                                tokens_field=cfg.tokens_field, tags_field=cfg.tags_field,
+                                encoding_errors=cfg.encoding_errors))
     return ex
 
 
