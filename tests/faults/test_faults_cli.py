@@ -34,6 +34,20 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
     text = tmp / "docs.txt"
     text.write_text("one document\nanother one\n")
     nowhere = str(tmp / "nowhere")
+    rows = tmp / "rows.jsonl"
+    rows.write_text("".join(f'{{"text": "document {i}", "label": {i}.5}}\n' for i in range(8)))
+    clm = tmp / "clm"
+    if not clm.exists():
+        import torch
+
+        from qkv.checkpoints.io import load, save
+        from qkv.config import ModelConfig
+        from qkv.models.builders import build_causal_lm
+
+        torch.manual_seed(0)
+        tok = load(model).tokenizer
+        save(build_causal_lm(ModelConfig.preset("tiny", vocab_size=tok.get_vocab_size(), type_vocab_size=0,
+                                                pad_token_id=None, norm="pre", max_len=32)), clm, tokenizer=tok)
     return {
         "demo --minutes nan": ["demo", "--minutes", "nan", "--out", str(tmp / "d")],
         "demo --minutes -1": ["demo", "--minutes", "-1", "--out", str(tmp / "d")],
@@ -133,6 +147,8 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "lab seq2seq --out a file": ["lab", "seq2seq", "--task", "reverse", "--out", str(afile), "--steps", "1"],
         "lab seq2seq --out under a file": ["lab", "seq2seq", "--task", "reverse", "--out", str(afile / "r"),
                                            "--steps", "1"],
+        "finetune a causal lm": ["finetune", str(clm), "--task", "regression", "--train", str(rows), "--out",
+                                 str(tmp / "f")],
         "serve missing model": ["serve", nowhere],
         "serve --port 70000": ["serve", str(model), "--port", "70000"],
         "serve --max-texts 0": ["serve", str(model), "--max-texts", "0"],
@@ -177,6 +193,7 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "embed --device banana": "'banana' is not a device",
         "finetune no train": "--train is required",
         "serve missing model": "model folder not found",
+        "finetune a causal lm": "is a causal language model (GPT-style); qkv finetune trains a task head",
         "serve --port 70000": "port=70000 must be in [0, 65535]",
         "serve --index missing": "index folder not found",
         "finetune text file": "unknown format",

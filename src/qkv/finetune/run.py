@@ -50,6 +50,7 @@ from qkv.finetune.inputs import FINETUNE_SPECIALS
 from qkv.models.task_builders import attach_task_head
 from qkv.models.heads import TaskConfig
 from qkv.finetune.report import final_report
+from qkv.models.kinds import model_kind
 
 __all__ = ["finetune", "FinetuneResult"]
 
@@ -118,9 +119,16 @@ def _starting_model(cfg: FinetuneConfig):
                                 "BERT folder")
     overrides = {k: getattr(cfg, k) for k in ("dropout", "attention_dropout") if getattr(cfg, k) is not None}
     try:
-        return load(cfg.model, **overrides)  # (model, tokenizer)
+        loaded = load(cfg.model, **overrides)  # (model, tokenizer)
     except CheckpointError as e:
         raise FinetuneDataError(f"cannot load the model to fine-tune: {e}") from None
+    kind = model_kind(loaded.model)[1]
+    if kind in ("causal_lm", "encoder_decoder"):
+        what = {"causal_lm": "a causal language model (GPT-style)", "encoder_decoder": "an encoder-decoder"}[kind]
+        raise FinetuneDataError(f"{cfg.model} is {what}; qkv finetune trains a task head on an encoder — give an "
+                                "encoder, masked-LM or task-model folder (e.g. one qkv pretrain wrote without "
+                                "--objective clm, or a BERT-family Hugging Face folder)")
+    return loaded
 
 
 def _window(cfg: FinetuneConfig, model) -> FinetuneConfig:
