@@ -98,3 +98,12 @@ def test_iter_records_headerless_columns_and_quoting(tmp_path):
     assert list(iter_records(g, columns=("s", "t"), quotes="none")) == [(f"{g}:1", {"s": '"x" y', "t": "z"})]
     with pytest.raises(ValueError, match="quotes='x' is not allowed"):
         list(iter_records(g, quotes="x"))
+
+
+def test_a_duplicate_csv_header_is_refused(tmp_path):
+    from qkv.data.readers import iter_records
+
+    f = tmp_path / "dup.csv"
+    f.write_text("text,label,text\nhello,1,other\n")
+    with pytest.raises(CorpusFormatError, match=r"dup.csv: column\(s\) 'text' appear more than once in the header"):
+        list(iter_records(f))

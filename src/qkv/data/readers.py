@@ -342,6 +342,10 @@ def iter_records(path: Path, *, encoding_errors: str = "strict", columns: tuple[
                 if not header or not any(h.strip() for h in header):
                     raise CorpusFormatError(f"{path}: the first row must name the columns (e.g. text,label)")
                 header = [h.strip() for h in header]
+                twice = sorted({h for h in header if header.count(h) > 1})
+                if twice:  # a dict of the row would keep the last column of each name, silently
+                    raise CorpusFormatError(f"{path}: column(s) {', '.join(map(repr, twice))} appear more than once "
+                                            "in the header; give every column its own name")
                 for row in reader:
                     if not row or not any(c.strip() for c in row):
                         continue
