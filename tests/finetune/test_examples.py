@@ -135,3 +135,17 @@ def test_plain_text_is_not_read_as_conll(tmp_path):
     conll = tmp_path / "ok.conll"
     conll.write_text("Alice B-PER\nsaw O\n\nParis B-LOC\n")
     assert read_examples(conll, "token-classification").inputs == [["Alice", "saw"], ["Paris"]]
+
+
+def test_a_too_small_label_set_names_where_it_came_from():
+    from qkv.finetune.examples import Examples, FinetuneDataError, label_set
+
+    train = Examples()
+    for i, lab in enumerate(["a", "b", "a"]):
+        train.add(f"text {i}", lab, f"f:{i}")
+    with pytest.raises(FinetuneDataError, match=r"--labels gives 1 label \(a\); classification needs at least 2"):
+        label_set(train, Examples(), "sequence-classification", given=["a"])
+    one = Examples()
+    one.add("text", "a", "f:1")
+    with pytest.raises(FinetuneDataError, match=r"the training data has 1 label \(a\)"):
+        label_set(one, Examples(), "sequence-classification")

@@ -264,8 +264,9 @@ def label_set(train: Examples, held_out: Examples, task: str, *, given: Sequence
         seen_eval = {str(t) for t in seen_eval}
     labels = tuple(given) if given else (tuple(head) if head else tuple(seen_train))
     if len(labels) < 2:
-        raise FinetuneDataError(f"the training data has {len(labels)} label(s) ({', '.join(labels)}); "
-                                "classification needs at least 2")
+        source = "--labels gives" if given else "the model's head has" if head else "the training data has"
+        raise FinetuneDataError(f"{source} {len(labels)} label{'' if len(labels) == 1 else 's'} "
+                                f"({', '.join(labels) or 'none'}); classification needs at least 2")
     known = set(labels)
     for what, seen, ex in (("training", set(seen_train), train), ("held-out", seen_eval, held_out)):
         extra = sorted(seen - known)
