@@ -75,10 +75,11 @@ def test_folder_sorted_recursive_skipping_hidden_and_other_suffixes(tmp_path):
     (tmp_path / "a.txt").write_text("a\n")
     (tmp_path / "sub" / "c.jsonl").write_text('{"text": "c"}\n')
     (tmp_path / ".hidden" / "d.txt").write_text("hidden\n")
-    (tmp_path / "notes.csv").write_text("skipped\n")
+    (tmp_path / "notes.md").write_text("skipped\n")
+    (tmp_path / "sub" / "e.csv").write_text('id,text\n1,"e, quoted"\n')
     c = Corpus(tmp_path)
-    assert list(c) == ["a", "b", "c"]
-    assert [p.rsplit("/", 1)[-1] for p in c.sources] == ["a.txt", "b.txt", "c.jsonl"]
+    assert list(c) == ["a", "b", "c", "e, quoted"]
+    assert [p.rsplit("/", 1)[-1] for p in c.sources] == ["a.txt", "b.txt", "c.jsonl", "e.csv"]
 
 
 def test_fingerprint_follows_content(tmp_path):

@@ -61,9 +61,10 @@ def test_errors_name_file_line_and_fix(tmp_path):
     gz.write_bytes(b"not gzip")
     with pytest.raises(CorpusError, match="not a readable gzip file"):
         list(read_records(gz))
-    with pytest.raises(CorpusFormatError, match="input format 'csv' is not allowed; allowed: text, jsonl"):
-        input_format("a.csv", "csv")
-    assert input_format("a.JSONL.gz") == "jsonl" and input_format("a.csv") == "text"
+    with pytest.raises(CorpusFormatError, match="input format 'xml' is not allowed; allowed: text, jsonl, csv, tsv"):
+        input_format("a.csv", "xml")
+    assert input_format("a.JSONL.gz") == "jsonl" and input_format("a.csv") == "csv"
+    assert input_format("a.tsv.gz") == "tsv" and input_format("a.md") == "text"
 
 
 def test_lines_of_any_length_stream(tmp_path):
@@ -107,3 +108,52 @@ def test_a_duplicate_csv_header_is_refused(tmp_path):
     f.write_text("text,label,text\nhello,1,other\n")
     with pytest.raises(CorpusFormatError, match=r"dup.csv: column\(s\) 'text' appear more than once in the header"):
         list(iter_records(f))
+
+
+# --- CSV/TSV read the same way by every command (read_records: embed, index; corpus documents) -------
+
+
+def test_read_records_reads_csv_and_tsv_by_column_not_as_lines(tmp_path):
+    (tmp_path / "d.csv").write_text('id,text\nx1,"hello, world"\nx2,""\n', encoding="utf-8")
+    (tmp_path / "d.tsv").write_text("text\tid\nhello, world\tx1\n\tx2\n", encoding="utf-8")
+    expected = [("x1", "hello, world"), ("x2", "")]
+    assert list(read_records(tmp_path / "d.csv")) == expected  # the header is no document, the id no text
+    assert list(read_records(tmp_path / "d.tsv")) == expected
+    (tmp_path / "noid.csv").write_text("text\na\nb\n", encoding="utf-8")
+    assert list(read_records(tmp_path / "noid.csv")) == [(2, "a"), (3, "b")]  # ids: the rows' line numbers
+
+
+def test_read_records_csv_from_stdin_and_gz(tmp_path, monkeypatch):
+    import gzip
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbftext,id\nfrom stdin,7\n")))
+    assert list(read_records("-", fmt="csv")) == [("7", "from stdin")]
+    with gzip.open(tmp_path / "d.csv.gz", "wt") as f:
+        f.write("text\nzipped\n")
+    assert list(read_records(tmp_path / "d.csv.gz")) == [(2, "zipped")]
+
+
+def test_read_records_csv_without_the_text_column_names_the_columns_and_the_option(tmp_path):
+    (tmp_path / "d.csv").write_text("a,b\n1,2\n", encoding="utf-8")
+    with pytest.raises(CorpusFormatError, match=r"d\.csv, line 2: no column 'text' \(columns: 'a', 'b'\); "
+                                                r"choose it with --text-field"):
+        list(read_records(tmp_path / "d.csv"))
+    assert list(read_records(tmp_path / "d.csv", text_field="b", id_field="a")) == [("1", "2")]
+    with pytest.raises(CorpusFormatError, match="allowed: text, jsonl, csv, tsv"):
+        list(read_records(tmp_path / "d.csv", fmt="xml"))
+
+
+def test_csv_row_line_numbers_are_where_the_row_starts(tmp_path):
+    (tmp_path / "d.csv").write_text('text,label\n"two\nlines",a\nnext,b\n', encoding="utf-8")
+    assert [s for s, _ in iter_records(tmp_path / "d.csv")] == [f"{tmp_path / 'd.csv'}:2", f"{tmp_path / 'd.csv'}:4"]
+
+
+def test_corpus_documents_from_csv_with_labels(tmp_path):
+    from qkv.data.readers import CorpusOptions, iter_file_documents
+
+    (tmp_path / "d.csv").write_text("text,topic\nfirst doc,x\n,y\nsecond,z\n", encoding="utf-8")
+    docs = list(iter_file_documents(tmp_path / "d.csv", CorpusOptions(label_field="topic")))
+    assert [(d.text, d.label) for d in docs] == [("first doc", "x"), ("second", "z")]
+    with pytest.raises(CorpusFormatError, match=r"no column 'label'.*--label-field"):
+        list(iter_file_documents(tmp_path / "d.csv", CorpusOptions(label_field="label")))

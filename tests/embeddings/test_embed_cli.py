@@ -160,3 +160,24 @@ def test_streaming_reads_lazily(tiny_model):
     ids, _ = next(stream)
     assert ids == [5, 6, 7, 8, 9] and len(consumed) == 10
     stream.close()
+
+
+def test_csv_and_tsv_inputs_are_read_by_column_as_finetune_reads_them(tiny_model, tmp_path, capsys):
+    texts = ["first, with a comma", "second"]
+    (tmp_path / "t.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    (tmp_path / "t.csv").write_text('id,text\nd1,"first, with a comma"\nd2,second\n', encoding="utf-8")
+    (tmp_path / "t.tsv").write_text("body\tkey\nfirst, with a comma\td1\nsecond\td2\n", encoding="utf-8")
+    common = ["--no-progress"]
+    assert main(["embed", str(tiny_model), str(tmp_path / "t.txt"), "--out", str(tmp_path / "t.npy"), *common]) == 0
+    assert main(["embed", str(tiny_model), str(tmp_path / "t.csv"), "--out", str(tmp_path / "c.jsonl"), *common]) == 0
+    assert main(["embed", str(tiny_model), str(tmp_path / "t.tsv"), "--out", str(tmp_path / "s.jsonl"),
+                 "--text-field", "body", "--id-field", "key", *common]) == 0
+    want = np.load(tmp_path / "t.npy")
+    for name in ("c.jsonl", "s.jsonl"):
+        rows = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        assert [r["id"] for r in rows] == ["d1", "d2"]  # no header document, no id glued to the text
+        np.testing.assert_allclose(np.array([r["vector"] for r in rows]), want, atol=1e-6)
+    capsys.readouterr()
+    assert main(["embed", str(tiny_model), str(tmp_path / "t.csv"), "--out", str(tmp_path / "x.npy"),
+                 "--text-field", "body", *common]) == 2
+    assert "no column 'body' (columns: 'id', 'text'); choose it with --text-field" in capsys.readouterr().err

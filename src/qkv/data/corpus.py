@@ -38,7 +38,8 @@ from qkv.data.readers import CorpusOptions, Document, file_format, iter_file_doc
 __all__ = ["Corpus", "CorpusOptions", "Document", "TrainEval", "open_corpus", "train_eval_corpora",
            "CORPUS_SUFFIXES"]
 
-CORPUS_SUFFIXES = (".txt", ".text", ".jsonl", ".txt.gz", ".text.gz", ".jsonl.gz")
+CORPUS_SUFFIXES = (".txt", ".text", ".jsonl", ".csv", ".tsv", ".txt.gz", ".text.gz", ".jsonl.gz", ".csv.gz",
+                   ".tsv.gz")
 
 
 @dataclass(frozen=True)

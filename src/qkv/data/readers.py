@@ -1,9 +1,12 @@
 """The one reader of input files: plain text, JSONL and CSV/TSV, optionally gzip-compressed.
 
-Every command reads its files here: corpora for pretraining, analysis and contrastive training
+Every command reads its files here, the format from the name (``.jsonl``, ``.csv``, ``.tsv``, each
+optionally ``.gz``; anything else is plain text) and the text in the same field or column
+(``text_field``): corpora for pretraining, analysis and contrastive training
 (:func:`iter_file_documents`, through :mod:`qkv.data.corpus`), documents to embed or index
-(:func:`read_records`: a file or ``-`` for standard input; id = line number or the JSONL id
-field), labelled records for fine-tuning and prediction (:func:`iter_records`).
+(:func:`read_records`: a file or ``-`` for standard input; id = the ``id_field`` value or the line
+number), labelled records for fine-tuning and prediction (:func:`iter_records`). Delimited files are
+parsed by :mod:`qkv.data.csv_records`.
 
 Files are read as bytes, one line at a time. Corpus documents are read with a bounded read
 (``readline(max_doc_bytes + 1)``), so memory stays bounded by ``max_doc_bytes`` whatever the file
@@ -31,12 +34,11 @@ from qkv.data.errors import (
     CorpusNotFoundError,
     DocumentTooLongError,
 )
+from qkv.data.csv_records import csv_rows
 from qkv.validation import check_choice, check_int
-import csv
-import io
 
 __all__ = ["CorpusOptions", "Document", "iter_file_documents", "file_format", "DEFAULT_MAX_DOC_BYTES",
-           "iter_records", "record_format", "RECORD_FORMATS", "read_records", "input_format"]
+           "iter_records", "record_format", "RECORD_FORMATS", "read_records", "input_format", "INPUT_FORMATS"]
 
 DEFAULT_MAX_DOC_BYTES = 4 << 20  # 4 MiB: far above real documents, far below a memory problem
 _WHITESPACE = (b" ", b"\t", b"\f", b"\v", b"\r")
@@ -50,8 +52,8 @@ class CorpusOptions:
     Attributes:
         doc_sep: ``"line"`` — every non-blank line is a document; ``"blank"`` — documents are runs
             of non-blank lines separated by blank lines (joined with ``"\\n"``). Plain text only.
-        text_field: the JSONL field that holds the text.
-        label_field: optional JSONL field holding a label (``None``: no labels).
+        text_field: the JSONL field or CSV/TSV column that holds the text.
+        label_field: optional JSONL field or CSV/TSV column holding a label (``None``: no labels).
         encoding_errors: ``"strict"`` raises :class:`CorpusDecodeError` on invalid UTF-8;
             ``"replace"`` substitutes U+FFFD and goes on.
         max_doc_bytes: the longest document (in UTF-8 bytes) read in one piece.
@@ -88,11 +90,9 @@ class Document:
     source: str = ""
 
 
-def file_format(path: Path) -> Literal["text", "jsonl"]:
-    """``"jsonl"`` for ``*.jsonl`` / ``*.jsonl.gz``, else ``"text"``."""
-    name = path.name.lower()
-    name = name.removesuffix(".gz")
-    return "jsonl" if name.endswith(".jsonl") else "text"
+def file_format(path: Path) -> Literal["text", "jsonl", "csv", "tsv"]:
+    """``"jsonl"``, ``"csv"`` or ``"tsv"`` by the name's ending (``.gz`` looked through), else ``"text"``."""
+    return record_format(path) or "text"
 
 
 def _open(path: Path) -> BinaryIO:
@@ -272,6 +272,25 @@ def _jsonl_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[
             yield Document(text, label, f"{path}:{line_no}")
 
 
+def _csv_documents(fh: BinaryIO, path: Path, fmt: str, opts: CorpusOptions) -> Iterator[Document]:
+    for line_no, row in csv_rows(fh, path, fmt, encoding_errors=opts.encoding_errors):
+        text = _column(row, path, line_no, opts.text_field, "--text-field").strip()
+        label = None if opts.label_field is None else _column(row, path, line_no, opts.label_field, "--label-field")
+        if len(text.encode("utf-8")) > opts.max_doc_bytes:
+            raise DocumentTooLongError(f"{path}, line {line_no}: a document longer than max_doc_bytes="
+                                       f"{opts.max_doc_bytes}; shorten it or raise max_doc_bytes")
+        if text:
+            yield Document(text, label, f"{path}:{line_no}")
+
+
+def _column(row: dict[str, str], path: Path, line_no: int, name: str, option: str) -> str:
+    """``row[name]``, or a :class:`CorpusFormatError` naming the columns there are and ``option``."""
+    if name not in row:
+        raise CorpusFormatError(f"{path}, line {line_no}: no column {name!r} (columns: "
+                                f"{', '.join(map(repr, row))}); choose it with {option}")
+    return row[name]
+
+
 def iter_file_documents(path: Path, opts: CorpusOptions) -> Iterator[Document]:
     """Stream the documents of one corpus file (format from its name, see :func:`file_format`).
 
@@ -279,10 +298,13 @@ def iter_file_documents(path: Path, opts: CorpusOptions) -> Iterator[Document]:
         CorpusDecodeError, DocumentTooLongError, CorpusFormatError: see :class:`CorpusOptions`.
         CorpusError: an unreadable file or a broken ``.gz``.
     """
-    reader = _jsonl_documents if file_format(path) == "jsonl" else _text_documents
+    fmt = file_format(path)
     try:
         with _open(path) as fh:
-            yield from reader(fh, path, opts)
+            if fmt in ("csv", "tsv"):
+                yield from _csv_documents(fh, path, fmt, opts)
+            else:
+                yield from (_jsonl_documents if fmt == "jsonl" else _text_documents)(fh, path, opts)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise CorpusError(f"{path}: not a readable gzip file ({e})") from None
     except (IsADirectoryError, PermissionError) as e:
@@ -324,41 +346,9 @@ def iter_records(path: Path, *, encoding_errors: str = "strict", columns: tuple[
                 for line_no, obj in _json_lines(fh, path, DEFAULT_MAX_DOC_BYTES, encoding_errors):
                     yield f"{path}:{line_no}", obj
                 return
-            raw = fh.read()
-            if raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
-            try:
-                text = raw.decode("utf-8", encoding_errors)
-            except UnicodeDecodeError as e:
-                line_no = raw[:e.start].count(b"\n") + 1
-                raise CorpusDecodeError(f"{path}, line {line_no}: invalid UTF-8 at byte offset {e.start}; fix "
-                                        "the file or read it with encoding_errors='replace'") from None
-            check_choice("quotes", quotes, ("csv", "strict", "none"))
-            quoting = {"quoting": csv.QUOTE_NONE} if quotes == "none" else {"strict": quotes == "strict"}
-            delimiter = "," if fmt == "csv" else "\t"
-            reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, **quoting)
-            try:
-                header = list(columns) if columns is not None else next(reader, None)
-                if not header or not any(h.strip() for h in header):
-                    raise CorpusFormatError(f"{path}: the first row must name the columns (e.g. text,label)")
-                header = [h.strip() for h in header]
-                twice = sorted({h for h in header if header.count(h) > 1})
-                if twice:  # a dict of the row would keep the last column of each name, silently
-                    raise CorpusFormatError(f"{path}: column(s) {', '.join(map(repr, twice))} appear more than once "
-                                            "in the header; give every column its own name")
-                for row in reader:
-                    if not row or not any(c.strip() for c in row):
-                        continue
-                    if len(row) != len(header):
-                        has = "the header has" if columns is None else "the file has"
-                        fix = ("quote fields that contain the delimiter" if quotes != "none"
-                               else "with quotes='none' a field cannot hold the delimiter")
-                        raise CorpusFormatError(
-                            f"{path}, line {reader.line_num}: {len(row)} fields, but {has} {len(header)} "
-                            f"({', '.join(header)}); {fix}")
-                    yield f"{path}:{reader.line_num}", dict(zip(header, row))
-            except csv.Error as e:
-                raise CorpusFormatError(f"{path}, line {reader.line_num}: not valid {fmt.upper()} ({e})") from None
+            for line_no, row in csv_rows(fh, path, fmt, encoding_errors=encoding_errors, columns=columns,
+                                         quotes=quotes):
+                yield f"{path}:{line_no}", row
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise CorpusError(f"{path}: not a readable gzip file ({e})") from None
     except (IsADirectoryError, PermissionError) as e:
@@ -367,12 +357,16 @@ def iter_records(path: Path, *, encoding_errors: str = "strict", columns: tuple[
         raise CorpusError(f"{path}: no such file") from None
 
 
+#: The formats :func:`read_records` reads.
+INPUT_FORMATS = ("text", "jsonl", "csv", "tsv")
+
+
 def input_format(path: str | Path, fmt: str | None = None) -> str:
-    """The format of a :func:`read_records` input: ``fmt`` (``"text"`` or ``"jsonl"``, else a
+    """The format of a :func:`read_records` input: ``fmt`` (one of :data:`INPUT_FORMATS`, else a
     :class:`CorpusFormatError`) when given, else from the name (:func:`file_format`)."""
     if fmt is not None:
-        if fmt not in ("text", "jsonl"):
-            raise CorpusFormatError(f"input format {fmt!r} is not allowed; allowed: text, jsonl")
+        if fmt not in INPUT_FORMATS:
+            raise CorpusFormatError(f"input format {fmt!r} is not allowed; allowed: {', '.join(INPUT_FORMATS)}")
         return fmt
     return file_format(Path(str(path)))
 
@@ -384,8 +378,10 @@ def read_records(path: str | Path, *, fmt: str | None = None, text_field: str = 
 
     A text file (``fmt="text"``): one document per line, the newline removed (a blank line is an
     empty document), id = line number (from 1). A JSONL file: one object per non-blank line, the
-    text in ``text_field``, id = its ``id_field`` value when present, else the line number. Either
-    may be gzip-compressed (``.gz``); ``fmt`` defaults to the name (:func:`input_format`; ``"-"`` is
+    text in ``text_field``, id = its ``id_field`` value when present, else the line number. A CSV or
+    TSV file (first row: the column names): one document per row, the text in column ``text_field``
+    (an empty cell is an empty document), id = column ``id_field`` when the file has it, else the
+    row's line number. Any may be gzip-compressed (``.gz``); ``fmt`` defaults to the name (:func:`input_format`; ``"-"`` is
     text). Lines of any length are read one at a time; invalid UTF-8 is an error naming the line
     and byte offset unless ``encoding_errors="replace"``.
 
@@ -403,6 +399,10 @@ def read_records(path: str | Path, *, fmt: str | None = None, text_field: str = 
         if fmt == "jsonl":
             for line_no, obj in _json_lines(fh, name, None, encoding_errors, text_field, command_input=True):
                 yield obj.get(id_field, line_no), _text_of(obj, name, line_no, text_field)
+            return
+        if fmt in ("csv", "tsv"):
+            for line_no, row in csv_rows(fh, name, fmt, encoding_errors=encoding_errors):
+                yield row.get(id_field, line_no), _column(row, name, line_no, text_field, "--text-field")
             return
         for line_no, offset, data in _raw_lines(fh, name, None, split=False):
             yield line_no, _decode(data, name, line_no, offset, encoding_errors, command_input=True).rstrip("\r\n")

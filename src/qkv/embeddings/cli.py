@@ -100,20 +100,22 @@ def _options(args, **fixed):
 
 def _input_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input options")
-    g.add_argument("--input-format", choices=("text", "jsonl"), default=None,
-                   help="default: jsonl for *.jsonl[.gz], else text (one document per line)")
-    g.add_argument("--text-field", default="text", help="JSONL field holding the text (default text)")
+    g.add_argument("--input-format", choices=("text", "jsonl", "csv", "tsv"), default=None,
+                   help="default: by the name (*.jsonl, *.csv, *.tsv, each optionally .gz), else text (one "
+                        "document per line)")
+    g.add_argument("--text-field", default="text",
+                   help="JSONL field or CSV/TSV column holding the text (default text)")
     g.add_argument("--id-field", default="id",
-                   help="JSONL field holding the id (default id; else the line number)")
+                   help="JSONL field or CSV/TSV column holding the id (default id; else the line number)")
     g.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict",
                    help="invalid UTF-8: fail with its line and offset (default), or read U+FFFD")
 
 
 def add_embedding_parsers(sub) -> None:
     """Add the embedding subcommands to ``sub`` (an argparse subparsers object)."""
-    e = sub.add_parser("embed", help="document vectors of a text/JSONL file or stdin",
+    e = sub.add_parser("embed", help="document vectors of a text/JSONL/CSV/TSV file or stdin",
                        description="Embed every document of INPUT (a text file, one document per line; "
-                       "JSONL with a text field; .gz of either; or - for stdin) with MODEL (a qkv folder, "
+                       "JSONL with a text field; CSV/TSV with a text column; .gz of any; or - for stdin) with MODEL (a qkv folder, "
                        "run, Hugging Face BERT folder, or sentence-transformers folder, whose pooling, "
                        "Normalize and max_seq_length it follows) and write --out: .npy (float32 rows in input "
                        "order), .jsonl (id + vector) or .parquet (needs pyarrow). Streams in chunks; the "
@@ -170,7 +172,7 @@ def add_embedding_parsers(sub) -> None:
                    help="fp32, bf16 (mixed precision, float32 master weights; fp32 with a message where the CPU "
                    "has no native bf16) or auto (bf16 where native) (default fp32)")
     t.add_argument("--objective", choices=("simcse", "supervised"), default="simcse")
-    t.add_argument("--label-field", default=None, help="JSONL field with the label (supervised, files)")
+    t.add_argument("--label-field", default=None, help="JSONL field or CSV/TSV column with the label (supervised, files)")
     t.add_argument("--text-field", default="text")
     t.add_argument("--max-docs", type=int, default=None, help="seeded random sample of this many documents")
     for flag, typ, default, text in (("--temperature", float, 0.05, "softmax temperature τ"),
