@@ -43,6 +43,28 @@ def test_distilbert_model_matches_transformers(tmp_path):
     assert (model.config.family, model.config.type_vocab_size, model.config.max_len) == ("distilbert", 0, 11)
     ids, mask, _ = batch(97, 0)
     compare(model, hf, ids, mask, logits=False)
+    # a BERT tokenizer's segment ids (a pair) are ignored, as transformers' DistilBertModel takes none
+    types = (torch.arange(ids.shape[1]) >= 3).long().expand_as(ids)  # (B,T)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask.bool(), token_type_ids=types).last_hidden_state,
+                                   model(ids, mask.bool()).last_hidden_state, rtol=0, atol=0)
+
+
+def test_inspect_and_analyze_read_a_distilbert_folder_with_a_bert_tokenizer(tmp_path, minilm):
+    """qkv inspect refused a DistilBERT folder that qkv analyze read (its tokenizer gives segment ids)."""
+    import shutil
+
+    from qkv.cli import main
+
+    torch.manual_seed(0)
+    folder = tmp_path / "db"
+    transformers.DistilBertModel(transformers.DistilBertConfig(vocab_size=30522, dim=24, n_heads=2, hidden_dim=40,
+                                                               n_layers=2)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (minilm / name).exists():
+            shutil.copy(minilm / name, folder / name)
+    assert main(["inspect", str(folder), "the cat sat", "--pair", "on the mat", "--out", str(tmp_path / "i")]) == 0
+    assert (tmp_path / "i" / "viewer.html").is_file() and (tmp_path / "i" / "attention_layer_1.png").is_file()
 
 
 @pytest.mark.parametrize("sinusoidal", [False, True])

@@ -146,8 +146,10 @@ class Encoder(nn.Module):
                     f"[{lo}, {hi}]"
                 )
         segments = self.embeddings.segments
-        if token_type_ids is not None and token_type_ids.numel():
-            n = 0 if segments is None else segments.num_embeddings
+        # a model without a segment table (DistilBERT, ModernBERT, GPT-2) has no use for segment ids, as
+        # transformers' versions take none: a tokenizer's ids are accepted and ignored, not refused
+        if segments is not None and token_type_ids is not None and token_type_ids.numel():
+            n = segments.num_embeddings
             lo, hi = int(token_type_ids.min()), int(token_type_ids.max())
             if lo < 0 or hi >= n:
                 raise ValueError(f"token_type_ids must lie in [0, type_vocab_size={n}); found [{lo}, {hi}]")
@@ -168,7 +170,8 @@ class Encoder(nn.Module):
             input_ids: ``(B,T)`` token ids in ``[0, V)``.
             attention_mask: ``(B,T)``, 1/True = real token, 0/False = padding (keys only are
                 masked: outputs at padded positions are defined but meaningless).
-            token_type_ids: ``(B,T)`` segment ids (default: all 0).
+            token_type_ids: ``(B,T)`` segment ids (default: all 0; ignored by a model without a
+                segment table, ``type_vocab_size=0``).
             output_hidden_states: return the embedding output and every layer's output.
             output_attentions: return every layer's exact ``(B,H,T,T)`` attention weights.
             position_ids: ``(B,T)`` or ``(T,)`` position of each token for input (absolute)
