@@ -246,3 +246,15 @@ def test_unigram_bias_starts_at_the_best_context_free_prediction():
     assert abs((b[5] - b[6]).item() - np.log(4 / 2)) < 1e-6
     assert abs((b[7] - b[8]).item() - np.log(3 / 1)) < 1e-6
     assert abs(b.mean().item()) < 1e-6
+
+
+def test_an_update_that_overflows_the_weights_is_no_good_checkpoint(tmp_path):
+    """--lr 1e30 with a finite first loss: the weights after step 1 are inf/NaN; they are neither
+    checkpointed as good nor kept as the model, and run.json says failed (never running)."""
+    out = tmp_path / "run"
+    with pytest.raises(TrainingError, match=r"(held-out loss nan|non-finite weights) after step 1; stopped without saving") as e:
+        pretrain(TrainConfig(out=str(out), steps=6, **{**TINY, "lr": 1e30, "warmup_steps": 0, "clip_norm": 1e30,
+                                                      "save_every": 1, "eval_every": 1}))
+    assert "Last good checkpoint: none" in str(e.value)
+    assert not (out / "checkpoints" / "LATEST").exists() and not (out / "model.safetensors").exists()
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"

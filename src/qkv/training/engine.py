@@ -379,11 +379,30 @@ def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar: RunBar, govern
 def _checkpoint(r: _Run, p: _Progress) -> None:
     if r.writes:
         t0 = time.perf_counter()
+        if r.divergence != "report":
+            _check_healthy(r, p)
         save_checkpoint(r.run.out, step=p.done, model=r.model, optimizer=r.optimizer, scheduler=r.scheduler,
                         trainer_state={"seed": r.cfg.seed, "data_position": p.done * r.cfg.grad_accum,
                                        "elapsed_s": r.clock.elapsed_s, "run_id": r.run.meta().get("run_id"),
                                        "last_eval": p.final_eval, "train_loss": p.loss})
         p.aside_s += time.perf_counter() - t0
+
+
+def _check_healthy(r: _Run, p: _Progress) -> None:
+    """A finite training loss can still take an update that overflows (say ``--lr 1e30``): weights that
+    are not finite, or whose held-out loss is not, are no checkpoint to resume from and no model to
+    finish with. Raises :class:`TrainingError` naming the last good checkpoint."""
+    ev = p.final_eval or {}
+    eval_loss, counted = ev.get("eval_loss"), all(ev.get(k) != 0 for k in ("masked_tokens", "examples", "tokens"))
+    if isinstance(eval_loss, float) and not math.isfinite(eval_loss) and counted:  # (0/0 when nothing counted)
+        what = f"held-out loss {eval_loss}"
+    elif not all(bool(t.isfinite().all()) for t in r.model.parameters()):
+        what = "non-finite weights"
+    else:
+        return
+    last = latest_checkpoint(r.run.out)
+    raise TrainingError(f"{what} after step {p.done}; stopped without saving. Last good checkpoint: "
+                        f"{last or 'none'}. Lower --lr or raise --warmup-steps.")
 
 
 def _evaluate(r: _Run, p: _Progress, bar) -> dict:
