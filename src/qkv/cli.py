@@ -140,6 +140,9 @@ def describe_error(exc: BaseException) -> str:
         return f"{where}{what}{hint}"
     if isinstance(exc, (ValueError, TypeError)) and str(exc):
         return str(exc)
+    if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "not enough memory" in str(exc):
+        return (f"out of memory ({str(exc).split(' Error code')[0] or 'MemoryError'}); choose smaller sizes "
+                "(--batch-size, --max-len, the model's) or free memory")
     return (f"{type(exc).__name__}: {exc} — an unexpected error; rerun with --debug for the traceback "
             "and report it")
 

@@ -29,6 +29,7 @@ from qkv._fs import atomic_write_text
 from qkv.config import ModelConfig
 from qkv.lab.tasks import EOS, PAD, SPECIALS, Task, get_task
 from qkv.models.builders import build_encoder_decoder
+from qkv.models.footprint import check_fits
 from qkv.checkpoints.io import load, save
 from qkv.training.config import LoopConfig, RunConfig
 from qkv.training.distributed import refuse_world
@@ -224,6 +225,7 @@ def _train(task: Task, cfg: Seq2SeqRunConfig, model_cfg: ModelConfig, run, progr
     used, note = resolve_precision(cfg.precision)
     if note and progress:
         print(f"qkv lab seq2seq: {note}", flush=True)
+    check_fits(lambda: build_encoder_decoder(model_cfg), hint="choose a smaller --preset or --max-len")
     if run is not None and not run.resume:
         run.create({"kind": "lab-seq2seq", "train_config": cfg.to_dict(), "precision": used})
     torch.manual_seed(cfg.seed)

@@ -26,6 +26,10 @@ PAD, BOS, EOS = 0, 1, 2
 _ALPHABET = string.digits + string.ascii_lowercase + string.ascii_uppercase  # 62 symbols at most
 
 
+#: The longest source a synthetic task draws.
+MAX_TASK_LEN = 1024
+
+
 @dataclass(frozen=True)
 class Batch:
     """A padded batch: ``input_ids``/``attention_mask`` ``(B,S)``; ``labels`` ``(B,T)`` = target + EOS,
@@ -60,6 +64,9 @@ class Task:
             raise ValueError(f"n_symbols must be an int in [2, {len(_ALPHABET)}], got {self.n_symbols!r}")
         if not isinstance(self.min_len, int) or not isinstance(self.max_len, int) or not 1 <= self.min_len <= self.max_len:
             raise ValueError(f"need 1 ≤ min_len ≤ max_len, got {self.min_len!r}, {self.max_len!r}")
+        if self.max_len > MAX_TASK_LEN:  # every batch holds sequences this long, and attention is N²
+            raise ValueError(f"max_len={self.max_len:,} is above {MAX_TASK_LEN:,}, the longest sequence a synthetic "
+                             "task draws; choose a smaller --max-len")
 
     @property
     def specials(self) -> tuple[str, ...]:

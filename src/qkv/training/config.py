@@ -236,6 +236,9 @@ class TrainConfig(RunConfig):
                      "eval_batch_size", "vocab_size", "log_every"):
             check_int(name, getattr(self, name), low=1)
         check_int("max_len", self.max_len, low=3)
+        if self.vocab_size > MAX_VOCAB_SIZE:  # the tokenizer trainer aborts the process on absurd sizes
+            raise ValueError(f"vocab_size={self.vocab_size:,} is above {MAX_VOCAB_SIZE:,} (the largest vocabularies "
+                             "in use hold about 256,000 tokens); choose a smaller --vocab-size")
         check_int("warmup_steps", self.warmup_steps, low=0)
         check_choice("schedule", self.schedule, SCHEDULES)
         for name in ("lr", "clip_norm", "position_lr_scale"):
@@ -275,6 +278,10 @@ class TrainConfig(RunConfig):
             elif isinstance(data.get(name), (list, tuple)):
                 data[name] = tuple(data[name])
         return cls(**data)
+
+
+#: The largest vocabulary a trained tokenizer may have.
+MAX_VOCAB_SIZE = 1_000_000
 
 
 def model_config_for(cfg: TrainConfig, vocab_size: int | None = None, *, hint: str = "") -> ModelConfig:

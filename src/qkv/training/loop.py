@@ -23,6 +23,7 @@ from qkv.data.corpus import CorpusOptions
 from qkv.data.masking import IGNORE_INDEX, MaskingConfig
 from qkv.data.pipeline import DEFAULT_MASKING, prepare_pretraining_data
 from qkv.models.builders import build_causal_lm, build_masked_lm
+from qkv.models.footprint import check_fits
 from qkv.training import distributed as qdist
 from qkv.training.baselines import baseline_perplexities
 from qkv.training.clm import CausalLMObjective, eval_block_indices
@@ -156,6 +157,8 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
         run.update(precision=precision)
         torch.manual_seed(cfg.seed)
         clm = cfg.objective == "clm"
+        check_fits(lambda: (build_causal_lm if clm else build_masked_lm)(model_config),
+                   hint="choose smaller --model sizes or --max-len")
         if cfg.init_from is not None:
             init = _initial_model(cfg)
             model = init.model
