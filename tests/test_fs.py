@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
 import stat
 
@@ -168,3 +169,62 @@ def test_stale_temps_of_every_destination_in_a_folder_are_removed(tmp_path):
         p.write_text("x")
     assert sorted(clean_stale_temps_in(tmp_path)) == sorted([dead_a, dead_b])
     assert alive.exists() and other_host.exists()
+
+
+# --- a full disk is named as a full disk, whatever the writer's own words -----------------------------
+
+
+def _usage(free):
+    return lambda path: shutil._ntuple_diskusage(10 << 30, (10 << 30) - free, free)
+
+
+def test_disk_full_reads_the_writers_errors(tmp_path, monkeypatch):
+    from qkv._fs import disk_full
+
+    zip_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    monkeypatch.setattr(shutil, "disk_usage", _usage(1 << 20))  # 1 MiB free: nearly full
+    e = disk_full(zip_error, tmp_path / "new" / "x.pt")
+    assert e.errno == errno.ENOSPC and e.filename == str(tmp_path / "new" / "x.pt")
+    assert e.strerror == "No space left on device (1.0 MiB free there)"
+    assert disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path).errno == errno.ENOSPC
+    monkeypatch.setattr(shutil, "disk_usage", _usage(50 << 30))  # plenty free: the error is something else
+    assert disk_full(zip_error, tmp_path) is None
+    said = type("SafetensorError", (Exception,), {})("Error while serializing: I/O error: No space left on "
+                                                     "device (os error 28)")
+    assert disk_full(said, tmp_path).errno == errno.ENOSPC  # the library said so: whatever is free now
+    assert disk_full(OSError(errno.EACCES, "Permission denied"), tmp_path) is None
+    assert disk_full(ValueError("bad"), tmp_path) is None
+
+
+def test_write_folder_and_atomic_file_raise_enospc_and_leave_nothing(tmp_path, monkeypatch):
+    from qkv._fs import atomic_file, write_folder
+
+    monkeypatch.setattr(shutil, "disk_usage", _usage(0))
+    (tmp_path / "kept").write_text("old")
+    with pytest.raises(OSError, match="No space left on device") as e:
+        with atomic_file(tmp_path / "kept") as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    assert e.value.errno == errno.ENOSPC and (tmp_path / "kept").read_text() == "old"
+    with pytest.raises(OSError, match="No space left on device"):
+        with write_folder(tmp_path / "folder") as tmp:
+            (tmp / "a").write_text("x")
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
+def test_the_command_line_says_disk_full_for_a_checkpoint_torch_could_not_write(tmp_path, monkeypatch, capsys):
+    import qkv.training.checkpoint as ck
+    from qkv.cli import main
+
+    def full(*a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    monkeypatch.setattr(ck.torch, "save", full)
+    monkeypatch.setattr(shutil, "disk_usage", _usage(3 << 20))
+    code = main(["pretrain", "--corpus", "dataset:pydoc", "--preset", "tiny", "--model", '{"max_len": 40}',
+                 "--max-len", "24", "--vocab-size", "300", "--steps", "2", "--out", str(tmp_path / "r"),
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device (3.0 MiB free there)" in err and "--resume" in err, err
+    assert "inline_container" not in err and "unexpected" not in err
