@@ -164,6 +164,17 @@ def test_damaged_index_gives_a_clear_error(name, damage, index, capsys):
     assert code == 2 and "Traceback" not in err and "qkv search: error:" in err, err
 
 
+def test_an_index_with_one_nan_vector_is_refused_when_opened_not_ranked_around(index, capsys):
+    """One NaN row among finite ones: its score is never among the best, so only opening can notice."""
+    v = np.load(index / "vectors.npy", mmap_mode="r+")
+    v[5] = np.nan
+    v.flush()
+    del v
+    code = main(["search", str(index), "what is a class", "-k", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds non-finite (NaN/inf) vectors (row 5 first)" in err and "rebuild it" in err, err
+
+
 def test_index_whose_model_tokenizer_changed_is_refused(tmp_path, model_copy, texts):
     from qkv.embeddings.search import build_index, search
 

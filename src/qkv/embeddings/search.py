@@ -209,6 +209,16 @@ def _top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray
     return np.take_along_axis(best_s, order, 1), np.take_along_axis(best_i, order, 1)
 
 
+def _check_finite(vectors: np.ndarray, path: Path, block: int = 65536) -> None:
+    """Refuse an index holding a non-finite vector when it is opened: ranking would pass such rows over
+    silently (a NaN score is never among the best), not only when one reaches the top."""
+    for start in range(0, len(vectors), block):
+        rows = np.flatnonzero(~np.isfinite(vectors[start:start + block]).all(axis=1))  # block-wise: (b,C) -> (b,)
+        if rows.size:
+            raise EmbeddingError(f"{path} holds non-finite (NaN/inf) vectors (row {int(rows[0]) + start} first); "
+                                 "the index is damaged: rebuild it with qkv index")
+
+
 class SearchIndex:
     """An index folder opened once, with its query embedder loaded: rank many queries against it
     (``qkv serve --index`` keeps one; :func:`search` opens one per call).
@@ -246,6 +256,7 @@ class SearchIndex:
                                  "vectors no longer match queries: rebuild it with qkv index")
         self._model = model
         self._vectors, self._offsets = _open_arrays(self.index, meta)
+        _check_finite(self._vectors, self.index / "vectors.npy")
         self.embedder = Embedder(str(model), index_options(meta, index).replace(normalize=True, device=device,
                                                                                 precision=precision))
 
