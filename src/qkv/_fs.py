@@ -369,23 +369,30 @@ def disk_full(exc: BaseException, dest: str | os.PathLike) -> OSError | None:
 
 
 def check_output_path(path: str | os.PathLike, what: str = "--out", *,
-                      inputs: tuple[str | os.PathLike, ...] = ()) -> None:
-    """Fail early, before any computation, when ``path`` cannot be created or replaced, or is one of
+                      inputs: tuple[str | os.PathLike, ...] = (), replace: bool = True) -> None:
+    """Fail early, before any computation, when ``path`` cannot be created or replaced, is one of
     the command's ``inputs`` (compared as resolved paths, symbolic links followed: an output never
-    overwrites what it is computed from).
+    overwrites what it is computed from), or exists while ``replace`` is False (a command's earlier
+    result is replaced only with ``--force``).
 
     Raises:
         QkvError: an ancestor is a file, the nearest existing folder is not writable, ``path`` itself
-            is a folder where a file is expected, or ``path`` is an input.
+            is a folder where a file is expected, ``path`` is an input, or it exists and may not be
+            replaced.
     """
     path = Path(path)
     for source in inputs:
+        if str(source) == "-":
+            continue
         if os.path.exists(source) and path.exists() and os.path.samefile(source, path) \
                 or Path(source).resolve() == path.resolve():
             raise QkvError(f"{what} {path} is the input {source}; writing it would overwrite what it is "
                            f"computed from: choose another {what}")
     if path.is_dir():
         raise QkvError(f"{what} {path} is a folder; give a file name")
+    if not replace and (path.exists() or path.is_symlink()):
+        raise QkvError(f"{what} {path} exists; add --force to replace it (the old file stays until the new one "
+                       "is complete), or choose another {what}".replace("{what}", what))
     probe = path.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent

@@ -181,3 +181,17 @@ def test_csv_and_tsv_inputs_are_read_by_column_as_finetune_reads_them(tiny_model
     assert main(["embed", str(tiny_model), str(tmp_path / "t.csv"), "--out", str(tmp_path / "x.npy"),
                  "--text-field", "body", *common]) == 2
     assert "no column 'body' (columns: 'id', 'text'); choose it with --text-field" in capsys.readouterr().err
+
+
+def test_an_existing_output_is_replaced_only_with_force_and_never_the_input(tiny_model, tmp_path, capsys):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"text": "classes and objects"}\n', encoding="utf-8")
+    out = tmp_path / "v.npy"
+    out.write_bytes(b"an earlier result")
+    assert main(["embed", str(tiny_model), str(src), "--out", str(out), "--no-progress"]) == 2
+    assert "exists; add --force to replace it" in capsys.readouterr().err
+    assert out.read_bytes() == b"an earlier result"
+    assert main(["embed", str(tiny_model), str(src), "--out", str(out), "--force", "--no-progress"]) == 0
+    assert np.load(out).shape[0] == 1
+    assert main(["embed", str(tiny_model), str(src), "--out", str(src), "--force", "--no-progress"]) == 2
+    assert "is the input" in capsys.readouterr().err and src.read_text().startswith('{"text"')

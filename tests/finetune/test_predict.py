@@ -98,6 +98,9 @@ def test_predictor_in_memory_gives_what_predict_writes(tiny_bert, tmp_path, task
     assert main(["predict", str(run), str(tmp_path / "new.txt"), "--out", str(tmp_path / "p.jsonl"),
                  "--no-progress", "--device", "cpu"]) == 0
     written = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert main(["predict", str(run), str(tmp_path / "new.txt"), "--out", str(tmp_path / "p.jsonl"),
+                 "--no-progress"]) == 2  # an earlier result is kept unless --force
+    assert [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()] == written
     got = Predictor(run, device="cpu").predict(texts)
     assert got.windows == len(texts) and got.long == 0 and len(got.records) == len(texts)
     for rec, line in zip(got.records, written):

@@ -123,6 +123,8 @@ def add_embedding_parsers(sub) -> None:
     e.add_argument("model", help="model folder")
     e.add_argument("input", help="input file, or - for standard input")
     e.add_argument("--out", required=True, help="output file: .npy, .jsonl or .parquet")
+    e.add_argument("--force", action="store_true",
+                   help="replace an existing --out (atomically, when the new one is complete)")
     e.add_argument("--chunk-size", type=int, default=4096, help="documents per length-grouped chunk")
     _input_options(e)
     _add_embed_options(e)
@@ -265,10 +267,12 @@ def _report(stats, empty_ids, mode: str) -> str:
 
 
 def _embed(args) -> int:
+    from qkv._fs import check_output_path
     from qkv.embeddings.embedder import Embedder
     from qkv.embeddings.streams import open_writer, output_format
 
     output_format(args.out)  # an unknown format fails before the model is loaded
+    check_output_path(args.out, inputs=(args.input,), replace=args.force)
     embedder = Embedder(args.model, _options(args))
     with open_writer(args.out, embedder.dim) as writer:
         for ids, vectors in embedder.embed_stream(_records(args, args.input)):

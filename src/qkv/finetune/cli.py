@@ -102,6 +102,8 @@ def add_finetune_parsers(sub) -> None:
     q.add_argument("run", help="the fine-tuning run (or model) folder")
     q.add_argument("input", help="the inputs")
     q.add_argument("--out", required=True, help="the .jsonl file to write (atomically)")
+    q.add_argument("--force", action="store_true",
+                   help="replace an existing --out (atomically, when the new one is complete)")
     q.add_argument("--text-field", default="text", help="field/column of the text (default: text)")
     q.add_argument("--tokens-field", default="tokens", help="field of the word list (default: tokens)")
     q.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict",
@@ -152,7 +154,7 @@ def _predict(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size {args.batch_size} must be ≥ 1")
     if args.batch_tokens < 1:
         raise ValueError(f"--batch-tokens {args.batch_tokens} must be ≥ 1")
-    info = predict_file(args.run, args.input, args.out, batch_size=args.batch_size, text_field=args.text_field,
+    info = predict_file(args.run, args.input, args.out, replace=args.force, batch_size=args.batch_size, text_field=args.text_field,
                         tokens_field=args.tokens_field, encoding_errors=args.encoding_errors,
                         progress=args.progress, device=args.device, precision=args.precision,
                         batch_tokens=args.batch_tokens)

@@ -231,7 +231,8 @@ class Predictor:
 def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: int = 64,
                  text_field: str = "text", tokens_field: str = "tokens", encoding_errors: str = "strict",
                  progress: bool = True,
-                 device: str = "auto", precision: str = "fp32", batch_tokens: int | None = 4096) -> dict:
+                 device: str = "auto", precision: str = "fp32", batch_tokens: int | None = 4096,
+                 replace: bool = True) -> dict:
     """``qkv predict``: predictions for every input of ``input_spec`` into JSONL ``out``.
 
     ``run``: a fine-tuning run folder (its settings from ``run.json``), any folder with a task head,
@@ -244,9 +245,10 @@ def predict_file(run, input_spec: str, out: str | os.PathLike, *, batch_size: in
     "tags": […]}`` (tokens). The model runs prepared for inference in ``precision`` (``"fp32"``,
     ``"bf16"``, ``"int8"``; see :func:`qkv.inference.for_inference`) on padding-free batches of at most
     ``batch_size`` windows and ``batch_tokens`` tokens (:class:`Predictor`). Returns a summary
-    (counts, windows, long inputs).
+    (counts, windows, long inputs). ``replace=False`` refuses an existing ``out`` (the command line's
+    default; ``--force`` replaces it).
     """
-    check_output_path(out, inputs=(input_spec,))  # before loading anything
+    check_output_path(out, inputs=(input_spec,), replace=replace)  # before loading anything
     predictor = Predictor(run, device=device, precision=precision, batch_size=batch_size,
                           batch_tokens=batch_tokens)
     ids, inputs = read_inputs(input_spec, predictor.task, text_field=text_field, tokens_field=tokens_field,
