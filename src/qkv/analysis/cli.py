@@ -8,6 +8,7 @@ library (measured by ``benchmarks/call_path.py``).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 __all__ = ["add_analysis_parsers"]
 
@@ -74,8 +75,20 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A folder holding one of these was written by ``qkv inspect``: it may write there again.
+INSPECT_MARKS = ("viewer.html", "similarity.json")
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from qkv.analysis.viewer import run_inspect
+    from qkv.errors import QkvError
+
+    out = Path(args.out)
+    if out.is_file():
+        raise QkvError(f"--out {out} is a file, not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not any((out / n).is_file() for n in INSPECT_MARKS):
+        raise QkvError(f"--out {out} holds files qkv inspect did not write; its figures would be mixed with them "
+                       "(or replace them): choose a new or empty --out")
 
     ins, paths = run_inspect(args.model, args.text, args.out, text_b=args.pair,
                              long_text="truncate" if args.truncate else "error")

@@ -207,6 +207,7 @@ def add_embedding_parsers(sub) -> None:
                    help="reuters8, 20newsgroups, reuters52, or a labelled .jsonl/.csv/.tsv file (optionally .gz) "
                         "with text, label[, split] fields")
     v.add_argument("--out", default=None, help="JSON result (default: eval-embeddings-DATASET.json)")
+    v.add_argument("--force", action="store_true", help="replace an existing --out")
     v.add_argument("--max-train", type=int, default=None, help="subsample the train split (stated in output)")
     v.add_argument("--max-test", type=int, default=None, help="subsample the test split (stated in output)")
     v.add_argument("--k", type=int, default=10, help="neighbours for k-NN (default 10)")
@@ -346,7 +347,7 @@ def _eval(args) -> int:
     out = Path(args.out or f"eval-embeddings-{Path(args.dataset).stem}.json")
     if args.k < 1:
         raise EmbeddingError(f"--k {args.k}: k-NN needs at least one neighbour; give --k 1 or more")
-    check_output_path(out)  # before the computation, not after it
+    check_output_path(out, inputs=(args.dataset,), replace=args.force)  # before the computation, not after it
     options = _options(args, empty="zero")  # checked (the device too) before the data is read
     data = load_eval_data(args.dataset, max_train=args.max_train, max_test=args.max_test, seed=args.seed)
     log = (lambda m: print(m, file=sys.stderr)) if args.progress else (lambda m: None)
