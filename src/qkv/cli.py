@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from qkv._faults import fault_point
 
@@ -148,7 +150,7 @@ def describe_error(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``qkv`` with ``argv``; return the exit status (0 ok, 2 error, 130 interrupted).
+    """Run ``qkv`` with ``argv``; return the exit status (0 ok, 2 error, 130 interrupted, 143 terminated).
 
     Everything runs inside the one handler — building the command's parser (which imports its library)
     too — so that Ctrl-C at any moment after start-up is one line and exit 130.
@@ -157,8 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     command = command_of(argv)
     name = f"qkv {command}" if command in _ALL else "qkv"
     debug = "--debug" in argv or os.environ.get("QKV_DEBUG", "") not in ("", "0")
+    previous = _catch_sigterm()
     try:
         return _run(argv)
+    except Terminated:
+        if debug:
+            raise
+        print(f"\n{name}: terminated (SIGTERM); no output was left half-written (outputs appear only when "
+              "complete)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         if debug:
             raise
@@ -173,6 +182,30 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{name}: error: {describe_error(exc)}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised where the program is, so that every ``finally`` and ``with`` block cleans up as
+    for Ctrl-C (a command that handles SIGTERM itself — training, ``qkv serve`` — installs its own handler)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _catch_sigterm():
+    """Install :func:`_raise_terminated` for SIGTERM where nothing else handles it; the handler it replaced
+    (to restore), or ``None`` when it installed nothing (not the main thread, or a handler already set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        return None
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    return previous
 
 
 def _run(argv: list[str]) -> int:

@@ -1,6 +1,7 @@
 """Ctrl-C at any moment after start-up is one line and exit 130, for every command: interrupted at the
 start of the command line (nothing parsed), after its parser is built (its library imported) and the
-arguments parsed, and while the command runs — never a traceback, nothing half-written."""
+arguments parsed, and while the command runs — never a traceback, nothing half-written. SIGTERM likewise:
+one line, exit 143."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _commands(tmp: Path, model: Path) -> dict[str, list[str]]:
     }
 
 
-def _interrupt_at(argv: list[str], point: str, tmp: Path) -> subprocess.CompletedProcess:
+def _interrupt_at(argv: list[str], point: str, tmp: Path, sig=signal.SIGINT) -> subprocess.CompletedProcess:
     mark = tmp / "mark"
     mark.unlink(missing_ok=True)
     e = env(tmp, QKV_FAULT_PAUSE=f"{point}:60", QKV_FAULT_MARK=str(mark))
@@ -54,7 +55,7 @@ def _interrupt_at(argv: list[str], point: str, tmp: Path) -> subprocess.Complete
         assert proc.poll() is None, f"{argv[0]} ended before {point}: {proc.communicate()[1][-400:]}"
         assert time.time() < deadline, f"{argv[0]} never reached {point}"
         time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
@@ -70,6 +71,20 @@ def test_ctrl_c_at_start_up_is_one_line_and_exit_130(point, tmp_path, model_fold
             failures.append(f"{name} at {point}: exit {done.returncode}, stderr {done.stderr[-300:]!r}")
     assert not failures, "\n".join(failures)
     assert not any(p.name.startswith("out") for p in tmp_path.iterdir())  # nothing written
+
+
+def test_sigterm_after_start_up_is_one_line_and_exit_143(tmp_path, model_folder):
+    """SIGTERM (what a scheduler or `kill` sends) ends every command as Ctrl-C does: cleanly, one line, nothing
+    half-written; exit 143 (128 + 15)."""
+    commands = _commands(tmp_path, model_folder)
+    failures = []
+    for name in sorted(commands):
+        done = _interrupt_at(commands[name], "cli.parsed", tmp_path, signal.SIGTERM)
+        lines = [x for x in done.stderr.splitlines() if x.strip()]
+        if done.returncode != 143 or "Traceback" in done.stderr or len(lines) != 1 or "terminated" not in lines[0]:
+            failures.append(f"{name}: exit {done.returncode}, stderr {done.stderr[-300:]!r}")
+    assert not failures, "\n".join(failures)
+    assert not any(p.name.startswith("out") for p in tmp_path.iterdir())
 
 
 def test_every_command_has_an_interrupt_case(tmp_path, model_folder):
