@@ -94,6 +94,10 @@ def parse_set(items: list[str]) -> dict:
 def config_from_args(args: argparse.Namespace):
     from qkv.experiments.runner import AblationConfig
 
+    if args.grid:  # an unknown grid is named as such, not as a missing --corpus
+        from qkv.experiments.grid import load_grid
+
+        load_grid(args.grid)
     given = (("--grid", args.grid), ("--corpus", args.corpus), ("--out", args.out))
     missing = [flag for flag, v in given if not v]
     if missing:
