@@ -89,3 +89,24 @@ def test_pad_prompts_takes_strings_with_a_tokenizer(lm_folder):
     assert mask[0].tolist() == [0] * (len(long) - len(short)) + [1] * len(short)
     with pytest.raises(ValueError, match="tokenizer="):
         pad_prompts(["the class"])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_precision_decodes_the_prepared_model(lm_folder, capsys, precision):
+    """--precision runs the model for_inference prepares: the same text as the API on that model."""
+    from qkv.generation.prompts import generate_texts
+    from qkv.hardware import precision_unsupported
+    from qkv.inference import for_inference
+
+    import qkv
+
+    argv = ["generate", str(lm_folder), "the class", "--greedy", "--max-new-tokens", "6", "--precision", precision]
+    why = precision_unsupported(precision, torch.device("cpu"))
+    if why is not None:
+        assert main(argv) == 2 and precision in capsys.readouterr().err
+        return
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    model, tok = qkv.load(lm_folder)
+    expected = generate_texts(for_inference(model, precision, smoothing=None), tok, ["the class"], max_new_tokens=6)[0]
+    assert out == "the class" + expected + "\n"

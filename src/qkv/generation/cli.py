@@ -37,6 +37,9 @@ def add_generate_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler (same seed, same text)")
     p.add_argument("--sliding", action="store_true", help="let the text outgrow the model's window: keep the "
                    "last max_len-1 tokens as context (recomputed each step once full)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+                   help="decode in float32 (default), bfloat16 (CPUs with AVX-512 BF16 or AMX; half the weight "
+                   "bytes per token) or int8 (dynamically quantised linear maps; a quarter); see docs/generation.md")
     p.add_argument("--no-stream", action="store_true", help="print the completion at the end only")
     p.set_defaults(func=_generate)
 
@@ -65,6 +68,10 @@ def _generate(args: argparse.Namespace) -> int:
                          "folder of kind causal_lm")
     if tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer (tokenizer.json): generate needs one to read and write text")
+    if args.precision != "fp32":
+        from qkv.inference import for_inference
+
+        model = for_inference(model, args.precision, smoothing=None)  # refuses bf16 where the CPU lacks it
     _, eos, pad = special_ids(tokenizer)
     prompts = [prompt_ids(tokenizer, t) for t in args.prompts]
     ids, mask = pad_prompts(prompts, pad_token_id=pad if pad is not None else 0)
