@@ -35,6 +35,8 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from qkv.config import ModelConfig
 from qkv.generation.loop import generate  # noqa: E402
+from qkv.hardware import precision_unsupported  # noqa: E402
+from qkv.inference import for_inference  # noqa: E402
 from qkv.models.builders import build_causal_lm  # noqa: E402
 from qkv.nn.kv_cache import KVCache  # noqa: E402
 
@@ -139,6 +141,39 @@ def versus_transformers(model, prompt_len: int, new: int, reps: int) -> dict:
             "ratio_qkv_over_hf": q / h, "tokens_agree": bool(torch.equal(ours, theirs))}
 
 
+@torch.no_grad()
+def precision_table(model, prompt_len: int, new: int, reps: int, precisions: list[str], batches: list[int]) -> list[dict]:
+    """Greedy tokens/s of qkv in each precision against transformers' float32 ``generate`` on the same
+    weights, at each batch size (prompts of ``prompt_len`` tokens), with the new tokens' agreement with
+    qkv float32 and the mean |log p − log p_fp32| of float32's greedy tokens."""
+    hf = copy_to_gpt2(model)
+    prepared = {p: model if p == "fp32" else for_inference(model, p, smoothing=None) for p in precisions
+                if precision_unsupported(p, torch.device("cpu")) is None}
+    rows = []
+    for b in batches:
+        ids = torch.randint(0, model.config.vocab_size, (b, prompt_len), generator=torch.Generator().manual_seed(b))
+        mask = torch.ones_like(ids)
+        ref = generate(model, ids, max_new_tokens=new)  # (b, prompt_len + new)
+        ref_lp = model(ref).logits[:, prompt_len - 1:-1].log_softmax(-1).gather(-1, ref[:, prompt_len:, None])
+        for p, m in prepared.items():
+            got = generate(m, ids, max_new_tokens=new)
+            lp = m(ref).logits[:, prompt_len - 1:-1].float().log_softmax(-1).gather(-1, ref[:, prompt_len:, None])
+            rates = {"qkv": [], "transformers": []}
+            for r in range(reps):
+                for name in (("qkv", "transformers") if r % 2 == 0 else ("transformers", "qkv")):
+                    t0 = time.perf_counter()
+                    if name == "qkv":
+                        generate(m, ids, max_new_tokens=new)
+                    else:
+                        hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+                    rates[name].append(b * new / (time.perf_counter() - t0))
+            q, h = statistics.median(rates["qkv"]), statistics.median(rates["transformers"])
+            rows.append({"batch": b, "precision": p, "qkv_tokens_per_s": q, "hf_fp32_tokens_per_s": h,
+                         "ratio": q / h, "agree_with_fp32": float((got[:, prompt_len:] == ref[:, prompt_len:]).float().mean()),
+                         "mean_abs_logprob_gap": float((lp - ref_lp).abs().mean())})
+    return rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=tuple(SIZES), default="small", help="model shape (default small)")
@@ -148,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--position", default="learned", help="position scheme (default learned, GPT-2's)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens per generate call vs transformers")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--precisions", default=None, metavar="LIST",
+                   help="also compare greedy generate in these precisions (e.g. fp32,bf16,int8; the ones this CPU "
+                   "lacks are skipped) against transformers' fp32, at the --batches sizes")
+    p.add_argument("--batches", default="1,8,32", help="prompts per batch for --precisions (default 1,8,32)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="tiny model, prefixes 16 and 64, few steps")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -181,6 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"greedy generate, prompt 16 + {v['new_tokens']} new: qkv {v['qkv_tokens_per_s']:.1f} tok/s, "
               f"transformers {v['hf_tokens_per_s']:.1f} tok/s, ratio qkv/hf {v['ratio_qkv_over_hf']:.2f}, "
               f"tokens agree: {v['tokens_agree']}")
+    if args.precisions and not args.no_hf and args.position == "learned":
+        table = precision_table(model, 16, args.new_tokens, args.reps, args.precisions.split(","),
+                                [int(x) for x in args.batches.split(",")])
+        result["precisions"] = table
+        print(f"{'batch':>5} {'precision':>9} {'qkv tok/s':>10} {'HF fp32 tok/s':>14} {'ratio':>6} "
+              f"{'agree w/ fp32':>14} {'|Δ log p|':>10}")
+        for r in table:
+            print(f"{r['batch']:>5} {r['precision']:>9} {r['qkv_tokens_per_s']:>10.1f} {r['hf_fp32_tokens_per_s']:>14.1f} "
+                  f"{r['ratio']:>5.2f}x {r['agree_with_fp32']:>14.3f} {r['mean_abs_logprob_gap']:>10.4f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

@@ -45,3 +45,13 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert [r["prefix"] for r in res["latency"]] == [16, 64]
     assert res["versus_transformers"]["tokens_agree"]
+
+
+def test_precision_table_runs_and_fp32_agrees_with_itself():
+    bench = _load()
+    model = bench.build_model("tiny", 40)
+    rows = bench.precision_table(model, 8, 4, 1, ["fp32", "int8"], [1, 2])
+    assert [(r["batch"], r["precision"]) for r in rows] == [(1, "fp32"), (1, "int8"), (2, "fp32"), (2, "int8")]
+    fp32 = [r for r in rows if r["precision"] == "fp32"]
+    assert all(r["agree_with_fp32"] == 1.0 and r["mean_abs_logprob_gap"] == 0.0 for r in fp32)
+    assert all(r["qkv_tokens_per_s"] > 0 and r["hf_fp32_tokens_per_s"] > 0 for r in rows)
