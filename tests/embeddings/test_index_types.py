@@ -47,6 +47,9 @@ def test_exact_writes_no_structure_and_ivf_cells_follow_the_corpus_size(tmp_path
         AnnOptions(type="annoy")
     with pytest.raises(EmbeddingError, match="nprobe=0 must be an int ≥ 1"):
         AnnOptions(type="faiss-ivf", nprobe=0)
+    assert AnnOptions.of("faiss-ivf", nlist=4, nprobe=None) == AnnOptions(type="faiss-ivf", nlist=4)
+    with pytest.raises(EmbeddingError, match="--ef-search, --nlist: not a parameter of --index exact"):
+        AnnOptions.of("exact", nlist=4, ef_search=9)
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,9 @@ def test_the_command_line_builds_and_searches_an_ivf_index(tmp_path, tiny_model,
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [x["rank"] for x in lines] == [1, 2, 3]
     exact = search(out, "a class attribute", k=3, nprobe=3)[0]  # every cell: the exact answer
+    with pytest.raises(EmbeddingError, match="--ef-search sets how widely a faiss-hnsw index searches; this index "
+                                             "is faiss-ivf"):
+        search(out, "a class attribute", ef_search=10)
     assert [h.id for h in exact] == [h.id for h in SearchIndex(out).query("a class attribute", k=3, nprobe=3)[0]]
 
 

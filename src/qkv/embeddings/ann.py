@@ -34,7 +34,8 @@ import numpy as np
 from qkv.embeddings.errors import EmbeddingError
 from qkv.validation import check_choice, check_int
 
-__all__ = ["INDEX_TYPES", "ANN_FILE", "AnnOptions", "build_ann", "open_ann", "AnnIndex", "FAISS_PIP"]
+__all__ = ["INDEX_TYPES", "ANN_FILE", "AnnOptions", "build_ann", "open_ann", "AnnIndex", "FAISS_PIP", "default_nlist",
+           "check_search_parameters"]
 
 INDEX_TYPES = ("exact", "faiss-ivf", "faiss-hnsw")
 ANN_FILE = "ann.faiss"
@@ -81,12 +82,32 @@ class AnnOptions:
             check_int(name, getattr(self, name), low=1, error=EmbeddingError)
         check_int("seed", self.seed, low=0, error=EmbeddingError)
 
+    @classmethod
+    def of(cls, type: str = "exact", **given: Any) -> AnnOptions:
+        """The options of index ``type`` with the parameters ``given`` (``None`` values: not given).
+
+        Raises:
+            EmbeddingError: a parameter of another index type (it would be ignored), or a bad value.
+        """
+        given = {k: v for k, v in given.items() if v is not None}
+        foreign = sorted(set(given) - set(_PARAMETERS.get(type, ())))
+        if foreign:
+            flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
+            raise EmbeddingError(f"{flags}: not a parameter of --index {type}; "
+                                 + "; ".join(f"{t}: {', '.join('--' + p.replace('_', '-') for p in ps)}"
+                                             for t, ps in _PARAMETERS.items()))
+        return cls(type=type, **given)
+
     @property
     def approximate(self) -> bool:
         return self.type != "exact"
 
     def replace(self, **changes: Any) -> AnnOptions:
         return dataclasses.replace(self, **changes)
+
+
+#: The parameters of each approximate index type (``seed`` is everyone's).
+_PARAMETERS = {"faiss-ivf": ("nlist", "nprobe", "seed"), "faiss-hnsw": ("hnsw_m", "ef_construction", "ef_search")}
 
 
 def default_nlist(n: int) -> int:
@@ -148,8 +169,7 @@ class AnnIndex:
     def search(self, queries: np.ndarray, k: int, *, nprobe: int | None = None,
                ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(Q,k)`` scores and rows, best first (rows of ``-1`` where fewer than k were found)."""
-        check_int("nprobe", nprobe, low=1, optional=True, error=EmbeddingError)
-        check_int("ef_search", ef_search, low=1, optional=True, error=EmbeddingError)
+        check_search_parameters(self.type, nprobe=nprobe, ef_search=ef_search)
         faiss, q = self._faiss, np.ascontiguousarray(queries, dtype=np.float32)
         if self.type == "faiss-ivf":
             params = faiss.SearchParametersIVF(nprobe=min(nprobe or self.record["nprobe"], self.record["nlist"]))
@@ -157,6 +177,22 @@ class AnnIndex:
             params = faiss.SearchParametersHNSW(efSearch=max(ef_search or self.record["ef_search"], k))
         scores, rows = self.index.search(q, k, params=params)  # (Q,k), (Q,k)
         return scores, rows
+
+
+def check_search_parameters(index_type: str, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+    """Refuse a search breadth the index does not have (``nprobe``: faiss-ivf, ``ef_search``:
+    faiss-hnsw) or below 1.
+
+    Raises:
+        EmbeddingError: naming the parameter and the index type.
+    """
+    for name, value, owner in (("nprobe", nprobe, "faiss-ivf"), ("ef_search", ef_search, "faiss-hnsw")):
+        if value is None:
+            continue
+        check_int(name, value, low=1, error=EmbeddingError)
+        if index_type != owner:
+            raise EmbeddingError(f"--{name.replace('_', '-')} sets how widely a {owner} index searches; this index "
+                                 f"is {index_type} (built with qkv index --index {index_type})")
 
 
 def open_ann(folder: Path, meta: dict[str, Any]) -> AnnIndex | None:

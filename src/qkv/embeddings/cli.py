@@ -143,12 +143,12 @@ def add_embedding_parsers(sub) -> None:
                    help="exact (default: every query scored against all vectors; best for up to ~100k documents), "
                    "faiss-ivf or faiss-hnsw (approximate, through faiss-cpu: pip install faiss-cpu)")
     g.add_argument("--nlist", type=int, default=None, help="faiss-ivf: k-means cells (default ≈ √N)")
-    g.add_argument("--nprobe", type=int, default=16, help="faiss-ivf: cells scanned per query, recorded as the "
+    g.add_argument("--nprobe", type=int, default=None, help="faiss-ivf: cells scanned per query, recorded as the "
                    "index's default (default 16)")
-    g.add_argument("--hnsw-m", type=int, default=32, help="faiss-hnsw: links per vector (default 32)")
-    g.add_argument("--ef-construction", type=int, default=80, help="faiss-hnsw: candidates while building "
+    g.add_argument("--hnsw-m", type=int, default=None, help="faiss-hnsw: links per vector (default 32)")
+    g.add_argument("--ef-construction", type=int, default=None, help="faiss-hnsw: candidates while building "
                    "(default 80)")
-    g.add_argument("--ef-search", type=int, default=64, help="faiss-hnsw: candidates per query, recorded as the "
+    g.add_argument("--ef-search", type=int, default=None, help="faiss-hnsw: candidates per query, recorded as the "
                    "index's default (default 64)")
     _input_options(i)
     _add_embed_options(i)
@@ -320,8 +320,8 @@ def _index(args) -> int:
     from qkv.embeddings.search import build_index
     from qkv.embeddings.shards import index_sharded, shard_plan
 
-    ann = AnnOptions(type=args.index_type, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m,
-                     ef_construction=args.ef_construction, ef_search=args.ef_search)  # checked before any work
+    ann = AnnOptions.of(args.index_type, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m,
+                        ef_construction=args.ef_construction, ef_search=args.ef_search)  # checked before any work
     plan = shard_plan(args.out, args.corpus)
     if plan is None:
         meta = build_index(args.model, _records(args, args.corpus), args.out, source=args.corpus,

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from qkv._fs import write_folder
-from qkv.embeddings.ann import AnnOptions, build_ann, open_ann
+from qkv.embeddings.ann import AnnOptions, build_ann, check_search_parameters, open_ann
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
 from qkv.validation import check_range
@@ -310,6 +310,7 @@ class SearchIndex:
         if isinstance(queries, str):
             queries = [queries]
         check_range("k", k, 1, error=EmbeddingError)
+        check_search_parameters("exact" if self.ann is None else self.ann.type, nprobe=nprobe, ef_search=ef_search)
         empty = [i for i, q in enumerate(queries) if not str(q).strip()]
         if empty:
             raise EmbeddingError(f"query {empty[0] + 1} is empty; give a query with words")

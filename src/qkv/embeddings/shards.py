@@ -155,10 +155,13 @@ def write_shard(plan: ShardPlan, embedder: Embedder, records: Iterable[tuple[Any
         _check_job(folder, shard, job)
         return shard, True
     pending: deque[tuple[int, Any, str]] = deque()
+    ids = {}  # document number → id of the empty documents the embedder names (at most 20)
 
     def numbered():
         for n, rid, text in plan.mine(records):
             pending.append((n, rid, text))
+            if not text.strip() and len(ids) < 20:
+                ids[n] = rid
             yield n, text
 
     with write_folder(folder, how="new") as tmp:
@@ -173,7 +176,8 @@ def write_shard(plan: ShardPlan, embedder: Embedder, records: Iterable[tuple[Any
                     fh.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
         st = embedder.stats
         shard = {"format": SHARDS_FORMAT, "job": job, "rank": plan.rank, "rows": writer.rows, "dim": embedder.dim,
-                 **{f: getattr(st, f) for f in _STAT_FIELDS}, "empty_ids": embedder.empty_ids}
+                 **{f: getattr(st, f) for f in _STAT_FIELDS},
+                 "empty_ids": [[n, ids.get(n, n)] for n in embedder.empty_ids]}
         (tmp / SHARD_JSON).write_text(json.dumps(shard), encoding="utf-8")
         fault_point(f"embed.shard.{plan.rank}")
     return shard, False
@@ -224,8 +228,8 @@ def merged_rows(plan: ShardPlan, shards: list[dict]) -> Iterator[tuple[list, lis
 def merged_stats(shards: list[dict]) -> tuple[EmbedStats, list]:
     """The counts of all shards together, and the first empty documents' ids."""
     stats = EmbedStats(**{f: sum(int(s.get(f, 0)) for s in shards) for f in _STAT_FIELDS})
-    empty_ids = sorted((i for s in shards for i in s.get("empty_ids", [])), key=lambda x: (str(type(x)), x))
-    return stats, empty_ids[:20]
+    empty = sorted((n, rid) for s in shards for n, rid in s.get("empty_ids", []))  # in input order
+    return stats, [rid for _, rid in empty[:20]]
 
 
 @dataclass
