@@ -71,7 +71,7 @@ class AnnOptions:
     nlist: int | None = None
     nprobe: int = 16
     hnsw_m: int = 32
-    ef_construction: int = 80
+    ef_construction: int = 40
     ef_search: int = 64
     seed: int = 0
 

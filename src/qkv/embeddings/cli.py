@@ -147,7 +147,7 @@ def add_embedding_parsers(sub) -> None:
                    "index's default (default 16)")
     g.add_argument("--hnsw-m", type=int, default=None, help="faiss-hnsw: links per vector (default 32)")
     g.add_argument("--ef-construction", type=int, default=None, help="faiss-hnsw: candidates while building "
-                   "(default 80)")
+                   "(default 40)")
     g.add_argument("--ef-search", type=int, default=None, help="faiss-hnsw: candidates per query, recorded as the "
                    "index's default (default 64)")
     _input_options(i)
