@@ -144,3 +144,16 @@ def test_the_final_model_is_rebuilt_unsharded_from_the_gathered_weights(build):
     b = LeftNeighbour().batch(0)
     torch.testing.assert_close(plain(b.input_ids, b.attention_mask).logits,
                                model(b.input_ids, b.attention_mask).logits, atol=0, rtol=0)
+
+
+def test_ddp_continues_a_sharded_checkpoint(tmp_path):
+    loop = LoopConfig(steps=6, save_every=2, strategy="fsdp")
+    whole = _model()
+    run_training(loop, LeftNeighbour(), model=whole)
+    _run_until_crash(tmp_path, "fsdp")
+    with open_run(tmp_path / "run", resume=True) as run:
+        resumed = _model()
+        assert run_training(dataclasses.replace(loop, strategy="ddp"), LeftNeighbour(), model=resumed,
+                            run=run).status == "complete"
+    for (k, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
