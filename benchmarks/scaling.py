@@ -14,7 +14,9 @@ every arm uses all of them):
 
 Reported: the median of the logged global tokens per second over the steps after the fifth, its
 ratio to the first arm, and the last training loss (the arms train on the same global batches, so
-the losses agree to float rounding).
+the losses agree to float rounding), with the 1-minute load average at the arm's end. The arms run
+with ``OMP_WAIT_POLICY=PASSIVE`` unless it is set (on a shared machine the default spinning policy
+stalls a multi-threaded process whenever a spinning worker is descheduled: see docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         env = dict(os.environ, QKV_CACHE_DIR=str(tmp / "cache"), CUDA_VISIBLE_DEVICES="")
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         one = ["--nproc-per-node", "1"]
         arms = [
             (f"1 process, {cores} threads", [[py, "-m", "qkv", *_args(tmp / "a", a, 2 * a.batch, "ddp")]], cores, "a"),
@@ -91,15 +94,16 @@ def main(argv=None) -> int:
                     print(f"{name}: failed\n{err[-3000:]}", file=sys.stderr)
                     return 1
             rate, loss = _rates(tmp / folder)
-            results.append((name, rate, loss))
+            results.append((name, rate, loss, os.getloadavg()[0]))
             print(f"{name}: {rate:,.0f} tokens/s, last loss {loss:.5f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     base = results[0][1]
     print(f"\n{a.preset}, global batch {2 * a.batch} × {a.max_len} tokens, {a.steps} steps, {cores} cores, "
-          f"{time.strftime('%Y-%m-%d')}; load average (1 min) {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
-    print("\n| arm | tokens/s | vs first | last loss |")
-    print("|---|---:|---:|---:|")
-    for name, rate, loss in results:
-        print(f"| {name} | {rate:,.0f} | {rate / base:.2f}× | {loss:.5f} |")
+          f"{time.strftime('%Y-%m-%d')}; OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}; load average (1 min) {load0:.2f} "
+          "before")
+    print("\n| arm | tokens/s | vs first | last loss | load average after |")
+    print("|---|---:|---:|---:|---:|")
+    for name, rate, loss, load in results:
+        print(f"| {name} | {rate:,.0f} | {rate / base:.2f}× | {loss:.5f} | {load:.1f} |")
     return 0
 
 
