@@ -72,6 +72,10 @@ class TrainResult:
         train_s: wall seconds of this process's training steps (evaluations and checkpoints not
             counted); steps per second = (steps_done − start_step) / train_s.
         start_step: the step this process started from (a resumed run's checkpoint).
+        model: the model the run folder's final model was written from, usable by this process
+            alone: the trained model itself, or after ``--strategy fsdp`` on several processes an
+            unsharded copy on the CPU gathered from the shards (rank 0). ``None`` on the other
+            ranks, and when no final model was written.
     """
 
     out: Path | None
@@ -83,6 +87,7 @@ class TrainResult:
     elapsed_s: float = 0.0
     train_s: float = 0.0
     start_step: int = 0
+    model: torch.nn.Module | None = None
 
 
 def seed_for(seed: int, step: int, micro: int, rank: int) -> int:
@@ -425,4 +430,4 @@ def _finalise(r: _Run, p: _Progress, timed: bool, train_s: float) -> TrainResult
         r.run.finish(p.status, steps_done=p.done, final_eval=p.final_eval, train_loss=p.loss,
                      **({"elapsed_s": round(r.clock.elapsed_s, 3)} if timed else {}))
     return TrainResult(r.run.out if r.run is not None else None, p.done, p.status, p.final_eval, p.loss,
-                       r.history, r.clock.elapsed_s, train_s, p.start)
+                       r.history, r.clock.elapsed_s, train_s, p.start, final)
