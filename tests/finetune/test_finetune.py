@@ -220,7 +220,8 @@ def test_a_time_budgeted_run_ends_at_its_deadline_and_resumes_complete(tiny_bert
 
 
 def test_torchrun_two_ranks_match_one_process_with_double_batch(tiny_bert, topic_files, tmp_path):
-    """Two processes with batch 4 compute what one process with batch 8 computes (no dropout)."""
+    """Two processes with batch 4 compute what one process with batch 8 computes (no dropout), with
+    the model whole in each (``ddp``) and sharded over them (``fsdp``)."""
     import random
     import subprocess
     import sys
@@ -234,19 +235,21 @@ def test_torchrun_two_ranks_match_one_process_with_double_batch(tiny_bert, topic
     r = subprocess.run([sys.executable, "-m", "qkv", *common, "--out", str(one), "--batch-size", "8"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    two = tmp_path / "two"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
-           str(random.randint(20000, 40000)), "-m", "qkv", *common, "--out", str(two), "--batch-size", "4"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
     la = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
-    lb = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
-    assert len(la) == len(lb) >= 6
-    for ra, rb in zip(la, lb):
-        for key in ("loss", "eval_loss", "accuracy"):
-            if key in ra:
-                assert abs(ra[key] - rb[key]) < 1e-5, (key, ra, rb)
-    assert (two / "report.json").is_file()
+    for strategy in ("ddp", "fsdp"):
+        two = tmp_path / strategy
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
+               str(random.randint(20000, 40000)), "-m", "qkv", *common, "--out", str(two), "--batch-size", "4",
+               "--strategy", strategy]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        lb = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+        assert len(la) == len(lb) >= 6
+        for ra, rb in zip(la, lb):
+            for key in ("loss", "eval_loss", "accuracy"):
+                if key in ra:
+                    assert abs(ra[key] - rb[key]) < 1e-5, (strategy, key, ra, rb)
+        assert (two / "report.json").is_file()
 
 
 def test_a_run_stopped_before_its_report_is_finished_by_resume(tiny_bert, topic_files, tmp_path):

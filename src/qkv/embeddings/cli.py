@@ -17,6 +17,8 @@ __all__ = ["add_embedding_parsers", "add_convert_embed_options", "convert_embed_
 
 #: qkv.embeddings.pooling.POOLINGS, without importing torch.
 _POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+#: qkv.embeddings.ann.INDEX_TYPES, without importing numpy.
+_INDEX_TYPES = ("exact", "faiss-ivf", "faiss-hnsw")
 
 
 def _pooling_arg(value: str) -> str:
@@ -119,7 +121,9 @@ def add_embedding_parsers(sub) -> None:
                        "run, Hugging Face BERT folder, or sentence-transformers folder, whose pooling, "
                        "Normalize and max_seq_length it follows) and write --out: .npy (float32 rows in input "
                        "order), .jsonl (id + vector) or .parquet (needs pyarrow). Streams in chunks; the "
-                       "output appears only when complete. See docs/embeddings.md.")
+                       "output appears only when complete. Under torchrun --nproc-per-node K, K processes embed "
+                       "a share each into shards beside --out, merged into --out in input order; a rerun keeps the "
+                       "finished shards. See docs/embeddings.md.")
     e.add_argument("model", help="model folder")
     e.add_argument("input", help="input file, or - for standard input")
     e.add_argument("--out", required=True, help="output file: .npy, .jsonl or .parquet")
@@ -133,10 +137,23 @@ def add_embedding_parsers(sub) -> None:
     i = sub.add_parser("index", help="embed a corpus into a search index folder",
                        description="Embed CORPUS (a file as for qkv embed, -, a folder, or "
                        "dataset:NAME[:SPLIT]) with MODEL into the folder --out (vectors, ids, texts, model "
-                       "reference); query it with qkv search.")
+                       "reference, and with --index faiss-ivf or faiss-hnsw an approximate FAISS index); query it "
+                       "with qkv search. Under torchrun, K processes embed a share each (as for qkv embed).")
     i.add_argument("model", help="model folder")
     i.add_argument("corpus", help="file, -, folder or dataset:NAME[:SPLIT]")
     i.add_argument("--out", required=True, help="index folder (created; must not hold anything)")
+    g = i.add_argument_group("index type (docs/embeddings.md: recall and latency of each)")
+    g.add_argument("--index", dest="index_type", choices=_INDEX_TYPES, default="exact",
+                   help="exact (default: every query scored against all vectors; best for up to ~100k documents), "
+                   "faiss-ivf or faiss-hnsw (approximate, through faiss-cpu: pip install faiss-cpu)")
+    g.add_argument("--nlist", type=int, default=None, help="faiss-ivf: k-means cells (default ≈ √N)")
+    g.add_argument("--nprobe", type=int, default=None, help="faiss-ivf: cells scanned per query, recorded as the "
+                   "index's default (default 16)")
+    g.add_argument("--hnsw-m", type=int, default=None, help="faiss-hnsw: links per vector (default 32)")
+    g.add_argument("--ef-construction", type=int, default=None, help="faiss-hnsw: candidates while building "
+                   "(default 40)")
+    g.add_argument("--ef-search", type=int, default=None, help="faiss-hnsw: candidates per query, recorded as the "
+                   "index's default (default 64)")
     _input_options(i)
     _add_embed_options(i)
     i.set_defaults(func=_index)
@@ -148,6 +165,10 @@ def add_embedding_parsers(sub) -> None:
     s.add_argument("query", nargs="+", help="query text(s)")
     s.add_argument("-k", type=int, default=10, help="results per query (default 10)")
     s.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    s.add_argument("--nprobe", type=int, default=None, help="a faiss-ivf index: cells scanned per query (default: "
+                   "the index's)")
+    s.add_argument("--ef-search", type=int, default=None, help="a faiss-hnsw index: candidates per query (default: "
+                   "the index's)")
     _add_embed_options(s, ("device", "precision"), title=None, helps={"device": None})
     s.set_defaults(func=_search)
 
@@ -270,10 +291,21 @@ def _report(stats, empty_ids, mode: str) -> str:
 def _embed(args) -> int:
     from qkv._fs import check_output_path
     from qkv.embeddings.embedder import Embedder
+    from qkv.embeddings.shards import embed_sharded, shard_plan
     from qkv.embeddings.streams import open_writer, output_format
 
     output_format(args.out)  # an unknown format fails before the model is loaded
     check_output_path(args.out, inputs=(args.input,), replace=args.force)
+    plan = shard_plan(args.out, args.input)
+    if plan is not None:  # under torchrun: this process's share, merged by rank 0
+        r = embed_sharded(args.model, _records(args, args.input), args.out, plan, options=_options(args),
+                          source=args.input)
+        if r.rank == 0:
+            print(f"wrote {r.rows} × {r.dim} vectors to {args.out} from {r.world} shards: "
+                  f"{_report(r.stats, r.empty_ids, args.empty)}")
+        else:
+            print(_shard_line(r, Path(args.out)))
+        return 0
     embedder = Embedder(args.model, _options(args))
     with open_writer(args.out, embedder.dim) as writer:
         for ids, vectors in embedder.embed_stream(_records(args, args.input)):
@@ -285,20 +317,41 @@ def _embed(args) -> int:
     return 0
 
 
-def _index(args) -> int:
-    from qkv.embeddings.search import build_index
+def _shard_line(r, out: Path) -> str:
+    how = "kept from an earlier attempt" if r.kept else "written"
+    return f"rank {r.rank}/{r.world}: shard of {r.shard_rows} documents {how} (merged into {out} by rank 0)"
 
-    meta = build_index(args.model, _records(args, args.corpus), args.out, source=args.corpus,
-                       options=_options(args))  # normalize: forced on for an index
+
+def _index(args) -> int:
+    from qkv.embeddings.ann import AnnOptions
+    from qkv.embeddings.search import build_index
+    from qkv.embeddings.shards import index_sharded, shard_plan
+
+    ann = AnnOptions.of(args.index_type, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m,
+                        ef_construction=args.ef_construction, ef_search=args.ef_search)  # checked before any work
+    plan = shard_plan(args.out, args.corpus)
+    if plan is None:
+        meta = build_index(args.model, _records(args, args.corpus), args.out, source=args.corpus,
+                           options=_options(args), ann=ann)  # normalize: forced on for an index
+    else:  # under torchrun: this process's share, merged by rank 0
+        r = index_sharded(args.model, _records(args, args.corpus), args.out, plan, options=_options(args), ann=ann,
+                          source=args.corpus)
+        if r.rank != 0:
+            print(_shard_line(r, Path(args.out)))
+            return 0
+        meta = r.meta
+    kind = meta["index"]["type"]
     print(f"indexed {meta['count']} documents ({meta['dim']}-d, {meta['long_documents']} longer than one "
-          f"window, {meta['empty_skipped']} empty left out) into {args.out}")
+          f"window, {meta['empty_skipped']} empty left out) into {args.out}"
+          + (f" with a {kind} index" if kind != "exact" else ""))
     return 0
 
 
 def _search(args) -> int:
     from qkv.embeddings.search import search
 
-    results = search(args.index, args.query, k=args.k, device=args.device, precision=args.precision)
+    results = search(args.index, args.query, k=args.k, device=args.device, precision=args.precision,
+                     nprobe=args.nprobe, ef_search=args.ef_search)
     for query, hits in zip(args.query, results):
         if args.json:
             for h in hits:

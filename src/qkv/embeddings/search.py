@@ -8,12 +8,16 @@ Index folder (written under a temporary name and renamed into place when complet
     vectors.npy    (N,C) float32, L2-normalised: cosine = dot product
     texts.jsonl    one {"id": …, "text": …} per document, in vector order
     offsets.npy    (N,) int64 byte offset of each line of texts.jsonl (results are read by seeking)
+    ann.faiss      an approximate index of the vectors (``--index faiss-ivf`` or ``faiss-hnsw``:
+                   :mod:`qkv.embeddings.ann`); none for the default ``exact`` search
 
 Queries are embedded with the same model and options; a model whose weights or tokenizer changed
 since indexing is refused (its vectors would not be comparable). The vectors are memory-mapped and
-scored in blocks, so an index larger than memory can be searched (:class:`SearchIndex` opens an index
-once for many queries; :func:`search` is one call); files that disagree with
-``index.json`` (truncated, damaged) and non-finite vectors are refused with a message.
+scored in blocks, so an index larger than memory can be searched exactly (:class:`SearchIndex` opens
+an index once for many queries; :func:`search` is one call); an approximate index answers from its
+FAISS structure instead. Files that disagree with ``index.json`` (truncated, damaged) and non-finite
+vectors are refused with a message. Under ``torchrun`` the corpus is embedded in shards, one per
+process, and merged into the same folder (:mod:`qkv.embeddings.shards`).
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ from typing import Any
 import numpy as np
 
 from qkv._fs import write_folder
+from qkv.embeddings.ann import AnnOptions, build_ann, check_search_parameters, open_ann
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import VECTOR_FIELDS, EmbedOptions, as_options
 from qkv.validation import check_range
 from qkv.embeddings.embedder import Embedder
 from qkv.embeddings.streams import open_writer
 
-__all__ = ["build_index", "search", "SearchIndex", "load_index_meta", "index_options", "Hit", "INDEX_JSON"]
+__all__ = ["build_index", "search", "SearchIndex", "load_index_meta", "index_options", "Hit", "INDEX_JSON",
+           "top_k", "check_index_out", "write_documents", "finish_index"]
 
 INDEX_JSON = "index.json"
 INDEX_FORMAT = "qkv-embedding-index"
@@ -82,8 +88,23 @@ def _stat(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
+def check_index_out(model: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """``out`` as a path, refused when it is not absent or an empty folder, or ``model`` is no folder.
+
+    Raises:
+        EmbeddingError: naming the problem.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise EmbeddingError(f"{out} exists and is not an empty folder; choose another --out")
+    if not Path(model).is_dir():
+        raise EmbeddingError(f"model folder not found: {model}")
+    return out
+
+
 def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], out: str | os.PathLike, *,
-                source: str = "", options: EmbedOptions | None = None, **changes) -> dict[str, Any]:
+                source: str = "", options: EmbedOptions | None = None, ann: AnnOptions | None = None,
+                **changes) -> dict[str, Any]:
     """Embed ``(id, text)`` records into the index folder ``out``.
 
     Args:
@@ -94,6 +115,7 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
         options: the :class:`~qkv.embeddings.options.EmbedOptions` (default
             ``EmbedOptions(empty="skip")``: an empty document is not indexed); ``normalize`` is
             forced on. The resolved options that decide the vectors are recorded in ``index.json``.
+        ann: the index type and its parameters (default: ``exact``, no extra structure).
         **changes: options changed on top of ``options``, by name
             (``build_index(m, records, out, max_len=64)``).
 
@@ -104,11 +126,7 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
         EmbeddingError: ``out`` exists and is not empty, or the embedder's errors.
     """
     options = as_options(options, default=EmbedOptions(empty="skip"), **changes).replace(normalize=True)
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise EmbeddingError(f"{out} exists and is not an empty folder; choose another --out")
-    if not Path(model).is_dir():
-        raise EmbeddingError(f"model folder not found: {model}")
+    out = check_index_out(model, out)
     embedder = Embedder(model, options)
     with write_folder(out, how="new") as tmp:  # an empty folder at out (checked) is replaced
         pending: deque[tuple[int, Any, str]] = deque()
@@ -118,32 +136,59 @@ def build_index(model: str | os.PathLike, records: Iterable[tuple[Any, str]], ou
                 pending.append((n, rid, text))
                 yield n, text
 
-        offsets = array("q")
-        with open_writer(tmp / "vectors.npy", embedder.dim) as writer, \
-                open(tmp / "texts.jsonl", "wb") as texts:
+        def documents():
             for seqs, vectors in embedder.embed_stream(numbered()):
-                writer.write(seqs, vectors)
+                ids, texts = [], []
                 for seq in seqs:
                     while pending[0][0] != seq:  # documents left out (empty) are not indexed
                         pending.popleft()
                     _, rid, text = pending.popleft()
-                    offsets.append(texts.tell())
-                    texts.write(json.dumps({"id": rid, "text": text}, ensure_ascii=False).encode() + b"\n")
-            rows = writer.rows
-        np.save(tmp / "offsets.npy", np.frombuffer(offsets, dtype=np.int64) if offsets else
-                np.zeros(0, np.int64))
-        if rows == 0:
-            raise EmbeddingError("nothing to index: the corpus holds no non-empty document")
-        weights = _weights_file(Path(model))
-        meta = {"format": INDEX_FORMAT, "version": 1, "model": str(Path(model).resolve()),
-                "model_weights_sha256": _sha256(weights) if weights else None,
-                "model_weights_stat": _stat(weights) if weights else None,
-                "model_tokenizer_sha256": _tokenizer_sha256(Path(model)),
-                "embedding": embedder.options.to_dict(VECTOR_FIELDS), "count": rows, "dim": embedder.dim,
-                "source": source,
-                "empty_skipped": embedder.stats.empty, "long_documents": embedder.stats.long_documents,
-                "truncated": embedder.stats.truncated, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        (tmp / INDEX_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+                    ids.append(rid)
+                    texts.append(text)
+                yield ids, texts, vectors
+
+        rows = write_documents(tmp, embedder.dim, documents())
+        st = embedder.stats
+        stats = {"empty_skipped": st.empty, "long_documents": st.long_documents, "truncated": st.truncated}
+        meta = finish_index(tmp, model=model, embedding=embedder.options.to_dict(VECTOR_FIELDS), count=rows,
+                            dim=embedder.dim, source=source, stats=stats, ann=ann or AnnOptions())
+    return meta
+
+
+def write_documents(folder: Path, dim: int, documents: Iterable[tuple[list, list[str], np.ndarray]]) -> int:
+    """Write ``vectors.npy``, ``texts.jsonl`` and ``offsets.npy`` of an index into ``folder`` from
+    ``(ids, texts, vectors)`` chunks in index order; returns the number of documents.
+
+    Raises:
+        EmbeddingError: no document at all.
+    """
+    offsets = array("q")
+    with open_writer(folder / "vectors.npy", dim) as writer, open(folder / "texts.jsonl", "wb") as fh:
+        for ids, texts, vectors in documents:
+            writer.write(ids, vectors)
+            for rid, text in zip(ids, texts):
+                offsets.append(fh.tell())
+                fh.write(json.dumps({"id": rid, "text": text}, ensure_ascii=False).encode() + b"\n")
+        rows = writer.rows
+    np.save(folder / "offsets.npy", np.frombuffer(offsets, dtype=np.int64) if offsets else np.zeros(0, np.int64))
+    if rows == 0:
+        raise EmbeddingError("nothing to index: the corpus holds no non-empty document")
+    return rows
+
+
+def finish_index(folder: Path, *, model: str | os.PathLike, embedding: dict, count: int, dim: int, source: str,
+                 stats: dict, ann: AnnOptions) -> dict[str, Any]:
+    """Build the approximate index ``ann`` names (if any) over ``folder/vectors.npy`` and write
+    ``index.json``; returns its content. ``stats``: ``empty_skipped``, ``long_documents``, ``truncated``."""
+    record = build_ann(np.load(folder / "vectors.npy", mmap_mode="r"), ann, folder)
+    weights = _weights_file(Path(model))
+    meta = {"format": INDEX_FORMAT, "version": 1, "model": str(Path(model).resolve()),
+            "model_weights_sha256": _sha256(weights) if weights else None,
+            "model_weights_stat": _stat(weights) if weights else None,
+            "model_tokenizer_sha256": _tokenizer_sha256(Path(model)),
+            "embedding": embedding, "count": count, "dim": dim, "source": source, **stats,
+            "index": record, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (folder / INDEX_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return meta
 
 
@@ -191,7 +236,7 @@ def index_options(meta: dict[str, Any], index: str | os.PathLike = "") -> EmbedO
                              "qkv index") from None
 
 
-def _top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """``(Q,k)`` best scores and row indices over a memory-mapped ``(N,C)`` matrix, scanned in blocks."""
     best_s = np.full((len(queries), 0), -np.inf, np.float32)
     best_i = np.zeros((len(queries), 0), np.int64)
@@ -257,14 +302,18 @@ class SearchIndex:
         self._model = model
         self._vectors, self._offsets = _open_arrays(self.index, meta)
         _check_finite(self._vectors, self.index / "vectors.npy")
+        self.ann = open_ann(self.index, meta)  # None: exact search
         self.embedder = Embedder(str(model), index_options(meta, index).replace(normalize=True, device=device,
                                                                                 precision=precision))
 
     def __len__(self) -> int:
         return int(self.meta["count"])
 
-    def query(self, queries: str | list[str], *, k: int = 10) -> list[list[Hit]]:
-        """The ``k`` documents most cosine-similar to each query (best first).
+    def query(self, queries: str | list[str], *, k: int = 10, nprobe: int | None = None,
+              ef_search: int | None = None) -> list[list[Hit]]:
+        """The ``k`` documents most cosine-similar to each query (best first): exactly, or as the
+        index's approximate structure finds them (``nprobe`` / ``ef_search``: the search breadth of an
+        IVF / HNSW index; default: what the index was built with).
 
         Raises:
             EmbeddingError: ``k < 1``, an empty query, non-finite vectors, a damaged texts file.
@@ -272,6 +321,7 @@ class SearchIndex:
         if isinstance(queries, str):
             queries = [queries]
         check_range("k", k, 1, error=EmbeddingError)
+        check_search_parameters("exact" if self.ann is None else self.ann.type, nprobe=nprobe, ef_search=ef_search)
         empty = [i for i, q in enumerate(queries) if not str(q).strip()]
         if empty:
             raise EmbeddingError(f"query {empty[0] + 1} is empty; give a query with words")
@@ -279,15 +329,18 @@ class SearchIndex:
         if not np.isfinite(q).all():
             raise EmbeddingError(f"the model in {self._model} gives non-finite (NaN/inf) query vectors; its "
                                  "weights are damaged")
-        scores, rows = _top_k(self._vectors, q, k)
-        if not np.isfinite(scores).all():
+        if self.ann is None:
+            scores, rows = top_k(self._vectors, q, k)
+        else:
+            scores, rows = self.ann.search(q, min(k, len(self)), nprobe=nprobe, ef_search=ef_search)
+        if not np.isfinite(scores[rows >= 0]).all():
             raise EmbeddingError(f"{self.index / 'vectors.npy'} holds non-finite (NaN/inf) vectors; the index is "
                                  "damaged: rebuild it with qkv index")
         out = []
         with open(self.index / "texts.jsonl", "rb") as fh:
             for qs, qr in zip(scores, rows):
                 hits = []
-                for rank, (s, r) in enumerate(zip(qs.tolist(), qr.tolist()), 1):
+                for rank, (s, r) in enumerate(((s, r) for s, r in zip(qs.tolist(), qr.tolist()) if r >= 0), 1):
                     fh.seek(int(self._offsets[r]))
                     try:
                         doc = json.loads(fh.readline())
@@ -299,9 +352,10 @@ class SearchIndex:
         return out
 
 
-def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
-           device=None, precision: str = "fp32") -> list[list[Hit]]:
-    """The ``k`` documents of ``index`` most cosine-similar to each query (best first).
+def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10, device=None,
+           precision: str = "fp32", nprobe: int | None = None, ef_search: int | None = None) -> list[list[Hit]]:
+    """The ``k`` documents of ``index`` most cosine-similar to each query (best first; ``nprobe``,
+    ``ef_search``: see :meth:`SearchIndex.query`).
 
     Raises:
         EmbeddingError: not an index, its model folder missing or changed since indexing.
@@ -312,7 +366,8 @@ def search(index: str | os.PathLike, queries: str | list[str], *, k: int = 10,
     empty = [i for i, q in enumerate(queries) if not str(q).strip()]
     if empty:  # before the model is loaded
         raise EmbeddingError(f"query {empty[0] + 1} is empty; give a query with words")
-    return SearchIndex(index, device=device, precision=precision).query(queries, k=k)
+    return SearchIndex(index, device=device, precision=precision).query(queries, k=k, nprobe=nprobe,
+                                                                        ef_search=ef_search)
 
 
 def _open_arrays(index: Path, meta: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -63,7 +63,7 @@ class FinetuneConfig(RunConfig):
         max_train, max_eval: use a seeded random subsample of at most this many examples (reported).
         baselines: what else is trained and scored on the same split (see :data:`BASELINES`);
             ``frozen`` and ``tfidf`` for sequence tasks, ``word-tag`` for token tasks.
-        seed, device, precision, threads, progress, log_every: as in pretraining.
+        seed, device, precision, threads, strategy, progress, log_every: as in pretraining.
     """
 
     model: str
@@ -107,6 +107,7 @@ class FinetuneConfig(RunConfig):
     device: str = "auto"
     precision: str = "fp32"
     threads: int | str | None = None
+    strategy: str = "ddp"
     progress: bool = True
     log_every: int = 10
 

@@ -291,7 +291,8 @@ def _run(cfg: FinetuneConfig, run: RunFolder, info, precision: str, clock, on_ba
     train_s = time.perf_counter() - t0
     if result.status != "complete" or not info.is_main:
         return FinetuneResult(out, result.steps_done, result.status, None)
-    report = final_report(cfg, objective, model, train, held, train_t, held_t, labels, kind, out,
+    trained = model if result.model is None else result.model.to(info.device)  # fsdp: rank 0's unsharded copy
+    report = final_report(cfg, objective, trained, train, held, train_t, held_t, labels, kind, out,
                           train_seconds=run.meta().get("elapsed_s", train_s), notes=notes, stride=stride)
     return FinetuneResult(out, result.steps_done, "complete", report)
 

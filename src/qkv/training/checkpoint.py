@@ -39,7 +39,8 @@ from qkv._fs import atomic_write_text, sha256_file, write_folder
 from qkv.errors import CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "CheckpointWriteError",
-           "read_trainer_state"]
+           "read_trainer_state", "verify_checkpoint", "point_latest", "write_error", "prune_checkpoints",
+           "LATEST"]
 
 LATEST = "LATEST"
 _CHECKED = ("model.safetensors", "optimizer.pt")
@@ -81,23 +82,40 @@ def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module,
             state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None,
                          files=files)
             (tmp / "trainer.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-        fault_point("checkpoint.latest")
-        atomic_write_text(root / LATEST, name + "\n")
+        point_latest(root, name)
     except OSError as e:
-        try:
-            last = latest_checkpoint(run_dir)
-        except CheckpointError:
-            last = None
-        raise CheckpointWriteError(
-            f"could not write checkpoint {final} ({e.strerror or e}); nothing is lost: "
-            + (f"the last complete checkpoint {last} is intact" if last else "no checkpoint was written yet")
-            + ". Free space (or fix the folder), then continue with --resume") from e
+        raise write_error(run_dir, final, e) from e
+    prune_checkpoints(root, name, keep)
+    return final
+
+
+def point_latest(root: Path, name: str) -> None:
+    """Make ``root/LATEST`` name the complete checkpoint folder ``name`` (atomically)."""
+    fault_point("checkpoint.latest")
+    atomic_write_text(root / LATEST, name + "\n")
+
+
+def write_error(run_dir: Path, final: Path, e: BaseException) -> CheckpointWriteError:
+    """The error of a failed write of checkpoint ``final`` (it names the checkpoint that is intact)."""
+    try:
+        last = latest_checkpoint(run_dir)
+    except CheckpointError:
+        last = None
+    why = getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    return CheckpointWriteError(
+        f"could not write checkpoint {final} ({why}); nothing is lost: "
+        + (f"the last complete checkpoint {last} is intact" if last else "no checkpoint was written yet")
+        + ". Free space (or fix the folder), then continue with --resume")
+
+
+def prune_checkpoints(root: Path, name: str, keep: int) -> None:
+    """Remove the checkpoints older than the ``keep`` newest (``name`` the newest) and the leftovers
+    of interrupted writes (one writer: the run's lock)."""
     olds = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name != name)
     for p in olds[: max(0, len(olds) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)
-    for p in root.glob(".step-*"):  # leftovers of an interrupted write (one writer: the run's lock)
+    for p in root.glob(".step-*"):
         shutil.rmtree(p, ignore_errors=True)
-    return final
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -136,7 +154,14 @@ def read_trainer_state(path: Path) -> dict:
     return state
 
 
-def _verify(path: Path, state: dict, *, run_id: str | None, max_step: int | None) -> None:
+def verify_checkpoint(path: Path, state: dict, *, run_id: str | None, max_step: int | None,
+                      files: tuple[str, ...] = _CHECKED) -> None:
+    """Refuse checkpoint folder ``path`` (its ``trainer.json`` read as ``state``) when its step does
+    not fit, it belongs to another run, or one of ``files`` is missing or differs from its sha256.
+
+    Raises:
+        CheckpointError: naming the file and how to go on.
+    """
     def bad(why: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {path}: {why}. It cannot be resumed from; point "
                                f"{path.parent / LATEST} at an older complete step-* folder, or start a new run")
@@ -149,13 +174,13 @@ def _verify(path: Path, state: dict, *, run_id: str | None, max_step: int | None
     if run_id is not None and state.get("run_id") not in (None, run_id):
         raise bad(f"it belongs to another run (run id {str(state.get('run_id'))[:12]}, this run's is "
                   f"{run_id[:12]})")
-    files = state.get("files")
-    for name in _CHECKED:
+    sums = state.get("files")
+    for name in files:
         if not (path / name).is_file():
             raise bad(f"{name} is missing")
-    if isinstance(files, dict):
-        for name in _CHECKED:
-            if name in files and sha256_file(path / name) != files[name]:
+    if isinstance(sums, dict):
+        for name in files:
+            if name in sums and sha256_file(path / name) != sums[name]:
                 raise bad(f"{name} differs from the file written at save time (truncated, damaged or "
                           "replaced: its sha256 does not match trainer.json)")
 
@@ -175,7 +200,7 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
     """
     path = Path(path)
     state = read_trainer_state(path)
-    _verify(path, state, run_id=run_id, max_step=max_step)
+    verify_checkpoint(path, state, run_id=run_id, max_step=max_step)
     try:
         weights = load_file(str(path / "model.safetensors"))
     except (SafetensorError, OSError, ValueError) as e:

@@ -41,6 +41,9 @@ LOOP_OPTIONS = [
     ("--threads", "threads", parse_threads, "intra-op CPU threads: a number, or 'adaptive' (with --time-budget: "
      "switch between all threads and one by measured step time as the machine's load changes)"),
     ("--log-every", "log_every", int, "log training metrics every N steps"),
+    ("--strategy", "strategy", str, "under torchrun: ddp (every process holds the whole model) or fsdp (weights, "
+     "gradients and optimiser state sharded over the processes; sharded checkpoints that resume on any number "
+     "of processes; docs/scaling.md)"),
 ]
 
 # (flag, field, type, help) — defaults come from TrainConfig and are shown in --help

@@ -10,6 +10,7 @@ from typing import Any
 
 from qkv.config import ModelConfig
 from qkv.models.parts import check_parts
+from qkv.training.distributed import STRATEGIES
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range, is_int
@@ -41,6 +42,8 @@ class LoopConfig:
         log_every: steps between logged records (and the last step).
         threads: intra-op CPU threads (``None``: torch's; ``"adaptive"``: time-budgeted runs).
         progress: a progress bar.
+        strategy: how a torchrun world shares the model (:mod:`qkv.training.strategy`): ``ddp``
+            (a whole copy in every process) or ``fsdp`` (sharded: FSDP2, sharded checkpoints).
     """
 
     steps: int | None = None
@@ -60,8 +63,10 @@ class LoopConfig:
     log_every: int = 10
     threads: int | str | None = None
     progress: bool = False
+    strategy: str = "ddp"
 
     def __post_init__(self) -> None:
+        check_choice("strategy", self.strategy, STRATEGIES)
         if self.steps is None and self.time_budget is None:
             raise ValueError("the loop needs steps or a time_budget")
         check_int("steps", self.steps, low=1, optional=True)
@@ -113,6 +118,7 @@ class RunConfig:
         ``time_budget``) — the fields of the shared training loop."""
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
+        check_choice("strategy", self.strategy, STRATEGIES)
         if self.threads is not None:
             t = self.threads
             if t != "adaptive" and (not is_int(t) or t < 1):
@@ -171,6 +177,9 @@ class TrainConfig(RunConfig):
         threads: intra-op CPU threads: ``None`` (torch's default), a number, or ``"adaptive"`` (time-
             budgeted runs only: measure step times and switch between the most threads and one as
             the machine's load changes; see :mod:`qkv.training.threads`).
+        strategy: under torchrun, ``ddp`` (every process holds the whole model) or ``fsdp`` (the
+            weights, gradients and optimiser state sharded over the processes, FSDP2; sharded
+            checkpoints that resume on any number of processes). See ``docs/scaling.md``.
         init_from: start from the weights of this model folder (a qkv run or model folder, or a
             Hugging Face BERT folder) and use its tokenizer, instead of a new model and tokenizer.
             ``preset`` is then not used; ``model`` may still override settings that do not change
@@ -217,6 +226,7 @@ class TrainConfig(RunConfig):
     device: str = "auto"
     precision: str = "fp32"
     threads: int | str | None = None
+    strategy: str = "ddp"
     init_from: str | None = None
     progress: bool = True
     log_every: int = 10

@@ -13,9 +13,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "setup", "teardown", "all_sum", "resolve_device", "refuse_world", "DEVICES"]
+__all__ = ["DistInfo", "setup", "teardown", "all_sum", "resolve_device", "refuse_world", "DEVICES", "STRATEGIES",
+           "per_process_batch"]
 
 DEVICES = ("auto", "cpu", "cuda")
+#: How a run is spread over processes (:mod:`qkv.training.strategy`): ``ddp`` (whole model in every
+#: process) or ``fsdp`` (weights, gradients and optimiser state sharded, FSDP2).
+STRATEGIES = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,19 @@ def all_sum(t: torch.Tensor) -> torch.Tensor:
         t = t.clone()
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def per_process_batch(batch_size: int, started_world: int, world: int) -> int:
+    """The batch per process that keeps a run's global batch when it continues on ``world``
+    processes after starting on ``started_world`` with ``batch_size`` per process.
+
+    Raises:
+        ValueError: the global batch does not split evenly over ``world`` processes (the message
+            names the numbers of processes that keep it).
+    """
+    total = batch_size * started_world
+    if total % world:
+        fits = [k for k in range(1, total + 1) if total % k == 0]
+        raise ValueError(f"the run's global batch is {total} ({batch_size} per process × {started_world}); it does "
+                         f"not split over {world} processes: continue it on {', '.join(map(str, fits))} processes")
+    return total // world

@@ -33,7 +33,7 @@ import torch
 from qkv.errors import QkvError
 from qkv.training import distributed as qdist
 from qkv.training.budget import BudgetClock, TimedScheduler
-from qkv.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from qkv.training.checkpoint import latest_checkpoint
 from qkv.training.config import LoopConfig
 from qkv.training.lifecycle import RunFolder
 from qkv.training.metrics import append_metrics, plot_curve, truncate_metrics
@@ -41,7 +41,9 @@ from qkv.training.objective import Objective, move_batch
 from qkv.training.optim import build_optimizer, build_scheduler
 from qkv.training.precision import autocast
 from qkv.training.progress import RunBar, TokenRate
+from qkv.training.sharding import local_value
 from qkv.training.stop import StepAbandoned, stop_requests
+from qkv.training.strategy import Strategy, make_strategy
 from qkv.training.threads import thread_governor
 
 __all__ = ["TrainResult", "TrainingError", "run_training", "seed_for", "gradients", "DIVERGENCE"]
@@ -70,6 +72,10 @@ class TrainResult:
         train_s: wall seconds of this process's training steps (evaluations and checkpoints not
             counted); steps per second = (steps_done − start_step) / train_s.
         start_step: the step this process started from (a resumed run's checkpoint).
+        model: the model the run folder's final model was written from, usable by this process
+            alone: the trained model itself, or after ``--strategy fsdp`` on several processes an
+            unsharded copy on the CPU gathered from the shards (rank 0). ``None`` on the other
+            ranks, and when no final model was written.
     """
 
     out: Path | None
@@ -81,6 +87,7 @@ class TrainResult:
     elapsed_s: float = 0.0
     train_s: float = 0.0
     start_step: int = 0
+    model: torch.nn.Module | None = None
 
 
 def seed_for(seed: int, step: int, micro: int, rank: int) -> int:
@@ -106,7 +113,8 @@ class _Run:
     info: qdist.DistInfo
     run: RunFolder | None
     model: torch.nn.Module
-    ddp: torch.nn.Module
+    ddp: torch.nn.Module  # what the loss runs through (DistributedDataParallel, or the sharded model)
+    strategy: Strategy
     objective: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -151,10 +159,8 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
         raise ValueError(f"divergence={divergence!r}; allowed: {', '.join(DIVERGENCE)}")
     info = info or qdist.DistInfo(0, 1, 0, torch.device("cpu"))
     model = model.to(info.device).train()
-    ddp = model
-    if info.distributed:
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[info.device] if info.device.type == "cuda" else None)
+    strategy = make_strategy(cfg.strategy, info)
+    ddp = strategy.wrap(model)  # fsdp: the model is sharded in place
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps,
                                 position_lr_scale=cfg.position_lr_scale)
     timed = cfg.time_budget is not None
@@ -168,8 +174,8 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
     ckpt = latest_checkpoint(run.out) if resume else None
     if ckpt is not None:
         # a time-budgeted run has no step limit to check a checkpoint's step against
-        state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler,
-                                run_id=run.meta().get("run_id"), max_step=None if timed else cfg.steps)
+        state = strategy.load(ckpt, model=model, optimizer=optimizer, scheduler=scheduler,
+                              run_id=run.meta().get("run_id"), max_step=None if timed else cfg.steps)
         start, elapsed = state["step"], float(state.get("elapsed_s", 0.0))
     # a time-budgeted run's clock; a step run's counts the elapsed time only
     train_clock = BudgetClock(cfg.time_budget * 60 if timed else 1.0, elapsed_s=elapsed, clock=clock)
@@ -181,7 +187,7 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
     if run is not None:
         run.start()
     budget = train_clock if timed else None
-    r = _Run(cfg, info, run, model, ddp, objective, optimizer, scheduler, precision, budget, train_clock,
+    r = _Run(cfg, info, run, model, ddp, strategy, objective, optimizer, scheduler, precision, budget, train_clock,
              on_backward, on_log, divergence, title, history, writes)
     last_eval = resume_eval(state) if resume_eval is not None else None
     return _loop(r, start, last_eval, state.get("train_loss"))
@@ -197,7 +203,7 @@ def _train_step(r: _Run, step: int) -> tuple[float, float, float]:
     if r.on_backward is not None:
         r.on_backward(step + 1, r.model)
     clip = cfg.clip_norm if cfg.clip_norm is not None else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), clip).item()
+    grad_norm = local_value(torch.nn.utils.clip_grad_norm_(r.model.parameters(), clip)).item()
     masks = [getattr(b, "attention_mask", None) for b in micro]
     tokens = sum(float(m.sum()) for m in masks if m is not None)
     if info.distributed:
@@ -232,7 +238,7 @@ def _accumulate(r: _Run, step: int) -> tuple[float, list]:
     for m, b in enumerate(micro):
         _seed(seed_for(cfg.seed, step, m, info.rank), info.device)  # dropout
         last = m == cfg.grad_accum - 1
-        sync = contextlib.nullcontext() if (not info.distributed or last) else r.ddp.no_sync()
+        sync = contextlib.nullcontext() if last else r.strategy.no_sync(r.ddp)
         with sync:
             with autocast(r.precision, info.device):
                 loss = obj.loss(r.ddp, b)
@@ -377,15 +383,26 @@ def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar: RunBar, govern
 
 
 def _checkpoint(r: _Run, p: _Progress) -> None:
-    if r.writes:
+    if r.writes or (r.run is not None and r.strategy.collective_save):
         t0 = time.perf_counter()
         if r.divergence != "report":
             _check_healthy(r, p)
-        save_checkpoint(r.run.out, step=p.done, model=r.model, optimizer=r.optimizer, scheduler=r.scheduler,
-                        trainer_state={"seed": r.cfg.seed, "data_position": p.done * r.cfg.grad_accum,
-                                       "elapsed_s": r.clock.elapsed_s, "run_id": r.run.meta().get("run_id"),
-                                       "last_eval": p.final_eval, "train_loss": p.loss})
+        state = {"seed": r.cfg.seed, "data_position": p.done * r.cfg.grad_accum, "elapsed_s": r.clock.elapsed_s,
+                 "run_id": r.run.meta().get("run_id"), "last_eval": p.final_eval, "train_loss": p.loss,
+                 "strategy": r.strategy.name} if r.writes else None
+        r.strategy.save(r.run.out, step=p.done, model=r.model, optimizer=r.optimizer, scheduler=r.scheduler,
+                        trainer_state=state)
         p.aside_s += time.perf_counter() - t0
+
+
+def _non_finite_weights(model: torch.nn.Module) -> bool:
+    """Whether any weight is NaN/inf: each process checks its own shard (``to_local``), and all agree through
+    one sum (on the weights' device, as the process group needs)."""
+    params = list(model.parameters())
+    local = [getattr(t, "to_local", lambda t=t: t)() for t in params]  # a DTensor's shard, else the tensor
+    bad = float(not all(bool(t.isfinite().all()) for t in local))
+    device = local[0].device if local else torch.device("cpu")
+    return qdist.all_sum(torch.tensor(bad, device=device)).item() > 0
 
 
 def _check_healthy(r: _Run, p: _Progress) -> None:
@@ -396,7 +413,7 @@ def _check_healthy(r: _Run, p: _Progress) -> None:
     eval_loss, counted = ev.get("eval_loss"), all(ev.get(k) != 0 for k in ("masked_tokens", "examples", "tokens"))
     if isinstance(eval_loss, float) and not math.isfinite(eval_loss) and counted:  # (0/0 when nothing counted)
         what = f"held-out loss {eval_loss}"
-    elif not all(bool(t.isfinite().all()) for t in r.model.parameters()):
+    elif _non_finite_weights(r.model):
         what = "non-finite weights"
     else:
         return
@@ -408,7 +425,8 @@ def _check_healthy(r: _Run, p: _Progress) -> None:
 def _evaluate(r: _Run, p: _Progress, bar) -> dict:
     t0 = time.perf_counter()
     evaluate = getattr(r.objective, "evaluate", None)
-    ev = evaluate(r.model) if evaluate is not None else {}
+    with r.strategy.evaluating(r.model):
+        ev = evaluate(r.model) if evaluate is not None else {}
     if r.info.is_main and ev:
         r.record({"step": p.done, **ev, "elapsed_s": round(r.clock.elapsed_s, 3)})
         describe = getattr(r.objective, "describe", None)
@@ -424,18 +442,21 @@ def _finalise(r: _Run, p: _Progress, timed: bool, train_s: float) -> TrainResult
     obj = r.objective
     if p.status == "diverged" or (p.status == "complete" and p.final_eval is None):
         evaluate = getattr(obj, "evaluate", None)  # a diverged run, or one whose last evaluation was lost
-        p.final_eval = evaluate(r.model) if evaluate is not None else {}
+        with r.strategy.evaluating(r.model):
+            p.final_eval = evaluate(r.model) if evaluate is not None else {}
+    if r.run is not None and p.status == "diverged":
+        _checkpoint(r, p)
+    saving = r.run is not None and p.status in ("complete", "diverged") and hasattr(obj, "save")
+    final = r.strategy.final_model(r.model) if saving else None  # fsdp: gathered by every rank
     if r.writes:
-        if p.status == "diverged":
-            _checkpoint(r, p)
         out = r.run.out
         plot_curve(out / "metrics.jsonl", out / "curve.png", title=r.title, x="minutes" if timed else "step",
                    metric=getattr(obj, "metric", "accuracy"),
                    metric_label=getattr(obj, "metric_label", "accuracy"),
                    loss_label=getattr(obj, "loss_label", "loss"))
-        if p.status in ("complete", "diverged") and hasattr(obj, "save"):
-            obj.save(r.model, out)
+        if saving:
+            obj.save(final, out)
         r.run.finish(p.status, steps_done=p.done, final_eval=p.final_eval, train_loss=p.loss,
                      **({"elapsed_s": round(r.clock.elapsed_s, 3)} if timed else {}))
     return TrainResult(r.run.out if r.run is not None else None, p.done, p.status, p.final_eval, p.loss,
-                       r.history, r.clock.elapsed_s, train_s, p.start)
+                       r.history, r.clock.elapsed_s, train_s, p.start, final)

@@ -128,7 +128,7 @@ def _prepare(cfg: TrainConfig, run: RunFolder, info: qdist.DistInfo):
     elif info.is_main:
         meta = {"train_config": cfg.to_dict(), "model_config": model_config.to_dict(),
                 "tokenizer": data.tokenizer.fingerprint(), "data": data.summary(), "run_id": new_run_id(),
-                "fingerprints": data_fingerprints(data)}
+                "fingerprints": data_fingerprints(data), "world_size": info.world_size}
         run.create(meta, write=data.tokenizer.save)
         if info.distributed:
             torch.distributed.barrier()
@@ -154,6 +154,7 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
         if note and info.is_main:
             print(f"qkv pretrain: {note}", flush=True)
         data, model_config = _prepare(cfg, run, info)
+        batch_size = _batch_size(cfg, run, info)
         run.update(precision=precision)
         torch.manual_seed(cfg.seed)
         clm = cfg.objective == "clm"
@@ -172,17 +173,33 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
                 init_unigram_bias(model, data.train_cache.tokens, model_config.vocab_size)
         eval_bs = max(1, cfg.eval_batch_size // info.world_size)
         if clm:
-            objective = _clm_objective(cfg, data, info, eval_bs)
+            objective = _clm_objective(cfg, data, info, eval_bs, batch_size)
         else:
-            objective = _mlm_objective(cfg, data, info, eval_bs)
+            objective = _mlm_objective(cfg, data, info, eval_bs, batch_size)
         return run_training(cfg, objective, model=model, run=run, info=info, precision=precision,
                             title=f"{cfg.preset} on {', '.join(cfg.corpus)}", clock=clock,
                             on_backward=on_backward, resume_eval=resume_eval)
 
 
-def _mlm_objective(cfg: TrainConfig, data, info, eval_bs: int) -> MaskedLMObjective:
+def _batch_size(cfg: TrainConfig, run: RunFolder, info) -> int:
+    """Blocks per process: ``cfg.batch_size``, or — a run continued on another number of processes
+    than it started on — what keeps its global batch (and so the blocks and masks of every step)."""
+    started = run.meta().get("world_size", info.world_size) if run.resume else info.world_size
+    if started == info.world_size:
+        return cfg.batch_size
+    try:
+        batch = qdist.per_process_batch(cfg.batch_size, started, info.world_size)
+    except ValueError as e:
+        raise RunError(f"--resume on {info.world_size} processes: {e}") from None
+    if info.is_main:
+        print(f"qkv pretrain: the run started on {started} processes with --batch-size {cfg.batch_size}; on "
+              f"{info.world_size} it continues with {batch} blocks per process (the same global batch)", flush=True)
+    return batch
+
+
+def _mlm_objective(cfg: TrainConfig, data, info, eval_bs: int, batch_size: int) -> MaskedLMObjective:
     masking = MaskingConfig(cfg.select_rate, cfg.mask_rate, cfg.random_rate, cfg.whole_word)
-    batches = data.train_batches(cfg.batch_size, masking=masking, seed=cfg.seed, rank=info.rank,
+    batches = data.train_batches(batch_size, masking=masking, seed=cfg.seed, rank=info.rank,
                                  world_size=info.world_size)
     # a global eval batch of eval_batch_size, so the held-out sample does not depend on the world
     # size; always BERT's fixed 15 % token masks, so runs with other training masks compare
@@ -191,10 +208,10 @@ def _mlm_objective(cfg: TrainConfig, data, info, eval_bs: int) -> MaskedLMObject
     return MaskedLMObjective(batches, eval_batches, info.device, cfg.eval_batches)
 
 
-def _clm_objective(cfg: TrainConfig, data, info, eval_bs: int):
+def _clm_objective(cfg: TrainConfig, data, info, eval_bs: int, batch_size: int):
     """Next-token batches, held-out batches, and the count baselines of exactly the held-out blocks
     an evaluation reads (the first ``eval_batches`` global batches)."""
-    batches = data.clm_train_batches(cfg.batch_size, seed=cfg.seed, rank=info.rank, world_size=info.world_size)
+    batches = data.clm_train_batches(batch_size, seed=cfg.seed, rank=info.rank, world_size=info.world_size)
     eval_batches = data.clm_eval_batches(eval_bs, rank=info.rank, world_size=info.world_size)
     indices = eval_block_indices(len(data.eval), cfg.eval_batches, eval_bs * info.world_size)
     baselines = baseline_perplexities(data.train, data.eval, indices, data.tokenizer.vocab_size)
