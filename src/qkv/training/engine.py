@@ -395,12 +395,14 @@ def _checkpoint(r: _Run, p: _Progress) -> None:
         p.aside_s += time.perf_counter() - t0
 
 
-def _non_finite_weights(model: torch.nn.Module) -> bool:
-    """Whether any weight is NaN/inf: each process checks its own shard (``to_local``), and all agree through
-    one sum (on the weights' device, as the process group needs)."""
-    params = list(model.parameters())
-    local = [getattr(t, "to_local", lambda t=t: t)() for t in params]  # a DTensor's shard, else the tensor
+def _non_finite_weights(model: torch.nn.Module, collective: bool) -> bool:
+    """Whether any weight is NaN/inf. ``collective`` (every process saves, each its shard): each checks its
+    own shard (``to_local``) and all agree through one sum, on the weights' device as the process group
+    needs; else the weights are whole (one process, or DDP's replicas: only rank 0 saves) and checked here."""
+    local = [getattr(t, "to_local", lambda t=t: t)() for t in model.parameters()]  # a DTensor's shard
     bad = float(not all(bool(t.isfinite().all()) for t in local))
+    if not collective:
+        return bad > 0
     device = local[0].device if local else torch.device("cpu")
     return qdist.all_sum(torch.tensor(bad, device=device)).item() > 0
 
@@ -413,7 +415,7 @@ def _check_healthy(r: _Run, p: _Progress) -> None:
     eval_loss, counted = ev.get("eval_loss"), all(ev.get(k) != 0 for k in ("masked_tokens", "examples", "tokens"))
     if isinstance(eval_loss, float) and not math.isfinite(eval_loss) and counted:  # (0/0 when nothing counted)
         what = f"held-out loss {eval_loss}"
-    elif _non_finite_weights(r.model):
+    elif _non_finite_weights(r.model, r.strategy.collective_save):
         what = "non-finite weights"
     else:
         return
