@@ -141,23 +141,25 @@ class ValueNorms:
 
     Attributes:
         per_head: ``(B,H,T,S)`` ``‖α_hij f_h(x_j)‖``.
-        summed: ``(B,T,S)`` ``‖Σ_h α_hij f_h(x_j)‖``.
+        summed: ``(B,T,S)`` ``‖Σ_h α_hij f_h(x_j)‖`` (``None`` when not asked for).
         f_norms: ``(B,H,S)`` ``‖f_h(x_j)‖``, what each token sends through each head.
     """
 
     per_head: Tensor
-    summed: Tensor
+    summed: Tensor | None
     f_norms: Tensor
 
 
 @torch.no_grad()
-def value_norm_weights(weights: Tensor, values: Tensor, out_weight: Tensor | None) -> ValueNorms:
+def value_norm_weights(weights: Tensor, values: Tensor, out_weight: Tensor | None, *, summed: bool = True,
+                       ) -> ValueNorms:
     """Value-norm weighted attention of one layer.
 
     Args:
         weights: ``(B,H,T,S)`` attention weights α.
         values: ``(B,G,S,D)`` values ``x W_V + b_V`` (the hook point ``v``; G = H or fewer heads).
         out_weight: the output map's ``(C, H·D)`` weight (``out_proj.weight``), or ``None`` for no map.
+        summed: also the layer's ``‖Σ_h α_hij f_h(x_j)‖`` (T passes over ``(B,H,S,C)``; ``None`` without).
 
     Returns:
         :class:`ValueNorms`.
@@ -174,12 +176,14 @@ def value_norm_weights(weights: Tensor, values: Tensor, out_weight: Tensor | Non
         f_norms = f.norm(dim=-1)  # (B,H,S)
     a = weights.detach().double()
     per_head = a * f_norms[:, :, None, :]  # (B,H,T,S)
-    summed = torch.zeros(B, T, S, dtype=torch.float64)
+    if not summed:
+        return ValueNorms(per_head, None, f_norms)
+    total = torch.zeros(B, T, S, dtype=torch.float64)
     for i in range(T):  # one query row at a time: (B,H,S,·) work, never (B,H,T,S,C)
         mixed = torch.einsum("bhs,bhsc->bsc", a[:, :, i], f) if out_weight is not None else \
             (a[:, :, i, :, None] * f).transpose(1, 2).reshape(B, S, H * D)  # (B,S,C)
-        summed[:, i] = mixed.norm(dim=-1)
-    return ValueNorms(per_head, summed, f_norms)
+        total[:, i] = mixed.norm(dim=-1)
+    return ValueNorms(per_head, total, f_norms)
 
 
 def value_norms(model, batch: Batch) -> list[ValueNorms]:

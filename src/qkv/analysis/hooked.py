@@ -3,8 +3,7 @@ the hook names of its layers, and a forward pass that keeps named intermediates.
 
 Legend: B texts, T padded length, L layers, H heads, C width.
 
-Layers and heads are numbered from 0 everywhere (the module paths: ``encoder.layers.0``), and named
-``L{layer}H{head}`` in tables and figures (:func:`head_label`).
+Layers and heads are numbered from 0, as the module paths are (:mod:`qkv.analysis.naming`).
 """
 
 from __future__ import annotations
@@ -20,23 +19,7 @@ from qkv.analysis.inputs import AnalysisInputError, tokenizer_view
 from qkv.models.kinds import encoder_of
 from qkv.nn.hooks import hooks
 
-__all__ = ["Batch", "encode_texts", "call", "layer_paths", "run_with_cache", "head_label", "layer_label",
-           "hidden_label"]
-
-
-def layer_label(layer: int) -> str:
-    """``L{layer}``, layers from 0."""
-    return f"L{layer}"
-
-
-def head_label(layer: int, head: int) -> str:
-    """``L{layer}H{head}``, both from 0 (the module paths' numbering)."""
-    return f"L{layer}H{head}"
-
-
-def hidden_label(i: int) -> str:
-    """Hidden state i (0 = the embedding output, i = the output of layer i-1): ``emb``, ``L0``, ``L1``, …"""
-    return "emb" if i == 0 else layer_label(i - 1)
+__all__ = ["Batch", "encode_texts", "call", "layer_paths", "run_with_cache", "n_heads_of", "expand_heads"]
 
 
 @dataclass(frozen=True)
@@ -131,8 +114,3 @@ def expand_heads(v: Tensor, n_heads: int) -> Tensor:
     """Values of G heads for H query heads: ``(B,G,S,D)`` → ``(B,H,S,D)``."""
     g = v.shape[1]
     return v if g == n_heads else v.repeat_interleave(n_heads // g, dim=1)
-
-
-@torch.no_grad()
-def as_float(t: Tensor) -> Tensor:
-    return t.detach().float()

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.analysis.hooked import Batch, call, head_label, layer_paths, n_heads_of, run_with_cache
+from qkv.analysis.hooked import Batch, call, layer_paths, n_heads_of, run_with_cache
+from qkv.analysis.naming import head_label
 from qkv.nn.hooks import hooks
 
 __all__ = ["Head", "head_means", "ablated", "ablation_effects", "AblationEffects", "head_importance",

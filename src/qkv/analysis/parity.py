@@ -70,13 +70,16 @@ def _reference(folder: Path):
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     arch = (config.get("architectures") or ["AutoModel"])[0]
     cls = getattr(transformers, arch, None) or transformers.AutoModel
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()  # no loading bar in the middle of qkv's output
+    log = transformers.utils.logging
+    bars, level = log.is_progress_bar_enabled(), log.get_verbosity()
+    log.disable_progress_bar()  # no loading bar or load report in the middle of qkv's output
+    log.set_verbosity_error()
     try:
         model = cls.from_pretrained(folder, attn_implementation="eager", local_files_only=True).eval()
     finally:
+        log.set_verbosity(level)
         if bars:
-            transformers.utils.logging.enable_progress_bar()
+            log.enable_progress_bar()
     return model, f"transformers {transformers.__version__} {type(model).__name__}"
 
 

@@ -110,7 +110,7 @@ def plot_attention_maps(grid: LabGrid, out: Path, cells: list[str], labels: list
                     ax.axis("off")
                     continue
                 ax.imshow(m[layer, h], vmin=0, vmax=1, cmap="viridis")
-                ax.set_title(f"{label} · layer {layer + 1} · head {h + 1}", fontsize=7)
+                ax.set_title(f"{label} · L{layer}H{h}", fontsize=7)  # layers and heads from 0, as everywhere
                 if n <= _MAX_LABELLED:
                     ax.set_xticks(range(n), names, rotation=90, fontsize=5)
                     ax.set_yticks(range(n), names, fontsize=5)

@@ -1,0 +1,105 @@
+"""Figures of the interpretability methods (matplotlib, no pyplot state: each function returns a ``Figure``).
+
+Legend: L layers, H heads, T tokens. Numbering from 0 (:mod:`qkv.analysis.naming`); every heatmap has a
+colour scale, and the axes of each map carry its name as SVG id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from qkv.analysis.inspect_methods import METHOD_TITLES
+from qkv.analysis.naming import head_label, layer_label
+
+__all__ = ["method_figure", "ablation_figure", "similarity_figure", "head_grid_figure"]
+
+
+def _token_ticks(ax, rows: Sequence[str] | None, cols: Sequence[str] | None, limit: int = 40) -> None:
+    """Token names on an axis (``None``: none there; none either beyond ``limit`` tokens)."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if cols is not None and len(cols) <= limit:
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=5)
+    if rows is not None and len(rows) <= limit:
+        ax.set_yticks(range(len(rows)), rows, fontsize=5)
+
+
+def method_figure(tokens: Sequence[str], maps: dict[str, np.ndarray], layers: Sequence[int] | None = None) -> Figure:
+    """One row per method (raw attention averaged over heads, value norms likewise, rollout, flow), one
+    column per layer: ``maps[m]`` is ``(L,H,T,T)`` or ``(L,T,T)``."""
+    methods = [m for m in METHOD_TITLES if m in maps]
+    n_l = next(iter(maps.values())).shape[0]
+    layers = list(range(n_l)) if layers is None else list(layers)
+    t = len(tokens)
+    side = 1.4 + 0.05 * min(t, 48)  # bounded: a 512-token text stays a figure of a few inches per map
+    fig = Figure(figsize=(len(layers) * side + 1.2, len(methods) * side + 0.6), layout="constrained")
+    axes = np.array(fig.subplots(len(methods), len(layers), squeeze=False))
+    im = None
+    for r, m in enumerate(methods):
+        for c, layer in enumerate(layers):
+            a = maps[m][layer]
+            a = a.mean(0) if a.ndim == 3 else a  # (H,T,T) -> (T,T)
+            ax = axes[r, c]
+            im = ax.imshow(a, cmap="Blues", vmin=0, vmax=1)
+            ax.set_gid(f"{m}-{layer_label(layer)}")
+            _token_ticks(ax, tokens if c == 0 else None, tokens if r == len(methods) - 1 else None, limit=24)
+            if r == 0:
+                ax.set_title(layer_label(layer), fontsize=8)
+            if c == 0:
+                ax.set_ylabel(METHOD_TITLES[m].split(" (")[0], fontsize=7)
+    fig.colorbar(im, ax=list(axes.ravel()), shrink=0.6, label="share (rows sum to 1)")
+    fig.suptitle("one text, four views (rows attend to columns; heads averaged)", fontsize=9)
+    return fig
+
+
+def ablation_figure(effects: np.ndarray, metric: str) -> Figure:
+    """``(L,H)`` changes of switching each head off, a diverging colour scale centred on 0."""
+    n_l, n_h = effects.shape
+    big = float(np.abs(effects).max()) or 1.0
+    fig = Figure(figsize=(1.5 + 0.55 * n_h, 1.2 + 0.45 * n_l), layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(effects, cmap="RdBu", vmin=-big, vmax=big, aspect="auto")
+    ax.set_xticks(range(n_h), [f"H{h}" for h in range(n_h)], fontsize=7)
+    ax.set_yticks(range(n_l), [layer_label(i) for i in range(n_l)], fontsize=7)
+    if n_l * n_h <= 200:
+        for i in range(n_l):
+            for h in range(n_h):
+                ax.text(h, i, f"{effects[i, h]:.2g}", ha="center", va="center", fontsize=5, gid=head_label(i, h))
+    fig.colorbar(im, ax=ax, shrink=0.85, label="change when switched off")
+    ax.set_title(f"head ablation: {metric}", fontsize=8, wrap=True)
+    return fig
+
+
+def similarity_figure(tokens_a: Sequence[str], tokens_b: Sequence[str], contributions: np.ndarray,
+                      cosine: float) -> Figure:
+    """The token-pair contributions to an embedding cosine (they sum to it)."""
+    big = float(np.abs(contributions).max()) or 1.0
+    fig = Figure(figsize=(1.6 + 0.16 * len(tokens_b), 1.4 + 0.16 * len(tokens_a)), layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(contributions, cmap="RdBu", vmin=-big, vmax=big, aspect="auto")
+    _token_ticks(ax, tokens_a, tokens_b, limit=80)
+    ax.set_xlabel("text b")
+    ax.set_ylabel("text a")
+    fig.colorbar(im, ax=ax, shrink=0.85, label="contribution to the cosine")
+    ax.set_title(f"cosine {cosine:.4f} = the sum of these contributions", fontsize=9)
+    return fig
+
+
+def head_grid_figure(values: np.ndarray, title: str, label: str, *, cmap: str = "magma",
+                     marks: Sequence[tuple[int, int]] = ()) -> Figure:
+    """Any ``(L,H)`` per-head number as a heatmap (``marks``: heads outlined, e.g. the pruned ones)."""
+    n_l, n_h = values.shape
+    fig = Figure(figsize=(1.5 + 0.5 * n_h, 1.2 + 0.42 * n_l), layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(values, cmap=cmap, aspect="auto")
+    ax.set_xticks(range(n_h), [f"H{h}" for h in range(n_h)], fontsize=7)
+    ax.set_yticks(range(n_l), [layer_label(i) for i in range(n_l)], fontsize=7)
+    for layer, head in marks:
+        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="cyan", lw=1.5))
+    fig.colorbar(im, ax=ax, shrink=0.85, label=label)
+    ax.set_title(title, fontsize=9)
+    return fig
