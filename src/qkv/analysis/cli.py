@@ -1,4 +1,4 @@
-"""``qkv analyze`` and ``qkv inspect``: parse, build options, one library call, print where it went.
+"""``qkv analyze``, ``qkv inspect`` and ``qkv findings``: parse, build options, one library call, print where it went.
 
 Library modules are imported inside the command functions, not at the top: ``qkv COMMAND`` builds
 only that command's parsers (:data:`qkv.cli._GROUPS`), so a command imports no other command's
@@ -13,7 +13,7 @@ __all__ = ["add_analysis_parsers"]
 
 
 def add_analysis_parsers(sub) -> None:
-    """Add the ``analyze`` and ``inspect`` subcommands to ``sub`` (an argparse subparsers object)."""
+    """Add the ``analyze``, ``inspect`` and ``findings`` subcommands to ``sub`` (an argparse subparsers object)."""
     a = sub.add_parser(
         "analyze",
         help="layer and head statistics of a model over a corpus, as a report",
@@ -80,6 +80,32 @@ def add_analysis_parsers(sub) -> None:
                    "to the cosine) as similarity.png/.svg and similarity.json")
     i.set_defaults(func=_inspect)
 
+    f = sub.add_parser(
+        "findings",
+        help="reproduce a published finding on a model: abnar (rollout/flow), michel (head pruning), kobayashi (value norms)",
+        description="Measure one published finding about attention on MODEL (a qkv folder, or a Hugging Face one qkv "
+        "loads) over --data, and write NAME.json, NAME.md (the table beside the paper's figures) and NAME.png/.svg "
+        "into --out. abnar: per layer, the rank correlation of raw attention, rollout and flow with blank-out "
+        "importance (a sequence classifier and its labelled data). michel: accuracy as heads are pruned, least "
+        "important first (a sequence classifier; importance on half of the texts, accuracy on the other half). "
+        "kobayashi: the share of attention on [CLS], [SEP] and punctuation by weight and by value norm (any "
+        "encoder; text with punctuation). See docs/interpretability.md.",
+    )
+    f.add_argument("finding", choices=("abnar", "michel", "kobayashi"), help="which finding")
+    f.add_argument("model", help="model folder")
+    f.add_argument("--data", action="append", required=True, metavar="SPEC",
+                   help="file, folder or dataset:NAME[:SPLIT] (repeatable), e.g. dataset:reuters8:test")
+    f.add_argument("--out", required=True, help="output folder (created)")
+    f.add_argument("--texts", type=int, default=64, metavar="N",
+                   help="seeded sample of N texts (michel: 2N, half to rank the heads, half to score; default 64)")
+    f.add_argument("--max-len", type=int, default=64, help="cut each text to this many tokens (default 64)")
+    f.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    f.add_argument("--step", type=int, default=4, help="michel: heads pruned between two evaluations (default 4)")
+    f.add_argument("--single", action="store_true", help="michel: also switch off each head alone (L·H evaluations)")
+    f.add_argument("--no-flow", dest="flow", action="store_false",
+                   help="abnar: leave out attention flow (the slowest view: max-flow problems per layer and text)")
+    f.set_defaults(func=_findings)
+
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -99,6 +125,18 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"parity with {p['reference']}: max |Δ| {p['output']} {p['output_diff']:.1e}, "
               f"attention weights {p['attention_diff']:.1e}")
     print(f"report: {paths['html']}  (also {paths['md'].name}, {paths['json'].name}, figures *.png)")
+    return 0
+
+
+def _findings(args: argparse.Namespace) -> int:
+    from qkv.analysis.findings_run import run_findings
+
+    result, paths = run_findings(args.finding, args.model, args.data, args.out, n_texts=args.texts,
+                                 max_len=args.max_len, seed=args.seed, step=args.step, single=args.single,
+                                 flow=args.flow)
+    print(paths["md"].read_text(encoding="utf-8").split("\n\n", 1)[1].rsplit("\n![", 1)[0].strip())
+    print(f"\nwritten: {paths['md']}, {paths['json'].name}, " + ", ".join(
+        p.name for k, p in paths.items() if k not in ("md", "json")))
     return 0
 
 

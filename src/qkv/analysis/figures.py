@@ -15,7 +15,8 @@ from matplotlib.patches import Rectangle
 from qkv.analysis.inspect_methods import METHOD_TITLES
 from qkv.analysis.naming import head_label, layer_label
 
-__all__ = ["method_figure", "ablation_figure", "similarity_figure", "head_grid_figure"]
+__all__ = ["method_figure", "ablation_figure", "similarity_figure", "head_grid_figure", "abnar_figure", "michel_figure",
+           "kobayashi_figure"]
 
 
 def _token_ticks(ax, rows: Sequence[str] | None, cols: Sequence[str] | None, limit: int = 40) -> None:
@@ -102,4 +103,60 @@ def head_grid_figure(values: np.ndarray, title: str, label: str, *, cmap: str = 
         ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="cyan", lw=1.5))
     fig.colorbar(im, ax=ax, shrink=0.85, label=label)
     ax.set_title(title, fontsize=9)
+    return fig
+
+
+def abnar_figure(result) -> Figure:
+    """Per layer, the rank correlation of raw attention, rollout and flow with blank-out importance
+    (an :class:`~qkv.analysis.findings.AbnarZuidema`), ± one standard deviation over texts."""
+    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    ax = fig.subplots()
+    n = len(next(iter(result.mean.values())))
+    x = np.arange(n)
+    for view, mean in result.mean.items():
+        ax.errorbar(x, mean, yerr=result.std[view], marker="o", capsize=3, label=view)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(x, [layer_label(i) for i in range(n)])
+    ax.set_xlabel("layer (rollout and flow: through layers 0…ℓ)")
+    ax.set_ylabel("Spearman ρ with blank-out importance")
+    ax.set_ylim(-1, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{result.n_texts} texts, rows read: {result.queries}", fontsize=9)
+    return fig
+
+
+def michel_figure(result) -> Figure:
+    """Accuracy against the number of heads pruned, least important first (a
+    :class:`~qkv.analysis.findings.MichelPruning`); the band is the 1-point tolerance."""
+    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    ax = fig.subplots()
+    total = result.importance.size
+    ax.plot(result.counts, result.accuracy, marker="o", ms=3)
+    base = result.accuracy[0]
+    ax.axhspan(base - result.tolerance, base, color="tab:green", alpha=0.15, label=f"within {result.tolerance:.0%}")
+    ax.axvline(result.prunable, color="tab:green", ls="--", lw=1, label=f"{result.prunable} of {total} heads")
+    ax.set_xlabel(f"heads pruned (of {total}), least important first")
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def kobayashi_figure(result) -> Figure:
+    """Per layer, the share of attention on [CLS], [SEP] and punctuation by weight α (solid) and by norm
+    ‖αf(x)‖ (dashed) (a :class:`~qkv.analysis.findings.KobayashiShares`)."""
+    fig = Figure(figsize=(5.6, 3.4), layout="constrained")
+    ax = fig.subplots()
+    n = len(result.alpha)
+    x = np.arange(n)
+    for c, (name, colour) in enumerate(zip(("[CLS]", "[SEP]", "punctuation"), ("tab:blue", "tab:red", "tab:green"))):
+        ax.plot(x, result.alpha[:, c], color=colour, marker="o", ms=3, label=f"{name} α")
+        ax.plot(x, result.norm[:, c], color=colour, marker="s", ms=3, ls="--", label=f"{name} ‖αf‖")
+    ax.set_xticks(x, [layer_label(i) for i in range(n)])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("share of a query's attention")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=3)
     return fig
