@@ -40,23 +40,25 @@ def classifier(tokenizer):
     return build_task_model(cfg, task).eval()
 
 
-def _prob(model, ids: torch.Tensor, k: int) -> float:
+def _score(model, ids: torch.Tensor, k: int, target: str) -> float:
     with torch.no_grad():
-        return float(model(ids[None], attention_mask=torch.ones(1, len(ids), dtype=torch.bool)).logits.softmax(-1)[0, k])
+        logits = model(ids[None], attention_mask=torch.ones(1, len(ids), dtype=torch.bool)).logits[0]
+    return float(logits.softmax(-1)[k] if target == "probability" else logits[k])
 
 
-def test_abnar_zuidema_by_hand_on_one_text(classifier, tokenizer):
+@pytest.mark.parametrize("target", ["probability", "logit"])
+def test_abnar_zuidema_by_hand_on_one_text(classifier, tokenizer, target):
     batch = encode_texts(tokenizer, ["the value of an object is its identity"], max_len=40)
-    r = abnar_zuidema(classifier, batch, replacement_id=tokenizer.token_to_id("[UNK]"))
+    r = abnar_zuidema(classifier, batch, replacement_id=tokenizer.token_to_id("[UNK]"), target=target)
     ids = batch.input_ids[0]
     n = len(ids)
     k = int(classifier(batch.input_ids, attention_mask=batch.attention_mask).logits.argmax())
-    base = _prob(classifier, ids, k)
+    base = _score(classifier, ids, k, target)
     blank = []
     for t in range(1, n - 1):  # content tokens: each replaced by [UNK]
         changed = ids.clone()
         changed[t] = tokenizer.token_to_id("[UNK]")
-        blank.append(base - _prob(classifier, changed, k))
+        blank.append(base - _score(classifier, changed, k, target))
     names = [f"{p}.attention.weights" for p in layer_paths(classifier)]
     _, kept = run_with_cache(classifier, batch, names)
     weights = [kept[x].double() for x in names]
@@ -70,7 +72,7 @@ def test_abnar_zuidema_by_hand_on_one_text(classifier, tokenizer):
         assert r.mean["rollout"][layer] == pytest.approx(spearmanr(a[0, 1:n - 1], blank).statistic, abs=1e-6)
     flow = attention_flow(weights, queries=[0])[0, 0, 1:n - 1].numpy()
     assert r.mean["flow"][-1] == pytest.approx(spearmanr(flow, blank).statistic, abs=1e-6)
-    assert r.n_texts == 1 and r.queries == "[CLS]" and np.all(r.std["raw"] == 0)
+    assert r.n_texts == 1 and r.queries == "[CLS]" and np.all(r.std["raw"] == 0) and r.target == target
 
 
 def test_michel_pruning_curve_and_the_heads_within_one_point(classifier, tokenizer):

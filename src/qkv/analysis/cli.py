@@ -102,6 +102,9 @@ def add_analysis_parsers(sub) -> None:
     f.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     f.add_argument("--step", type=int, default=4, help="michel: heads pruned between two evaluations (default 4)")
     f.add_argument("--single", action="store_true", help="michel: also switch off each head alone (L·H evaluations)")
+    f.add_argument("--target", choices=("probability", "logit"), default="probability",
+                   help="abnar: blank-out importance as the drop of the predicted class's probability (default) or "
+                   "its logit (which does not saturate when the model is sure)")
     f.add_argument("--no-flow", dest="flow", action="store_false",
                    help="abnar: leave out attention flow (the slowest view: max-flow problems per layer and text)")
     f.set_defaults(func=_findings)
@@ -133,7 +136,7 @@ def _findings(args: argparse.Namespace) -> int:
 
     result, paths = run_findings(args.finding, args.model, args.data, args.out, n_texts=args.texts,
                                  max_len=args.max_len, seed=args.seed, step=args.step, single=args.single,
-                                 flow=args.flow)
+                                 flow=args.flow, target=args.target)
     print(paths["md"].read_text(encoding="utf-8").split("\n\n", 1)[1].rsplit("\n![", 1)[0].strip())
     print(f"\nwritten: {paths['md']}, {paths['json'].name}, " + ", ".join(
         p.name for k, p in paths.items() if k not in ("md", "json")))

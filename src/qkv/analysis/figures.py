@@ -79,7 +79,8 @@ def similarity_figure(tokens_a: Sequence[str], tokens_b: Sequence[str], contribu
                       cosine: float) -> Figure:
     """The token-pair contributions to an embedding cosine (they sum to it)."""
     big = float(np.abs(contributions).max()) or 1.0
-    fig = Figure(figsize=(1.6 + 0.16 * len(tokens_b), 1.4 + 0.16 * len(tokens_a)), layout="constrained")
+    fig = Figure(figsize=(max(4.8, 1.6 + 0.16 * len(tokens_b)), max(3.0, 1.4 + 0.16 * len(tokens_a))),
+                 layout="constrained")  # wide enough for the title
     ax = fig.subplots()
     im = ax.imshow(contributions, cmap="RdBu", vmin=-big, vmax=big, aspect="auto")
     _token_ticks(ax, tokens_a, tokens_b, limit=80)

@@ -4,7 +4,8 @@ Legend: B texts, T tokens, L layers, H heads, K classes. Layers and heads from 0
 
 * :func:`abnar_zuidema` (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers"): per layer
   ℓ, the Spearman rank correlation, over a text's input tokens, between blank-out importance (the drop
-  of the predicted class's probability when the token is replaced by ``[UNK]``) and three attention
+  of the predicted class's probability — or logit, which does not saturate — when the token is
+  replaced by ``[UNK]``) and three attention
   views read at the classifier's query rows — raw attention of layer ℓ (heads averaged), attention
   rollout and attention flow through layers 0 … ℓ — averaged over texts.
 * :func:`michel_pruning` (Michel, Levy & Neubig 2019, "Are Sixteen Heads Really Better than One?"):
@@ -32,12 +33,14 @@ from qkv.analysis.attribution import attention_flow, attention_rollout, value_no
 from qkv.analysis.hooked import Batch, call, layer_paths, run_with_cache
 from qkv.analysis.interventions import ablation_effects, classification_metrics, head_importance, pruning_curve
 from qkv.analysis.naming import head_label, layer_label
-from qkv.analysis.saliency import class_probability, leave_one_out
+from qkv.analysis.saliency import class_logit, class_probability, leave_one_out
 
-__all__ = ["AbnarZuidema", "abnar_zuidema", "MichelPruning", "michel_pruning", "KobayashiShares",
+__all__ = ["TARGETS", "AbnarZuidema", "abnar_zuidema", "MichelPruning", "michel_pruning", "KobayashiShares",
            "kobayashi_shares", "CATEGORIES"]
 
 _VIEWS = ("raw", "rollout", "flow")
+#: What blank-out importance measures in :func:`abnar_zuidema`.
+TARGETS = ("probability", "logit")
 
 
 def _query_rows(model: nn.Module, n: int) -> list[int]:
@@ -62,6 +65,7 @@ class AbnarZuidema:
     n_texts: int
     queries: str
     accuracy: float | None = None
+    target: str = "probability"
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         views = list(self.mean)
@@ -71,6 +75,7 @@ class AbnarZuidema:
 
     def to_dict(self) -> dict:
         return {"finding": "abnar-zuidema", "n_texts": self.n_texts, "queries": self.queries, "accuracy": self.accuracy,
+                "target": self.target,
                 "mean": {k: v.tolist() for k, v in self.mean.items()},
                 "std": {k: v.tolist() for k, v in self.std.items()}}
 
@@ -83,7 +88,7 @@ def _attention(model: nn.Module, one: Batch) -> list[torch.Tensor]:
 
 
 def abnar_zuidema(model: nn.Module, batch: Batch, *, replacement_id: int, flow: bool = True,
-                  labels: torch.Tensor | None = None) -> AbnarZuidema:
+                  labels: torch.Tensor | None = None, target: str = "probability") -> AbnarZuidema:
     """Rank correlations of raw attention, rollout and flow with blank-out importance, per layer.
 
     Args:
@@ -92,11 +97,15 @@ def abnar_zuidema(model: nn.Module, batch: Batch, *, replacement_id: int, flow: 
         replacement_id: the token a blanked-out token becomes (``[UNK]``).
         flow: also attention flow (``len(queries) · T`` max-flow problems per layer and text).
         labels: ``(B,)`` gold labels, for the accuracy printed beside the table (optional).
+        target: blank-out measured on the predicted class's ``"probability"`` or its ``"logit"``.
     """
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
     with torch.no_grad():
         logits = call(model, batch).logits  # (B,K)
     predicted = logits.argmax(-1)  # (B,)
-    blank = leave_one_out(model, batch, class_probability(predicted), replacement_id=replacement_id)  # (B,T)
+    score = class_probability(predicted) if target == "probability" else class_logit(predicted)
+    blank = leave_one_out(model, batch, score, replacement_id=replacement_id)  # (B,T)
     views = [v for v in _VIEWS if v != "flow" or flow]
     L = len(layer_paths(model))
     per_text = {v: [] for v in views}
@@ -122,7 +131,7 @@ def abnar_zuidema(model: nn.Module, batch: Batch, *, replacement_id: int, flow: 
     arrays = {v: np.array(per_text[v]) for v in views}  # (N,L)
     acc = None if labels is None else float((predicted == labels).double().mean())
     return AbnarZuidema({v: np.nanmean(a, 0) for v, a in arrays.items()}, {v: np.nanstd(a, 0) for v, a in arrays.items()},
-                        len(arrays[views[0]]), "[CLS]" if _query_rows(model, 4) == [0] else "mean of all", acc)
+                        len(arrays[views[0]]), "[CLS]" if _query_rows(model, 4) == [0] else "mean of all", acc, target)
 
 
 @dataclass

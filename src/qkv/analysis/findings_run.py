@@ -18,7 +18,7 @@ import torch
 from qkv._fs import atomic_write_text
 from qkv.analysis import plots
 from qkv.analysis.figures import abnar_figure, head_grid_figure, kobayashi_figure, michel_figure
-from qkv.analysis.findings import abnar_zuidema, kobayashi_shares, michel_pruning
+from qkv.analysis.findings import TARGETS, abnar_zuidema, kobayashi_shares, michel_pruning
 from qkv.analysis.hooked import Batch, encode_texts
 from qkv.analysis.inputs import AnalysisInputError, model_and_tokenizer, read_corpus
 from qkv.analysis.inspect_methods import is_qkv
@@ -61,7 +61,7 @@ def _pairs(tokenizer, texts: list[str], labels: torch.Tensor, max_len: int) -> l
 
 
 def _run(name: str, model, tokenizer, data, *, n_texts: int, max_len: int, seed: int, step: int, single: bool,
-         flow: bool):
+         flow: bool, target: str):
     """The finding's result and its figures ``{stem: Figure}``."""
     documents = read_corpus(data, max_docs=n_texts if name != "michel" else 2 * n_texts, seed=seed,
                             label_field=None if name == "kobayashi" else "label")
@@ -71,7 +71,7 @@ def _run(name: str, model, tokenizer, data, *, n_texts: int, max_len: int, seed:
     texts, labels = _labelled(model, documents)
     if name == "abnar":
         batch = encode_texts(tokenizer, texts, max_len=max_len, truncate=True)
-        r = abnar_zuidema(model, batch, replacement_id=tokenizer.unk_id, flow=flow, labels=labels)
+        r = abnar_zuidema(model, batch, replacement_id=tokenizer.unk_id, flow=flow, labels=labels, target=target)
         return r, {"abnar": abnar_figure(r)}
     half = len(texts) // 2
     if half < 1:
@@ -96,7 +96,8 @@ def _markdown(name: str, result, model_name: str, data) -> str:
 def _describe(name: str, r) -> str:
     if name == "abnar":
         acc = "" if r.accuracy is None else f" (the model's accuracy on them {r.accuracy:.3f})"
-        return (f"{r.n_texts} texts{acc}; Spearman correlation with blank-out importance over each text's "
+        return (f"{r.n_texts} texts{acc}; Spearman correlation with blank-out importance (the drop of the "
+                f"predicted class's {r.target} when a token becomes [UNK]) over each text's "
                 f"content tokens, at the rows the classifier reads ({r.queries}), mean ± std over texts.")
     if name == "michel":
         return (f"Importance on {r.n_importance} texts, accuracy on {r.n_eval} others; {r.prunable} of "
@@ -107,7 +108,7 @@ def _describe(name: str, r) -> str:
 
 
 def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: int = 64, max_len: int = 64,
-                 seed: int = 0, step: int = 4, single: bool = False, flow: bool = True):
+                 seed: int = 0, step: int = 4, single: bool = False, flow: bool = True, target: str = "probability"):
     """Measure finding ``name`` (one of :data:`FINDINGS`) on a model folder and write it into ``out_dir``.
 
     Returns:
@@ -118,6 +119,8 @@ def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: i
     """
     if name not in FINDINGS:
         raise AnalysisInputError(f"unknown finding {name!r}; choose one of {', '.join(FINDINGS)}")
+    if target not in TARGETS:
+        raise AnalysisInputError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     if n_texts < 2 or max_len < 4 or step < 1:
         raise AnalysisInputError(f"need texts ≥ 2, max_len ≥ 4 and step ≥ 1; got {n_texts}, {max_len}, {step}")
     model, tokenizer, model_name = model_and_tokenizer(model_path)
@@ -125,7 +128,7 @@ def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: i
         raise AnalysisInputError("qkv findings needs a qkv model (the hooks); load the folder with qkv.load")
     model.eval()
     result, figures = _run(name, model, tokenizer, data, n_texts=n_texts, max_len=max_len, seed=seed, step=step,
-                           single=single, flow=flow)
+                           single=single, flow=flow, target=target)
     out = output_folder(out_dir)
     paths: dict[str, Path] = {}
     for stem, fig in figures.items():
