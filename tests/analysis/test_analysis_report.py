@@ -56,6 +56,16 @@ def test_analyze_api_returns_all_statistics_and_writes_a_self_contained_report(
     md = paths["md"].read_text()
     assert "![" in md and "| layer |" in md
 
+    # the plain-language summary opens the report, each sentence from a number of the result
+    from qkv.analysis.summary import summarize
+
+    lines = summarize(r)
+    ent = hs.entropy.mean(1)
+    assert f"Attention is broadest in L{int(np.argmax(ent))} (mean entropy {ent.max():.2f} nats" in " ".join(lines)
+    assert md.index("## In short") < md.index("## ", md.index("## In short") + 3)
+    assert all(line in md for line in lines)
+    assert r.notes == ["head ablation: needs a qkv model (load the folder with qkv.load)"]  # transformers' model
+
 
 def test_analyze_errors_clearly_on_an_empty_corpus(tiny_hf_model, tiny_tokenizer):
 
