@@ -4,7 +4,8 @@
 
 Texts are a seeded sample of ``--data`` (``dataset:NAME[:SPLIT]``, a file or a folder), cut to the first
 ``max_len`` tokens. ``abnar`` and ``michel`` need a sequence classifier whose labels the data's labels
-are (a named dataset's, or the ``label`` field of JSONL records); ``michel`` estimates importance on one half of the sample and measures accuracy on the other.
+are (a named dataset's, or the ``label`` field of JSONL records); ``michel`` estimates importance on one half
+of the sample and measures accuracy on the other.
 """
 
 from __future__ import annotations
