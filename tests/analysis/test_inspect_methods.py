@@ -119,3 +119,26 @@ def test_svg_exports_parse_and_name_every_head(inspection, tmp_path):
         <= _gids(paths["methods"])
     text = paths["overview"].read_text()
     assert "<text" in text or "L0" in text  # text kept as text, not paths
+
+
+def test_a_classifier_s_token_importance_by_every_method(tiny_tokenizer, tmp_path):
+    from qkv.analysis.saliency import class_probability, integrated_gradients, leave_one_out
+
+    model = classifier(vocab_size=400, max_len=64)
+    ins = inspect_text(model, tiny_tokenizer, TEXT, methods=("rollout", "flow"), importance=True)
+    imp, t = ins.importance, len(ins.tokens)
+    assert list(imp) == ["blank-out", "input × gradient", "integrated gradients", "rollout ([CLS] row)",
+                         "flow ([CLS] row)"] and all(v.shape == (t,) for v in imp.values())
+    batch = ins.batch()
+    with torch.no_grad():
+        k = model(batch.input_ids, attention_mask=batch.attention_mask).logits.argmax(-1)
+    target = class_probability(k)
+    np.testing.assert_allclose(imp["blank-out"], leave_one_out(model, batch, target,
+                                                               replacement_id=tiny_tokenizer.unk_id)[0].numpy())
+    ig = integrated_gradients(model, batch, target, steps=16)
+    np.testing.assert_allclose(imp["integrated gradients"], ig.scores[0].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(imp["rollout ([CLS] row)"], ins.maps["rollout"][-1, 0])
+    assert "probability of the predicted class" in ins.importance_target
+    paths = write_inspection(ins, tmp_path, formats=("svg",))
+    assert set(imp) <= _gids(paths["importance"])
+    assert not inspect_text(model, tiny_tokenizer, TEXT).importance  # only when asked for

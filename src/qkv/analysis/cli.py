@@ -52,7 +52,9 @@ def add_analysis_parsers(sub) -> None:
         help="attention heatmaps, rollout, flow, value norms, head ablation and an offline viewer for one text",
         description="Run MODEL on TEXT (or the pair TEXT, --pair) and write into --out: attention_layer_K "
         "(all heads of layer K, from 0), attention_overview (layers × heads), methods (raw attention, value-norm "
-        "weighted attention, rollout and flow per layer), ablation (what switching off each head does) — PNG "
+        "weighted attention, rollout and flow per layer), ablation (what switching off each head does), for a "
+        "sequence classifier importance (each token's importance to the predicted class: blank-out, input × gradient, "
+        "integrated gradients, rollout, flow) — PNG "
         "and/or SVG — and viewer.html (one file, works offline: method switch, layer and head, head view, "
         "matrix view usable at 512 tokens, model view, ablation beside the maps, SVG/PNG export of every view). "
         "For a Hugging Face folder it also says how far qkv's numbers are from transformers' own. With "
@@ -75,6 +77,9 @@ def add_analysis_parsers(sub) -> None:
                    help="do not switch each head off to measure what it does to the output")
     i.add_argument("--no-parity", dest="parity", action="store_false",
                    help="for a Hugging Face folder, skip comparing qkv's numbers with transformers' own")
+    i.add_argument("--no-importance", dest="importance", action="store_false",
+                   help="for a sequence classifier, skip each token's importance to the predicted class (blank-out, "
+                   "input × gradient, integrated gradients)")
     i.add_argument("--similar-to", default=None, metavar="TEXT_B",
                    help="explain the embedding cosine of TEXT and TEXT_B: every token pair's contribution (they sum "
                    "to the cosine) as similarity.png/.svg and similarity.json")
@@ -165,7 +170,7 @@ def _inspect(args: argparse.Namespace) -> int:
     ins, paths = run_inspect(args.model, args.text, args.out, text_b=args.pair,
                              long_text="truncate" if args.truncate else "error", methods=methods,
                              ablation=args.ablation, flow_max_tokens=args.flow_max_tokens, formats=formats,
-                             parity=args.parity)
+                             parity=args.parity, importance=args.importance)
     ext = formats[0]
     if "generated" in paths:  # an encoder-decoder: its output and the cross-attention maps
         n_layers, n_heads, t, s = ins.cross_attentions.shape
@@ -179,7 +184,12 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     if ins.parity is not None:
         print(ins.parity.describe())
-    extra = [paths[k].name for k in ("overview", "methods", "ablation") if k in paths]
+    if ins.importance:
+        blank = ins.importance["blank-out"]
+        top = sorted(range(len(blank)), key=lambda i: -blank[i])[:5]
+        print(f"token importance to {ins.importance_target}, largest by blank-out: "
+              + ", ".join(f"{ins.tokens[i]} {blank[i]:+.3f}" for i in top))
+    extra = [paths[k].name for k in ("overview", "methods", "ablation", "importance") if k in paths]
     print(f"viewer: {paths['viewer']}  (also {', '.join(extra)} and attention_layer_*.{ext})")
     return 0
 

@@ -15,7 +15,7 @@ from matplotlib.patches import Rectangle
 from qkv.analysis.inspect_methods import METHOD_TITLES
 from qkv.analysis.naming import head_label, layer_label
 
-__all__ = ["method_figure", "ablation_figure", "similarity_figure", "head_grid_figure", "abnar_figure", "michel_figure",
+__all__ = ["importance_figure", "method_figure", "ablation_figure", "similarity_figure", "head_grid_figure", "abnar_figure", "michel_figure",
            "kobayashi_figure"]
 
 
@@ -160,4 +160,26 @@ def kobayashi_figure(result) -> Figure:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=3)
+    return fig
+
+
+def importance_figure(tokens: Sequence[str], importance: dict[str, np.ndarray], what: str) -> Figure:
+    """One row of bars per method: each token's importance ``(T,)``, scaled by the method's largest
+    magnitude (blue: raises ``what``, red: lowers it)."""
+    n = len(importance)
+    t = len(tokens)
+    fig = Figure(figsize=(max(7.0, 1.5 + 0.22 * min(t, 120)), 0.6 + 1.25 * n), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(n, 1, sharex=True))
+    x = np.arange(t)
+    for ax, (name, v) in zip(axes, importance.items()):
+        v = np.asarray(v, dtype=np.float64)
+        big = float(np.abs(v).max()) or 1.0
+        ax.bar(x, v / big, color=np.where(v >= 0, "tab:blue", "tab:red"), width=0.8)
+        ax.set_gid(name)
+        ax.axhline(0, color="grey", lw=0.6)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_ylabel(name, fontsize=7, rotation=0, ha="right", va="center")
+        ax.set_yticks([-1, 0, 1], ["−max", "0", f"{big:.2g}"], fontsize=6)
+    axes[-1].set_xticks(x, list(tokens) if t <= 120 else [""] * t, rotation=90, fontsize=6)
+    fig.suptitle(f"token importance to {what}\n(each row scaled by its largest magnitude)", fontsize=8)
     return fig

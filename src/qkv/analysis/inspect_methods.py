@@ -9,6 +9,9 @@ Legend: L layers, H heads, T tokens, C width.
 * ``flow``: ``(L,T,T)``, the max flow through layers 0 … ℓ, rows normalised as the authors' code does;
   T² max-flow problems per layer, so texts longer than ``flow_max_tokens`` go without it (a note
   says so);
+* token importance (a sequence classifier): how much each token matters to the predicted class's
+  probability — blank-out (the token replaced by ``[UNK]``), input × gradient and integrated
+  gradients (the non-attention baselines), beside the ``[CLS]`` rows of rollout and flow;
 * head ablation: every head zero-ablated alone; for a sequence classifier the change in the
   probability of the class it predicts, else the relative change of the last hidden states
   (mean over tokens of ``‖h' − h‖ / ‖h‖``).
@@ -26,10 +29,11 @@ from torch import nn
 from qkv.analysis.attribution import attention_flow, attention_rollout, value_norm_weights
 from qkv.analysis.hooked import Batch, call, layer_paths, run_with_cache
 from qkv.analysis.interventions import ablated
+from qkv.analysis.saliency import class_probability, input_x_gradient, integrated_gradients, leave_one_out
 from qkv.models.heads import SequenceClassifier
 from qkv.models.kinds import encoder_of
 
-__all__ = ["METHODS", "METHOD_TITLES", "method_maps", "ablation_scan", "is_qkv"]
+__all__ = ["METHODS", "METHOD_TITLES", "method_maps", "ablation_scan", "is_qkv", "is_classifier", "token_importance"]
 
 #: The views of a text's attention, in the viewer's order.
 METHODS = ("raw", "value_norm", "rollout", "flow")
@@ -43,6 +47,30 @@ def is_qkv(model: nn.Module) -> bool:
     except ValueError:
         return False
     return True
+
+
+def is_classifier(model: nn.Module) -> bool:
+    """A qkv sequence classifier (its output has ``logits (B,K)`` over classes)."""
+    return isinstance(model, SequenceClassifier) and model.task.task == "sequence-classification"
+
+
+def token_importance(model: nn.Module, batch: Batch, *, replacement_id: int, maps: dict[str, np.ndarray] | None = None,
+                     steps: int = 16) -> tuple[dict[str, np.ndarray], str]:
+    """Each token's importance ``(T,)`` to the predicted class's probability of one text, by blank-out,
+    input × gradient and integrated gradients (``steps`` steps), and by the ``[CLS]`` row of the last
+    layer's rollout and flow when ``maps`` has them; and what they measure."""
+    with torch.no_grad():
+        probs = call(model, batch).logits.softmax(-1)  # (1,K)
+    k = probs.argmax(-1)  # (1,)
+    target = class_probability(k)
+    out = {"blank-out": leave_one_out(model, batch, target, replacement_id=replacement_id)[0].double().numpy(),
+           "input × gradient": input_x_gradient(model, batch, target)[0].double().numpy(),
+           "integrated gradients": integrated_gradients(model, batch, target, steps=steps).scores[0].double().numpy()}
+    for m in ("rollout", "flow"):
+        if maps and m in maps:
+            out[f"{m} ([CLS] row)"] = np.asarray(maps[m][-1, 0], dtype=np.float64)  # (L,T,T) -> last layer, row 0
+    label = model.task.labels[int(k[0])]
+    return out, f"the probability of the predicted class {label!r} ({float(probs[0, k[0]]):.3f})"
 
 
 def _value_norm_maps(model: nn.Module, batch: Batch) -> np.ndarray:
@@ -92,7 +120,7 @@ def ablation_scan(model: nn.Module, batch: Batch) -> tuple[np.ndarray, str]:
     L, H = len(layer_paths(model)), encoder_of(model).layers[0].attention.n_heads
     out = np.zeros((L, H))
     rows = torch.arange(len(batch))
-    if isinstance(model, SequenceClassifier) and model.task.task == "sequence-classification":
+    if is_classifier(model):
         probs = call(model, batch).logits.softmax(-1)  # (B,K)
         k = probs.argmax(-1)  # (B,)
         for layer in range(L):

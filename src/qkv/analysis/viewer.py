@@ -20,10 +20,10 @@ import torch
 from qkv._fs import atomic_write_text
 from qkv.analysis import plots
 from qkv.analysis.capture import forward, model_window
-from qkv.analysis.figures import ablation_figure, method_figure
+from qkv.analysis.figures import ablation_figure, importance_figure, method_figure
 from qkv.analysis.hooked import Batch
 from qkv.analysis.inputs import AnalysisInputError, load_model, model_and_tokenizer, tokenizer_view
-from qkv.analysis.inspect_methods import METHODS, ablation_scan, is_qkv, method_maps
+from qkv.analysis.inspect_methods import METHODS, ablation_scan, is_classifier, is_qkv, method_maps, token_importance
 from qkv.analysis.parity import Parity, hf_parity
 from qkv.analysis.seq2seq_inspect import inspect_seq2seq, output_folder, write_seq2seq_inspection
 from qkv.analysis.viewer_html import render_viewer
@@ -49,6 +49,8 @@ class Inspection:
         notes: why a method asked for is missing.
         ablation: ``(L,H)`` change of the output when each head is switched off, or ``None``;
             ablation_metric says what it measures.
+        importance: a sequence classifier's token importance ``{method: (T,)}`` (empty otherwise);
+            importance_target says what it is the importance to.
         parity: how far a converted Hugging Face model is from the original (:mod:`qkv.analysis.parity`).
     """
 
@@ -64,6 +66,8 @@ class Inspection:
     notes: list[str] = field(default_factory=list)
     ablation: np.ndarray | None = None
     ablation_metric: str = ""
+    importance: dict[str, np.ndarray] = field(default_factory=dict)
+    importance_target: str = ""
     parity: Parity | None = None
 
     def batch(self) -> Batch:
@@ -111,6 +115,7 @@ def inspect_text(
     methods: tuple[str, ...] = (),
     ablation: bool = False,
     flow_max_tokens: int = 48,
+    importance: bool = False,
 ) -> Inspection:
     """Run one text (or a text pair, as ``[CLS] a [SEP] b [SEP]``) and keep all attention maps.
 
@@ -121,6 +126,8 @@ def inspect_text(
             (:data:`~qkv.analysis.inspect_methods.METHODS`).
         ablation: also switch each head off alone and measure the change of the output (a qkv model).
         flow_max_tokens: attention flow only for texts of at most this many tokens.
+        importance: for a qkv sequence classifier, each token's importance to the predicted class
+            (:func:`~qkv.analysis.inspect_methods.token_importance`).
 
     Raises:
         AnalysisInputError: empty text; text longer than the window with ``long_text="error"``.
@@ -150,6 +157,11 @@ def inspect_text(
     )
     if methods:
         ins.maps, ins.notes = method_maps(model, ins.attentions, ins.batch(), methods, flow_max_tokens=flow_max_tokens)
+    if importance and is_classifier(model) and tokenizer.unk_id is None:
+        ins.notes.append("token importance: the tokenizer has no [UNK] to blank a token out with")
+    elif importance and is_classifier(model):
+        ins.importance, ins.importance_target = token_importance(
+            model, ins.batch(), replacement_id=tokenizer.unk_id, maps=ins.maps)
     if ablation:
         if is_qkv(model):
             ins.ablation, ins.ablation_metric = ablation_scan(model, ins.batch())
@@ -179,6 +191,8 @@ def write_inspection(ins: Inspection, out_dir: str | Path, *, title: str = "",
         save(method_figure(ins.tokens, {"raw": ins.attentions, **ins.maps}), "methods", "methods")
     if ins.ablation is not None:
         save(ablation_figure(ins.ablation, ins.ablation_metric), "ablation", "ablation")
+    if ins.importance:
+        save(importance_figure(ins.tokens, ins.importance, ins.importance_target), "importance", "importance")
     subtitle = f"{title + ' · ' if title else ''}{t} tokens · {n_layers} layers × {n_heads} heads"
     page = render_viewer(ins.tokens, ins.special, ins.attentions, title=f"qkv attention — {title}", subtitle=subtitle,
                          maps=ins.maps, notes=ins.notes, parity=None if ins.parity is None else ins.parity.describe(),
@@ -200,6 +214,7 @@ def run_inspect(
     flow_max_tokens: int = 48,
     formats: tuple[str, ...] = ("png",),
     parity: bool = True,
+    importance: bool = True,
 ):
     """Load a model folder (or take what :func:`qkv.load` returned), inspect ``text`` with every method and
     write the heatmaps and the viewer into ``out_dir``; for a Hugging Face folder, the parity report too.
@@ -216,7 +231,7 @@ def run_inspect(
         ins = inspect_seq2seq(model, tokenizer, text)
         return ins, write_seq2seq_inspection(ins, out_dir, formats)
     ins = inspect_text(model, tokenizer, text, text_b, long_text=long_text, methods=methods, ablation=ablation,
-                       flow_max_tokens=flow_max_tokens)
+                       flow_max_tokens=flow_max_tokens, importance=importance)
     if parity:
         ins.parity, why = hf_parity(model_path, model, ins.batch())
         if ins.parity is None and why != "not a Hugging Face folder":
