@@ -237,6 +237,7 @@ def test_viewer_at_512_tokens_with_every_method_and_export(tiny_tokenizer, tmp_p
         assert {x.get_attribute("data-from") for x in lines} == {str(q)}
         assert len(lines) == int((attn[0, 0, q] >= MIN_WEIGHT).sum())
         assert len(drv.find_elements(By.CSS_SELECTOR, "#ablation div.abl")) == n_layers * n_heads
+        assert not drv.find_element(By.ID, "importance-section").is_displayed()  # not a classifier
 
         Select(drv.find_element(By.ID, "method")).select_by_value("rollout")
         WebDriverWait(drv, 30).until(lambda d: d.execute_script("return window.qkvViewer.state.method") == "rollout")

@@ -142,3 +142,28 @@ def test_a_classifier_s_token_importance_by_every_method(tiny_tokenizer, tmp_pat
     paths = write_inspection(ins, tmp_path, formats=("svg",))
     assert set(imp) <= _gids(paths["importance"])
     assert not inspect_text(model, tiny_tokenizer, TEXT).importance  # only when asked for
+
+
+def test_the_viewer_shows_a_classifier_s_token_importance(tiny_tokenizer, tmp_path):
+    from test_analysis_viewer import open_chromium, wait_ready
+
+    drv = open_chromium(tmp_path)
+    from selenium.webdriver.common.by import By
+
+    model = classifier(vocab_size=400, max_len=64)
+    ins = inspect_text(model, tiny_tokenizer, TEXT, methods=("rollout",), importance=True)
+    page = write_inspection(ins, tmp_path / "ins")["viewer"]
+    try:
+        drv.get(page.as_uri())
+        wait_ready(drv)
+        rows = drv.find_elements(By.CSS_SELECTOR, "#importance tr[data-i]")
+        assert len(rows) == len(ins.tokens)
+        for method, values in ins.importance.items():
+            cells = drv.find_elements(By.CSS_SELECTOR, f'#importance td[data-method="{method}"]')
+            got = [float(c.get_attribute("data-value")) for c in cells]
+            np.testing.assert_allclose(got, values, rtol=1e-6, atol=1e-8)
+        rows[3].click()
+        assert drv.execute_script("return window.qkvViewer.state.pinned.i") == 3
+        assert not [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        drv.quit()

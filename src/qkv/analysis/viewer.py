@@ -196,7 +196,8 @@ def write_inspection(ins: Inspection, out_dir: str | Path, *, title: str = "",
     subtitle = f"{title + ' · ' if title else ''}{t} tokens · {n_layers} layers × {n_heads} heads"
     page = render_viewer(ins.tokens, ins.special, ins.attentions, title=f"qkv attention — {title}", subtitle=subtitle,
                          maps=ins.maps, notes=ins.notes, parity=None if ins.parity is None else ins.parity.describe(),
-                         ablation=None if ins.ablation is None else (ins.ablation, ins.ablation_metric))
+                         ablation=None if ins.ablation is None else (ins.ablation, ins.ablation_metric),
+                         importance=(ins.importance, ins.importance_target) if ins.importance else None)
     paths["viewer"] = out / "viewer.html"
     atomic_write_text(paths["viewer"], page)
     return paths

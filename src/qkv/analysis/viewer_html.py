@@ -52,7 +52,8 @@ def encode_maps(maps: np.ndarray) -> list[str]:
 
 def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, title: str, subtitle: str,
                   maps: dict[str, np.ndarray] | None = None, notes: list[str] | tuple[str, ...] = (),
-                  ablation: tuple[np.ndarray, str] | None = None, parity: str | None = None) -> str:
+                  ablation: tuple[np.ndarray, str] | None = None, parity: str | None = None,
+                  importance: tuple[dict[str, np.ndarray], str] | None = None) -> str:
     """The viewer page for ``attn (L,H,T,T)`` and the other methods' ``maps``.
 
     Args:
@@ -61,6 +62,7 @@ def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, t
         maps: more methods: ``value_norm`` ``(L,H,T,T)`` (rows summing to 1), ``rollout`` / ``flow`` ``(L,T,T)``.
         notes: lines shown above the views (e.g. why a method is missing).
         ablation: ``((L,H) changes, what they measure)`` of switching each head off, or ``None``.
+        importance: ``({method: (T,) scores}, what they are the importance to)`` of each token, or ``None``.
         parity: one line on how far the numbers are from the original model's, or ``None``.
     """
     every = {"raw": np.asarray(attn), **(maps or {})}
@@ -73,6 +75,9 @@ def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, t
         "encoding": "deflate-uint16-base64", "notes": list(notes), "parity": parity,
         "ablation": None if ablation is None else {"values": np.asarray(ablation[0]).round(6).tolist(),
                                                    "metric": ablation[1]},
+        "importance": None if not importance or not importance[0] else {
+            "methods": {m: np.asarray(v, dtype=np.float64).round(8).tolist() for m, v in importance[0].items()},
+            "target": importance[1]},
     }
     text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # never close the <script> early
     page = (_STATIC / "viewer.html").read_text(encoding="utf-8")

@@ -10,6 +10,7 @@
 //   #modelview canvas.thumb[data-layer][data-head] (data-head "all" for rollout/flow), click selects;
 //   #legend span (one per head while all heads are drawn); #ablation div.abl[data-layer][data-head][data-value];
 //   #notes li; span.exports button.export[data-view][data-format];
+//   table#importance (a classifier's token importance): one tr[data-i] per token, td[data-method][data-value];
 //   window.qkvViewer = {state, render, data, weight(l, h, i, j), exportSVG(view), exportPNG(view) -> Promise};
 //   document.body.dataset.ready = "1" once the first view is drawn.
 // Layers and heads are numbered from 0: L0, L0H3.
@@ -249,6 +250,31 @@
     }
   }
 
+  // ---------------------------------------------------------------- token importance
+  function buildImportance() {
+    if (!D.importance) { $("importance-section").hidden = true; return; }
+    const M = D.importance.methods, names = Object.keys(M), table = $("importance");
+    $("importance-help").textContent = "Each token's importance to " + D.importance.target + ", by method; each " +
+      "column coloured by its largest magnitude (blue: raises it, red: lowers it). Click a token to pin it above.";
+    const head = document.createElement("tr");
+    for (const n of ["token"].concat(names)) { const th = document.createElement("th"); th.textContent = n; head.appendChild(th); }
+    table.appendChild(head);
+    const big = {};
+    for (const n of names) big[n] = Math.max.apply(null, M[n].map(Math.abs)) || 1;
+    for (let i = 0; i < T; i++) {
+      const tr = document.createElement("tr"), tok = document.createElement("td");
+      tr.dataset.i = i; tok.textContent = D.tokens[i]; tok.style.textAlign = "left"; tr.appendChild(tok);
+      for (const n of names) {
+        const v = M[n][i], td = document.createElement("td"), a = Math.abs(v) / big[n];
+        td.dataset.method = n; td.dataset.value = v; td.textContent = v.toPrecision(3);
+        td.style.background = v >= 0 ? "rgba(49,130,206," + a + ")" : "rgba(229,62,62," + a + ")";
+        tr.appendChild(td);
+      }
+      tr.addEventListener("click", function () { state.pinned = {side: "left", i: i}; render(); });
+      table.appendChild(tr);
+    }
+  }
+
   function legend() {  // one colour per head while all heads are drawn
     const lg = $("legend");
     lg.replaceChildren();
@@ -370,7 +396,7 @@
   window.qkvViewer = {state: state, render: render, data: D, weight: weight, exportSVG: exportSVG, exportPNG: exportPNG,
                       setMethod: setMethod};
   Promise.all(D.order.map(load)).then(function () {
-    buildThumbs(); buildAblation(); render();
+    buildThumbs(); buildAblation(); buildImportance(); render();
     document.body.dataset.ready = "1";
   });
 })();
