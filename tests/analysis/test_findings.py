@@ -65,6 +65,7 @@ def test_abnar_zuidema_by_hand_on_one_text(classifier, tokenizer, target):
     for layer, w in enumerate(weights):
         raw = w[0].mean(0)[0, 1:n - 1].numpy()  # [CLS]'s row, heads averaged
         assert r.mean["raw"][layer] == pytest.approx(spearmanr(raw, blank).statistic, abs=1e-6)
+        assert r.top1["raw"][layer] == float(np.argmax(raw) == np.argmax(blank))
         a = torch.eye(n, dtype=torch.float64)
         for v in weights[: layer + 1]:  # rollout by hand: (0.5 A + 0.5 I), rows renormalised, multiplied
             step = 0.5 * v[0].mean(0) + 0.5 * torch.eye(n, dtype=torch.float64)
@@ -73,6 +74,10 @@ def test_abnar_zuidema_by_hand_on_one_text(classifier, tokenizer, target):
     flow = attention_flow(weights, queries=[0])[0, 0, 1:n - 1].numpy()
     assert r.mean["flow"][-1] == pytest.approx(spearmanr(flow, blank).statistic, abs=1e-6)
     assert r.n_texts == 1 and r.queries == "[CLS]" and np.all(r.std["raw"] == 0) and r.target == target
+    assert r.chance == pytest.approx(1 / (n - 2))
+    header, rows = r.table()
+    assert header == ["layer", "raw", "rollout", "flow", "top-1 raw", "top-1 rollout", "top-1 flow"]
+    assert len(rows) == len(weights) and all(len(row) == len(header) for row in rows)
 
 
 def test_michel_pruning_curve_and_the_heads_within_one_point(classifier, tokenizer):

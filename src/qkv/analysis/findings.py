@@ -58,7 +58,9 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
 @dataclass
 class AbnarZuidema:
     """Per layer, the mean (and standard deviation over texts) of the rank correlation of each view with
-    blank-out importance; ``n_texts`` texts, ``queries`` the rows read (``"[CLS]"`` or ``"mean of all"``)."""
+    blank-out importance; ``top1``: the share of texts whose most important token (by blank-out) is the
+    view's largest, against ``chance`` (the mean of 1 / content tokens); ``n_texts`` texts, ``queries``
+    the rows read (``"[CLS]"`` or ``"mean of all"``)."""
 
     mean: dict[str, np.ndarray]
     std: dict[str, np.ndarray]
@@ -66,16 +68,20 @@ class AbnarZuidema:
     queries: str
     accuracy: float | None = None
     target: str = "probability"
+    top1: dict[str, np.ndarray] | None = None
+    chance: float | None = None
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         views = list(self.mean)
-        rows = [[layer_label(i), *(f"{self.mean[v][i]:+.2f} ± {self.std[v][i]:.2f}" for v in views)]
-                for i in range(len(self.mean[views[0]]))]
-        return ["layer", *views], rows
+        top = self.top1 or {}
+        rows = [[layer_label(i), *(f"{self.mean[v][i]:+.2f} ± {self.std[v][i]:.2f}" for v in views),
+                 *(f"{top[v][i]:.2f}" for v in views if v in top)] for i in range(len(self.mean[views[0]]))]
+        return ["layer", *views, *(f"top-1 {v}" for v in views if v in top)], rows
 
     def to_dict(self) -> dict:
         return {"finding": "abnar-zuidema", "n_texts": self.n_texts, "queries": self.queries, "accuracy": self.accuracy,
-                "target": self.target,
+                "target": self.target, "chance": self.chance,
+                "top1": None if self.top1 is None else {k: v.tolist() for k, v in self.top1.items()},
                 "mean": {k: v.tolist() for k, v in self.mean.items()},
                 "std": {k: v.tolist() for k, v in self.std.items()}}
 
@@ -109,6 +115,8 @@ def abnar_zuidema(model: nn.Module, batch: Batch, *, replacement_id: int, flow: 
     views = [v for v in _VIEWS if v != "flow" or flow]
     L = len(layer_paths(model))
     per_text = {v: [] for v in views}
+    hits = {v: [] for v in views}
+    chance = []
     for b in range(len(batch)):
         one = batch.row(b)
         n = one.input_ids.shape[1]
@@ -122,16 +130,19 @@ def abnar_zuidema(model: nn.Module, batch: Batch, *, replacement_id: int, flow: 
             f = attention_flow(weights, all_layers=True, queries=rows)[:, 0]  # (L,Q,T)
             maps["flow"] = f
         imp = blank[b, 1:n - 1].double().numpy()  # content tokens only
+        chance.append(1 / (n - 2))
         for v in views:
             m = maps[v] if v == "flow" else maps[v][:, rows]  # (L,Q,T)
             seen = m.mean(1)[:, 1:n - 1].numpy()  # (L,T-2): the rows the classifier reads, averaged
             per_text[v].append([_spearman(seen[layer], imp) for layer in range(L)])
+            hits[v].append([float(np.argmax(seen[layer]) == np.argmax(imp)) for layer in range(L)])
     if not per_text[views[0]]:
         raise ValueError("no text has two content tokens or more: nothing to rank")
     arrays = {v: np.array(per_text[v]) for v in views}  # (N,L)
     acc = None if labels is None else float((predicted == labels).double().mean())
     return AbnarZuidema({v: np.nanmean(a, 0) for v, a in arrays.items()}, {v: np.nanstd(a, 0) for v, a in arrays.items()},
-                        len(arrays[views[0]]), "[CLS]" if _query_rows(model, 4) == [0] else "mean of all", acc, target)
+                        len(arrays[views[0]]), "[CLS]" if _query_rows(model, 4) == [0] else "mean of all", acc, target,
+                        {v: np.mean(hits[v], 0) for v in views}, float(np.mean(chance)))
 
 
 @dataclass

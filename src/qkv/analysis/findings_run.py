@@ -99,7 +99,8 @@ def _describe(name: str, r) -> str:
         acc = "" if r.accuracy is None else f" (the model's accuracy on them {r.accuracy:.3f})"
         return (f"{r.n_texts} texts{acc}; Spearman correlation with blank-out importance (the drop of the "
                 f"predicted class's {r.target} when a token becomes [UNK]) over each text's "
-                f"content tokens, at the rows the classifier reads ({r.queries}), mean ± std over texts.")
+                f"content tokens, at the rows the classifier reads ({r.queries}), mean ± std over texts; top-1: the "
+                f"share of texts whose most important token is the view's largest (chance {r.chance:.2f}).")
     if name == "michel":
         return (f"Importance on {r.n_importance} texts, accuracy on {r.n_eval} others; {r.prunable} of "
                 f"{r.importance.size} heads ({r.prunable / r.importance.size:.0%}) pruned with accuracy at most "
