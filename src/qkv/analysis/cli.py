@@ -99,7 +99,8 @@ def add_analysis_parsers(sub) -> None:
     f.add_argument("finding", choices=("abnar", "michel", "kobayashi"), help="which finding")
     f.add_argument("model", help="model folder")
     f.add_argument("--data", action="append", required=True, metavar="SPEC",
-                   help="file, folder or dataset:NAME[:SPLIT] (repeatable), e.g. dataset:reuters8:test")
+                   help="file, folder or dataset:NAME[:SPLIT] (repeatable), e.g. dataset:reuters8:test; abnar and "
+                   "michel read labels from a named dataset or the 'label' field of JSONL records")
     f.add_argument("--out", required=True, help="output folder (created)")
     f.add_argument("--texts", type=int, default=64, metavar="N",
                    help="seeded sample of N texts (michel: 2N, half to rank the heads, half to score; default 64)")
