@@ -34,7 +34,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("convert",), "qkv.checkpoints.cli:add_convert_parser"),
     (("pretrain",), "qkv.training.cli:add_pretrain_parser"),
     (("finetune", "predict"), "qkv.finetune.cli:add_finetune_parsers"),
-    (("analyze", "inspect"), "qkv.analysis.cli:add_analysis_parsers"),
+    (("analyze", "inspect", "findings"), "qkv.analysis.cli:add_analysis_parsers"),
     (("embed", "index", "search", "train-embeddings", "eval-embeddings"),
      "qkv.embeddings.cli:add_embedding_parsers"),
     (("ablate",), "qkv.experiments.cli:add_ablate_parser"),

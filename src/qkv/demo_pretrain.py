@@ -31,6 +31,7 @@ from qkv.data.packing import PackedBlocks
 from qkv.data.tokenizer import load_tokenizer
 import qkv
 from qkv.analysis.fill_mask import fill_mask, unigram_distribution
+from qkv.analysis.naming import head_label, layer_label
 from qkv.analysis.specialisation import block_head_statistics, specialised_heads
 from qkv.analysis.viewer import inspect_text, write_inspection
 from qkv.config import ModelConfig
@@ -139,10 +140,10 @@ def _print_fill_mask(examples) -> None:
 
 def _print_heads(stats, found) -> None:
     print(f"\nheads (mean attention over 64 held-out blocks of 128 tokens; uniform ≈ {1 / 128:.3f}):")
-    print("  layer.head  previous  next   self  [CLS]  entropy")
+    print("  head        previous  next   self  [CLS]  entropy")
     for layer in range(stats.n_layers):
         for h in range(stats.n_heads):
-            print(f"  {layer + 1}.{h:<9} {stats.prev_share[layer, h]:>7.2f} {stats.next_share[layer, h]:>6.2f} "
+            print(f"  {head_label(layer, h):<11} {stats.prev_share[layer, h]:>7.2f} {stats.next_share[layer, h]:>6.2f} "
                   f"{stats.self_share[layer, h]:>6.2f} {stats.cls_share[layer, h]:>6.2f} {stats.entropy[layer, h]:>7.2f}")
     if found:
         print("  most specialised: " + "; ".join(h.describe() for h in found[:4]))
@@ -216,12 +217,12 @@ def run_pretrain_demo(out: str = "runs/demo", *, minutes: float = 8.0, seed: int
 
     ins = inspect_text(model, tok, INSPECT_SENTENCE)  # the run's tokenizer, as the model folder's
     paths = write_inspection(ins, out_path / "inspect", title=f"qkv demo · {cfg.preset}")
-    best = found[0].layer + 1 if found else 1
+    best = found[0].layer if found else 0
     figures["minutes_total"] = round((time.perf_counter() - t0) / 60, 2)
     (out_path / "demo.json").write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
     print("\nlook inside:")
     print(f"  learning curve   {out_path / 'curve.png'}")
-    print(f"  heatmap          {paths[f'layer_{best}']}   (every head of layer {best} on one sentence)")
+    print(f"  heatmap          {paths[f'layer_{best}']}   (every head of {layer_label(best)} on one sentence)")
     print(f"  attention viewer {paths['viewer']}   (offline; open it in a browser: "
           f"xdg-open {paths['viewer']})")
     print(f"  all layers/heads qkv analyze {out_path} --corpus dataset:20newsgroups:test --out {out_path}-analysis")

@@ -56,6 +56,16 @@ def test_analyze_api_returns_all_statistics_and_writes_a_self_contained_report(
     md = paths["md"].read_text()
     assert "![" in md and "| layer |" in md
 
+    # the plain-language summary opens the report, each sentence from a number of the result
+    from qkv.analysis.summary import summarize
+
+    lines = summarize(r)
+    ent = hs.entropy.mean(1)
+    assert f"Attention is broadest in L{int(np.argmax(ent))} (mean entropy {ent.max():.2f} nats" in " ".join(lines)
+    assert md.index("## In short") < md.index("## ", md.index("## In short") + 3)
+    assert all(line in md for line in lines)
+    assert r.notes == ["head ablation: needs a qkv model (load the folder with qkv.load)"]  # transformers' model
+
 
 def test_analyze_errors_clearly_on_an_empty_corpus(tiny_hf_model, tiny_tokenizer):
 
@@ -86,12 +96,30 @@ def test_cli_analyze_and_inspect_on_a_model_folder(tiny_hf_folder, tiny_hf_model
     np.testing.assert_allclose(data["heads"]["entropy"], ref.heads.entropy, rtol=1e-4)
     np.testing.assert_allclose(data["layers"]["anisotropy"], ref.layers.anisotropy, rtol=1e-4, atol=1e-6)
 
+    md = (out / "report.md").read_text()
+    assert md.index("## In short") < md.index("## Heads switched off one at a time") < md.index(
+        "## Parity with the original model")
+    assert len(data["ablation"]["effects"]) == N_LAYERS and data["parity"]["attention_diff"] < 1e-4
+    assert "parity with transformers" in capsys.readouterr().out
+
     rc = main(["inspect", str(tiny_hf_folder), "the cat sat on the mat", "--pair", "it slept",
-               "--out", str(tmp_path / "ins")])
+               "--out", str(tmp_path / "ins"), "--format", "png,svg"])
     assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "L0H0" in printed and "parity with transformers" in printed
     assert (tmp_path / "ins" / "viewer.html").is_file()
     assert sorted(p.name for p in (tmp_path / "ins").glob("attention_layer_*.png")) == [
-        f"attention_layer_{i}.png" for i in range(1, N_LAYERS + 1)]
+        f"attention_layer_{i}.png" for i in range(N_LAYERS)]  # layers numbered from 0, as everywhere
+    for name in ("attention_overview.svg", "methods.svg", "ablation.svg", "methods.png"):
+        assert (tmp_path / "ins" / name).stat().st_size > 0
+
+    rc = main(["inspect", str(tiny_hf_folder), "the cat sat on the mat", "--similar-to", "a cat on a mat",
+               "--out", str(tmp_path / "sim"), "--format", "svg"])
+    assert rc == 0, capsys.readouterr().err
+    sim = json.loads((tmp_path / "sim" / "similarity.json").read_text())
+    assert np.sum(sim["contributions"]) == pytest.approx(sim["cosine"], abs=1e-5)
+    assert f"cosine {sim['cosine']:.4f}" in capsys.readouterr().out
+    assert (tmp_path / "sim" / "similarity.svg").is_file()
 
     capsys.readouterr()
     assert main(["analyze", str(tmp_path / "no-such-model"), "--corpus", str(corpus), "--out",

@@ -72,7 +72,7 @@ def test_viewer_weights_survive_quantisation(inspection):
 
 def test_written_files_are_offline(inspection, tmp_path):
     paths = write_inspection(inspection, tmp_path, title="tiny")
-    for layer in range(1, N_LAYERS + 1):
+    for layer in range(N_LAYERS):  # layers numbered from 0
         assert paths[f"layer_{layer}"].read_bytes()[:4] == b"\x89PNG"
     assert paths["overview"].read_bytes()[:4] == b"\x89PNG"
     page = paths["viewer"].read_text()
@@ -91,27 +91,41 @@ def _chromium():
     return (browser, driver), None
 
 
-def test_viewer_in_headless_chromium(inspection, tmp_path):
+def open_chromium(tmp_path):
+    """A headless Chromium driver (skips the test when it is absent)."""
     found, reason = _chromium()
     if found is None:
         pytest.skip(reason)
-    from PIL import Image
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
 
-    page = write_inspection(inspection, tmp_path / "ins")["viewer"]
     opts = webdriver.ChromeOptions()
     opts.binary_location = found[0]
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run",
                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600"):
         opts.add_argument(arg)
-    drv = webdriver.Chrome(service=Service(executable_path=found[1]), options=opts)
+    return webdriver.Chrome(service=Service(executable_path=found[1]), options=opts)
+
+
+def wait_ready(drv, timeout: float = 60.0) -> None:
+    """Until the viewer has inflated its maps and drawn (``body[data-ready]``)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(drv, timeout).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+
+
+def test_viewer_in_headless_chromium(inspection, tmp_path):
+    drv = open_chromium(tmp_path)
+    from PIL import Image
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    page = write_inspection(inspection, tmp_path / "ins")["viewer"]
     try:
         drv.get(page.as_uri())
+        wait_ready(drv)
         attn = dequantize_attention(quantize_attention(inspection.attentions))  # the numbers in the page
         layer, head, q = 1, 2, 3
         Select(drv.find_element(By.ID, "layer")).select_by_value(str(layer))
@@ -180,3 +194,69 @@ def test_inspect_a_causal_lm_shows_causal_maps(tiny_tokenizer):
     above = np.triu(np.ones((t, t), dtype=bool), k=1)
     assert ins.attentions.shape[-2:] == (t, t) and np.all(ins.attentions[..., above] == 0)
     np.testing.assert_allclose(ins.attentions.sum(-1), 1.0, atol=1e-5)
+
+
+def test_viewer_at_512_tokens_with_every_method_and_export(tiny_tokenizer, tmp_path):
+    """A 512-token text: the page opens, draws lines for the hovered token only, switches method, and
+    exports every view as SVG (parsed here) and PNG."""
+    import base64
+    import xml.etree.ElementTree as ET
+
+    import torch
+
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_encoder
+
+    drv = open_chromium(tmp_path)
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    torch.manual_seed(0)
+    enc = build_encoder(ModelConfig.preset("tiny", dropout=0.0, vocab_size=400, max_len=512,
+                                           initializer_range=0.3)).eval()
+    ins = inspect_text(enc, tiny_tokenizer, " ".join(pydoc_texts(40)), long_text="truncate",
+                       methods=("value_norm", "rollout", "flow"), ablation=True)
+    n_layers, n_heads, t, _ = ins.attentions.shape
+    assert t == 512 and "flow" not in ins.maps and any("flow" in n for n in ins.notes)
+    page = write_inspection(ins, tmp_path / "long")["viewer"]
+    try:
+        drv.get(page.as_uri())
+        wait_ready(drv)
+        options = [o.get_attribute("value") for o in Select(drv.find_element(By.ID, "method")).options]
+        assert options == ["raw", "value_norm", "rollout"]
+        assert "flow" in drv.find_element(By.ID, "notes").text
+        assert drv.execute_script("return document.getElementById('matrix').width") == t
+        assert not drv.find_elements(By.CSS_SELECTOR, "#lines line.attn")  # long: nothing until a token is hovered
+        attn = dequantize_attention(quantize_attention(ins.attentions))
+        q = 5
+        token = drv.find_element(By.CSS_SELECTOR, f'g.tok[data-side="left"][data-i="{q}"]')
+        drv.execute_script("arguments[0].scrollIntoView()", token)
+        ActionChains(drv).move_to_element(token).perform()
+        lines = drv.find_elements(By.CSS_SELECTOR, "#lines line.attn")
+        assert {x.get_attribute("data-from") for x in lines} == {str(q)}
+        assert len(lines) == int((attn[0, 0, q] >= MIN_WEIGHT).sum())
+        assert len(drv.find_elements(By.CSS_SELECTOR, "#ablation div.abl")) == n_layers * n_heads
+        assert not drv.find_element(By.ID, "importance-section").is_displayed()  # not a classifier
+
+        Select(drv.find_element(By.ID, "method")).select_by_value("rollout")
+        WebDriverWait(drv, 30).until(lambda d: d.execute_script("return window.qkvViewer.state.method") == "rollout")
+        assert not drv.find_element(By.ID, "head").is_enabled()
+        thumbs = drv.find_elements(By.CSS_SELECTOR, "#modelview canvas.thumb")
+        assert [c.get_attribute("data-head") for c in thumbs] == ["all"] * n_layers
+        got = drv.execute_script("return window.qkvViewer.weight(1, 0, 7, 3)")
+        assert got == pytest.approx(ins.maps["rollout"][1, 7, 3], abs=2e-5)
+
+        for view in ("head", "matrix", "model", "ablation"):
+            root = ET.fromstring(drv.execute_script(f"return window.qkvViewer.exportSVG('{view}')"))
+            assert root.tag.endswith("svg")
+        model_svg = ET.fromstring(drv.execute_script("return window.qkvViewer.exportSVG('model')"))
+        titles = [e.text for e in model_svg.iter() if e.tag.endswith("title")]
+        assert titles == [f"L0…L{i} combined" for i in range(n_layers)]
+        png = drv.execute_async_script(
+            "const done = arguments[0]; window.qkvViewer.exportPNG('matrix').then(done, e => done('error ' + e))")
+        assert png.startswith("data:image/png;base64,")
+        assert base64.b64decode(png.split(",", 1)[1])[:4] == b"\x89PNG"
+        assert not [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        drv.quit()

@@ -62,7 +62,7 @@ def test_inspect_draws_cross_attention_maps(run, tmp_path):
     assert ins.output_tokens[:6] == ["5", "1", "4", "1", "3", "[EOS]"]
     L, H, T, S = ins.cross_attentions.shape
     assert S == 5 and T == len(ins.target_tokens) and ins.decoder_attentions.shape == (L, H, T, T)
-    assert paths["cross_1"].is_file() and paths["encoder_1"].is_file() and paths["decoder_1"].is_file()
+    assert paths["cross_0"].is_file() and paths["encoder_0"].is_file() and paths["decoder_0"].is_file()  # from 0
     anti = np.argmax(ins.cross_attentions[-1].mean(0)[:5], -1)
     assert (anti == np.arange(4, -1, -1)).mean() >= 0.8
 

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from threadpoolctl import threadpool_limits
 
 from qkv.analysis.capture import Contexts, in_precision, iter_captures, model_window, tokenize_corpus
 from qkv.analysis.collect import LayerCollector, SamplePlan, label_documents, plan_samples
 from qkv.analysis.heads import HeadAccumulator, HeadStats
+from qkv.analysis.hooked import Batch
+from qkv.analysis.inspect_methods import ablation_scan, is_qkv
 from qkv.analysis.inputs import AnalysisInputError, Documents, tokenizer_view
 from qkv.analysis.layers import (
     LayerStats,
@@ -35,6 +38,7 @@ from qkv.analysis.layers import (
 from qkv.validation import check_choice, check_range
 from qkv.checkpoints.io import unpack
 from qkv.analysis.inputs import model_and_tokenizer, read_corpus
+from qkv.analysis.parity import hf_parity
 from qkv.analysis.report import write_report
 from qkv.nn.maps import PRECISIONS
 from tqdm import tqdm
@@ -64,6 +68,8 @@ class AnalyzeOptions:
         precision: ``"fp32"`` (the model as it is), ``"bf16"`` or ``"int8"``: a qkv model prepared
             by :func:`qkv.inference.for_inference` (int8 calibrated on its fixed text); the
             statistics then describe the model as it runs in that precision (docs/inference.md).
+        ablation_contexts: switch each head off alone on the first this-many windows and measure the
+            change of the output (:func:`~qkv.analysis.inspect_methods.ablation_scan`); 0 = not at all.
     """
 
     max_len: int | None = 128
@@ -79,9 +85,11 @@ class AnalyzeOptions:
     max_label_docs: int = 2000
     seed: int = 0
     precision: str = "fp32"
+    ablation_contexts: int = 8
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS, error=AnalysisInputError)
+        check_range("ablation_contexts", self.ablation_contexts, 0)
         for name in ("batch_size", "token_sample", "max_word_types", "probe_top_tokens", "max_label_docs"):
             check_range(name, getattr(self, name), 1)
         if self.min_contexts < 2 or self.max_contexts < self.min_contexts:
@@ -107,12 +115,19 @@ class AnalysisResult:
     heads: HeadStats
     options: AnalyzeOptions
     seconds: dict[str, float]
+    ablation: np.ndarray | None = None
+    ablation_metric: str = ""
+    parity: dict | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("model", "corpus", "n_layers", "n_heads", "d_model", "n_docs")}
         d.update(n_contexts=self.n_contexts, n_tokens=self.n_tokens, max_len=self.max_len)
         d.update(options=asdict(self.options), seconds=self.seconds)
         d.update(layers=self.layers.to_dict(), heads=self.heads.to_dict())
+        d.update(ablation=None if self.ablation is None else {"effects": self.ablation.tolist(),
+                                                             "metric": self.ablation_metric},
+                 parity=self.parity, notes=self.notes)
         return d
 
 
@@ -176,6 +191,13 @@ def analyze(
             curve = _label_probe(collector.doc_sum, collector.doc_count, labels, opts.seed)
             if curve is not None:
                 layer_stats.probes["label"] = curve
+    ablation, metric, notes = None, "", []
+    if opts.ablation_contexts:
+        if is_qkv(model):
+            ablation, metric = ablation_scan(model, _first_windows(contexts, opts.ablation_contexts, tokenizer.pad_id))
+            metric += f" (first {min(opts.ablation_contexts, len(contexts))} windows)"
+        else:
+            notes.append("head ablation: needs a qkv model (load the folder with qkv.load)")
     t_end = time.perf_counter()
     head_stats = heads.result()
     n_hidden, _, width = collector.tok_vecs.shape
@@ -192,9 +214,21 @@ def analyze(
         layers=layer_stats,
         heads=head_stats,
         options=opts,
-        seconds={"tokenize": t_tok - t0, "forward_and_heads": t_pass - t_tok, "layers_and_probes": t_end - t_pass,
+        seconds={"tokenize": t_tok - t0, "forward_and_heads": t_pass - t_tok, "layers_probes_ablation": t_end - t_pass,
                  "total": t_end - t0},
+        ablation=ablation, ablation_metric=metric, notes=notes,
     )
+
+
+def _first_windows(contexts: Contexts, n: int, pad_id: int) -> Batch:
+    """The first ``n`` windows as one right-padded batch."""
+    rows = contexts.ids[:n]
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = torch.from_numpy(np.asarray(r, dtype=np.int64)), True
+    return Batch(ids, mask)
 
 
 def _layer_stats(col: LayerCollector, plan: SamplePlan, contexts: Contexts, opts: AnalyzeOptions) -> LayerStats:
@@ -255,15 +289,24 @@ def run_analyze(
     *,
     max_docs: int | None = None,
     progress: bool = False,
+    parity: bool = True,
 ) -> tuple[AnalysisResult, dict[str, Path]]:
     """Load a model folder (or take what :func:`qkv.load` returned) and a corpus, analyse, and
     write the report into ``out_dir``.
 
     Returns the result and the paths written (``report.html``, ``report.md``, ``analysis.json``,
-    figures).
+    figures). For a Hugging Face folder (and ``parity``), the report says how far qkv's numbers are from
+    ``transformers``' own on the first windows (:mod:`qkv.analysis.parity`).
     """
     opts = options or AnalyzeOptions()
     documents = read_corpus(corpus, max_docs=max_docs, seed=opts.seed)  # cheap errors first
     model, tokenizer, name = model_and_tokenizer(model_path)
     result = analyze(model, tokenizer, documents, opts, model_name=name, progress=progress)
+    if parity:
+        window = result.max_len
+        contexts = tokenize_corpus(documents.texts[:4], tokenizer_view(tokenizer), max_len=window, long_text="truncate")
+        report, why = hf_parity(model_path, model, _first_windows(contexts, 4, tokenizer_view(tokenizer).pad_id))
+        result.parity = None if report is None else report.to_dict()
+        if report is None and why != "not a Hugging Face folder":
+            result.notes.append(f"parity: no report ({why})")
     return result, write_report(result, out_dir)

@@ -1,4 +1,4 @@
-"""``qkv analyze`` and ``qkv inspect``: parse, build options, one library call, print where it went.
+"""``qkv analyze``, ``qkv inspect`` and ``qkv findings``: parse, build options, one library call, print where it went.
 
 Library modules are imported inside the command functions, not at the top: ``qkv COMMAND`` builds
 only that command's parsers (:data:`qkv.cli._GROUPS`), so a command imports no other command's
@@ -14,7 +14,7 @@ __all__ = ["add_analysis_parsers"]
 
 
 def add_analysis_parsers(sub) -> None:
-    """Add the ``analyze`` and ``inspect`` subcommands to ``sub`` (an argparse subparsers object)."""
+    """Add the ``analyze``, ``inspect`` and ``findings`` subcommands to ``sub`` (an argparse subparsers object)."""
     a = sub.add_parser(
         "analyze",
         help="layer and head statistics of a model over a corpus, as a report",
@@ -40,15 +40,26 @@ def add_analysis_parsers(sub) -> None:
     a.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
                    help="run the model in float32 (default), bfloat16 (CPUs with AVX-512 BF16 or AMX) or "
                    "calibrated int8; see docs/inference.md")
+    a.add_argument("--ablation-contexts", type=int, default=8, metavar="N",
+                   help="switch each head off alone on the first N windows and report the change of the output "
+                   "(default 8; 0 = skip)")
+    a.add_argument("--no-parity", dest="parity", action="store_false",
+                   help="for a Hugging Face folder, skip comparing qkv's numbers with transformers' own")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=_analyze)
 
     i = sub.add_parser(
         "inspect",
-        help="attention heatmaps and an offline interactive viewer for one text",
-        description="Run MODEL on TEXT (or the pair TEXT, --pair) and write attention_layer_K.png "
-        "(all heads of layer K), attention_overview.png and viewer.html (single file, works offline: "
-        "choose layer and head, hover tokens, model view) into --out.",
+        help="attention heatmaps, rollout, flow, value norms, head ablation and an offline viewer for one text",
+        description="Run MODEL on TEXT (or the pair TEXT, --pair) and write into --out: attention_layer_K "
+        "(all heads of layer K, from 0), attention_overview (layers × heads), methods (raw attention, value-norm "
+        "weighted attention, rollout and flow per layer), ablation (what switching off each head does), for a "
+        "sequence classifier importance (each token's importance to the predicted class: blank-out, input × gradient, "
+        "integrated gradients, rollout, flow) — PNG "
+        "and/or SVG — and viewer.html (one file, works offline: method switch, layer and head, head view, "
+        "matrix view usable at 512 tokens, model view, ablation beside the maps, SVG/PNG export of every view). "
+        "For a Hugging Face folder it also says how far qkv's numbers are from transformers' own. With "
+        "--similar-to, instead explain the embedding similarity of TEXT and that text token pair by token pair.",
     )
     i.add_argument("model", help="model folder")
     i.add_argument("text", help="the text")
@@ -56,7 +67,54 @@ def add_analysis_parsers(sub) -> None:
     i.add_argument("--out", required=True, help="output folder (created)")
     i.add_argument("--truncate", action="store_true",
                    help="cut a text longer than the model's window instead of failing")
+    i.add_argument("--format", default="png", metavar="FORMATS",
+                   help="image formats of the figures, comma-separated: png, svg or png,svg (default png)")
+    i.add_argument("--methods", default="raw,value_norm,rollout,flow", metavar="LIST",
+                   help="views of the attention, comma-separated among raw, value_norm, rollout, flow (default all)")
+    i.add_argument("--flow-max-tokens", type=int, default=48, metavar="N",
+                   help="compute attention flow only for texts of at most N tokens (T² max-flow problems per layer; "
+                   "default 48)")
+    i.add_argument("--no-ablation", dest="ablation", action="store_false",
+                   help="do not switch each head off to measure what it does to the output")
+    i.add_argument("--no-parity", dest="parity", action="store_false",
+                   help="for a Hugging Face folder, skip comparing qkv's numbers with transformers' own")
+    i.add_argument("--no-importance", dest="importance", action="store_false",
+                   help="for a sequence classifier, skip each token's importance to the predicted class (blank-out, "
+                   "input × gradient, integrated gradients)")
+    i.add_argument("--similar-to", default=None, metavar="TEXT_B",
+                   help="explain the embedding cosine of TEXT and TEXT_B: every token pair's contribution (they sum "
+                   "to the cosine) as similarity.png/.svg and similarity.json")
     i.set_defaults(func=_inspect)
+
+    f = sub.add_parser(
+        "findings",
+        help="reproduce a published finding on a model: abnar (rollout/flow), michel (head pruning), kobayashi (value norms)",
+        description="Measure one published finding about attention on MODEL (a qkv folder, or a Hugging Face one qkv "
+        "loads) over --data, and write NAME.json, NAME.md (the table beside the paper's figures) and NAME.png/.svg "
+        "into --out. abnar: per layer, the rank correlation of raw attention, rollout and flow with blank-out "
+        "importance (a sequence classifier and its labelled data). michel: accuracy as heads are pruned, least "
+        "important first (a sequence classifier; importance on half of the texts, accuracy on the other half). "
+        "kobayashi: the share of attention on [CLS], [SEP] and punctuation by weight and by value norm (any "
+        "encoder; text with punctuation). See docs/interpretability.md.",
+    )
+    f.add_argument("finding", choices=("abnar", "michel", "kobayashi"), help="which finding")
+    f.add_argument("model", help="model folder")
+    f.add_argument("--data", action="append", required=True, metavar="SPEC",
+                   help="file, folder or dataset:NAME[:SPLIT] (repeatable), e.g. dataset:reuters8:test; abnar and "
+                   "michel read labels from a named dataset or the 'label' field of JSONL records")
+    f.add_argument("--out", required=True, help="output folder (created)")
+    f.add_argument("--texts", type=int, default=64, metavar="N",
+                   help="seeded sample of N texts (michel: 2N, half to rank the heads, half to score; default 64)")
+    f.add_argument("--max-len", type=int, default=64, help="cut each text to this many tokens (default 64)")
+    f.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    f.add_argument("--step", type=int, default=4, help="michel: heads pruned between two evaluations (default 4)")
+    f.add_argument("--single", action="store_true", help="michel: also switch off each head alone (L·H evaluations)")
+    f.add_argument("--target", choices=("probability", "logit"), default="probability",
+                   help="abnar: blank-out importance as the drop of the predicted class's probability (default) or "
+                   "its logit (which does not saturate when the model is sure)")
+    f.add_argument("--no-flow", dest="flow", action="store_false",
+                   help="abnar: leave out attention flow (the slowest view: max-flow problems per layer and text)")
+    f.set_defaults(func=_findings)
 
 
 
@@ -66,13 +124,38 @@ def _analyze(args: argparse.Namespace) -> int:
     opts = AnalyzeOptions(
         max_len=args.max_len or None, long_text=args.long_text, max_windows_per_doc=args.max_windows,
         batch_size=args.batch_size, token_sample=args.token_sample, seed=args.seed, precision=args.precision,
+        ablation_contexts=args.ablation_contexts,
     )
     result, paths = run_analyze(args.model, args.corpus, args.out, opts, max_docs=args.max_docs,
-                                progress=not args.quiet)
+                                progress=not args.quiet, parity=args.parity)
     print(f"analysed {result.n_docs} documents ({result.n_contexts} windows, {result.n_tokens} tokens) "
           f"in {result.seconds['total']:.1f} s")
+    if result.parity is not None:
+        p = result.parity
+        print(f"parity with {p['reference']}: max |Δ| {p['output']} {p['output_diff']:.1e}, "
+              f"attention weights {p['attention_diff']:.1e}")
     print(f"report: {paths['html']}  (also {paths['md'].name}, {paths['json'].name}, figures *.png)")
     return 0
+
+
+def _findings(args: argparse.Namespace) -> int:
+    from qkv.analysis.findings_run import run_findings
+
+    result, paths = run_findings(args.finding, args.model, args.data, args.out, n_texts=args.texts,
+                                 max_len=args.max_len, seed=args.seed, step=args.step, single=args.single,
+                                 flow=args.flow, target=args.target)
+    print(paths["md"].read_text(encoding="utf-8").split("\n\n", 1)[1].rsplit("\n![", 1)[0].strip())
+    print(f"\nwritten: {paths['md']}, {paths['json'].name}, " + ", ".join(
+        p.name for k, p in paths.items() if k not in ("md", "json")))
+    return 0
+
+
+def _csv(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise ValueError(f"{flag} {text!r}: allowed {', '.join(allowed)} (comma-separated)")
+    return items
 
 
 #: A folder holding one of these was written by ``qkv inspect``: it may write there again.
@@ -80,6 +163,8 @@ INSPECT_MARKS = ("viewer.html", "similarity.json")
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from qkv.analysis.inspect_methods import METHODS
+    from qkv.analysis.plots import FORMATS
     from qkv.analysis.viewer import run_inspect
     from qkv.errors import QkvError
 
@@ -90,14 +175,56 @@ def _inspect(args: argparse.Namespace) -> int:
         raise QkvError(f"--out {out} holds files qkv inspect did not write; its figures would be mixed with them "
                        "(or replace them): choose a new or empty --out")
 
+    formats = _csv(args.format, FORMATS, "--format")
+    methods = _csv(args.methods, METHODS, "--methods")
+    if args.flow_max_tokens < 1:
+        raise ValueError(f"--flow-max-tokens {args.flow_max_tokens} must be ≥ 1")
+    if args.similar_to is not None:
+        return _similarity(args, formats)
     ins, paths = run_inspect(args.model, args.text, args.out, text_b=args.pair,
-                             long_text="truncate" if args.truncate else "error")
+                             long_text="truncate" if args.truncate else "error", methods=methods,
+                             ablation=args.ablation, flow_max_tokens=args.flow_max_tokens, formats=formats,
+                             parity=args.parity, importance=args.importance)
+    ext = formats[0]
     if "generated" in paths:  # an encoder-decoder: its output and the cross-attention maps
         n_layers, n_heads, t, s = ins.cross_attentions.shape
         print(f"{s} source tokens → {' '.join(ins.output_tokens)}; {n_layers} layers × {n_heads} heads")
-        print(f"cross-attention: {paths['cross_1']}  (also decoder_attention_layer_*.png, encoder_attention_layer_*.png)")
+        print(f"cross-attention: {paths['cross_0']}  (also decoder_attention_layer_*.{ext}, "
+              f"encoder_attention_layer_*.{ext})")
         return 0
     n_layers, n_heads, t, _ = ins.attentions.shape
-    print(f"{t} tokens, {n_layers} layers × {n_heads} heads")
-    print(f"viewer: {paths['viewer']}  (also {paths['overview'].name} and attention_layer_*.png)")
+    print(f"{t} tokens, {n_layers} layers × {n_heads} heads (numbered from 0: L0H0 … L{n_layers - 1}H{n_heads - 1})")
+    for note in ins.notes:
+        print(f"note: {note}")
+    if ins.parity is not None:
+        print(ins.parity.describe())
+    if ins.importance:
+        blank = ins.importance["blank-out"]
+        top = sorted(range(len(blank)), key=lambda i: -blank[i])[:5]
+        print(f"token importance to {ins.importance_target}, largest by blank-out: "
+              + ", ".join(f"{ins.tokens[i]} {blank[i]:+.3f}" for i in top))
+    extra = [paths[k].name for k in ("overview", "methods", "ablation", "importance") if k in paths]
+    print(f"viewer: {paths['viewer']}  (also {', '.join(extra)} and attention_layer_*.{ext})")
+    return 0
+
+
+def _similarity(args: argparse.Namespace, formats: tuple[str, ...]) -> int:
+    import json
+
+    from qkv._fs import atomic_write_text
+    from qkv.analysis import plots
+    from qkv.analysis.figures import similarity_figure
+    from qkv.analysis.seq2seq_inspect import output_folder
+    from qkv.analysis.similarity_map import explain_similarity
+
+    m = explain_similarity(args.model, args.text, args.similar_to)  # the folder: its embedding settings
+    out = output_folder(args.out)
+    saved = plots.save_formats(similarity_figure(m.tokens_a, m.tokens_b, m.contributions, m.cosine),
+                               out / "similarity", formats)
+    atomic_write_text(out / "similarity.json", json.dumps(m.to_dict(), indent=1) + "\n")
+    print(f"cosine {m.cosine:.4f} ({m.pooling} pooling) = the sum of {m.contributions.size} token-pair contributions "
+          f"({m.contributions.sum():.4f}); the largest:")
+    for a, b, v in m.top_pairs(5):
+        print(f"  {v:+.4f}  {a} · {b}")
+    print(f"map: {', '.join(str(p) for p in saved.values())}  (numbers: {out / 'similarity.json'})")
     return 0

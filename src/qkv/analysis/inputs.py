@@ -119,14 +119,16 @@ class Documents:
         return len(self.texts)
 
 
-def read_corpus(specs: str | list[str], *, max_docs: int | None = None, seed: int = 0) -> Documents:
+def read_corpus(specs: str | list[str], *, max_docs: int | None = None, seed: int = 0,
+                label_field: str | None = None) -> Documents:
     """Read corpus specs with :mod:`qkv.data.corpus` into :class:`Documents`.
 
     A spec is a file or folder (plain text, ``.jsonl``, ``.gz``) or ``dataset:NAME[:SPLIT]``
     (``20newsgroups``, ``reuters8``, ``reuters52``, ``pydoc``, ``kjv``; see ``qkv.data``). With
     ``max_docs`` a seeded uniform sample of that many documents is kept while streaming (reservoir
     sampling: memory bounded by ``max_docs``; the named files are sorted by class, so the first N
-    would be one class), in corpus order.
+    would be one class), in corpus order. ``label_field``: the JSONL field of each document's label
+    (the named datasets bring their own labels).
 
     Raises:
         AnalysisInputError: a missing file, an unknown dataset, an unreadable file, no documents.
@@ -137,7 +139,7 @@ def read_corpus(specs: str | list[str], *, max_docs: int | None = None, seed: in
     rng = random.Random(seed)
     kept: list[tuple[int, str, str | None]] = []
     try:
-        for n, doc in enumerate(open_corpus([str(s) for s in specs]).documents()):
+        for n, doc in enumerate(open_corpus([str(s) for s in specs], label_field=label_field).documents()):
             item = (n, doc.text, doc.label)
             if max_docs is None or len(kept) < max_docs:
                 kept.append(item)

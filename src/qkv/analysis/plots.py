@@ -1,6 +1,11 @@
 """Figures of the analysis (matplotlib, no pyplot state: each function returns a ``Figure``).
 
 Legend: L layers, H heads, T tokens.
+
+Layers and heads are numbered from 0 (``L0``, ``L0H3``), as the model's module paths are; hidden
+state ``emb`` is the embedding output, ``L{i}`` the output of layer i. Every heatmap has a colour
+scale; each head's axes carry its label as SVG id (``gid``), so an SVG export names every head.
+:func:`save` writes PNG or SVG (text kept as text) by the file's suffix.
 """
 
 from __future__ import annotations
@@ -8,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
+from qkv._fs import atomic_file
 from qkv.analysis.heads import HEAD_METRICS, HeadStats
+from qkv.analysis.naming import head_label, hidden_label, layer_label
 from qkv.analysis.layers import LayerStats
 
 __all__ = [
@@ -23,7 +31,12 @@ __all__ = [
     "attention_grid",
     "attention_overview",
     "save",
+    "save_formats",
+    "FORMATS",
 ]
+
+#: The image formats every figure can be written in.
+FORMATS = ("png", "svg")
 
 HEAD_TITLES = {
     "entropy": "attention entropy (nats)",
@@ -38,8 +51,8 @@ HEAD_TITLES = {
 
 def _layer_axis(ax, n: int) -> None:
     ax.set_xticks(range(n))
-    ax.set_xticklabels(["emb"] + [str(i) for i in range(1, n)])
-    ax.set_xlabel("layer (emb = embedding output)")
+    ax.set_xticklabels([hidden_label(i) for i in range(n)])
+    ax.set_xlabel("after layer (emb = embedding output)")
     ax.grid(alpha=0.3)
 
 
@@ -90,7 +103,7 @@ def cka_heatmap(cka: np.ndarray) -> Figure:
     fig = Figure(figsize=(1.0 + 0.6 * n, 0.6 + 0.6 * n), layout="constrained")
     ax = fig.subplots()
     im = ax.imshow(cka, vmin=0, vmax=1, cmap="viridis")
-    labels = ["emb"] + [str(i) for i in range(1, n)]
+    labels = [hidden_label(i) for i in range(n)]
     ax.set_xticks(range(n), labels)
     ax.set_yticks(range(n), labels)
     if n <= 16:
@@ -104,7 +117,7 @@ def cka_heatmap(cka: np.ndarray) -> Figure:
 
 
 def head_heatmaps(heads: HeadStats, metrics: Sequence[str] = HEAD_METRICS) -> Figure:
-    """One layer × head heatmap per metric (rows: layers 1…L, columns: heads)."""
+    """One layer × head heatmap per metric (rows: layers L0…, columns: heads H0…)."""
     n_l, n_h = heads.n_layers, heads.n_heads
     cols = 4
     rows = -(-len(metrics) // cols)
@@ -115,8 +128,8 @@ def head_heatmaps(heads: HeadStats, metrics: Sequence[str] = HEAD_METRICS) -> Fi
         share = name.endswith("_share")
         im = ax.imshow(values, cmap="magma", aspect="auto", vmin=0, vmax=1 if share else None)
         ax.set_title(HEAD_TITLES[name], fontsize=9)
-        ax.set_xticks(range(n_h), [str(h) for h in range(n_h)], fontsize=6)
-        ax.set_yticks(range(n_l), [str(i + 1) for i in range(n_l)], fontsize=7)
+        ax.set_xticks(range(n_h), [f"H{h}" for h in range(n_h)], fontsize=6)
+        ax.set_yticks(range(n_l), [layer_label(i) for i in range(n_l)], fontsize=7)
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer", fontsize=8)
         fig.colorbar(im, ax=ax, shrink=0.85)
@@ -129,7 +142,7 @@ def head_layer_curves(heads: HeadStats) -> Figure:
     """Per-layer means over heads: entropy and distance against the uniform-attention baselines,
     and the special-token and neighbour shares."""
     n = heads.n_layers
-    x = np.arange(1, n + 1)
+    x = np.arange(n)
     fig = Figure(figsize=(13, 3.6), layout="constrained")
     a, b, c = fig.subplots(1, 3)
     for ax, name, base in ((a, "entropy", heads.uniform_entropy), (b, "distance", heads.uniform_distance)):
@@ -145,7 +158,7 @@ def head_layer_curves(heads: HeadStats) -> Figure:
     c.set_ylim(0, 1)
     c.legend(fontsize=7)
     for ax in (a, b, c):
-        ax.set_xticks(x)
+        ax.set_xticks(x, [layer_label(i) for i in range(n)])
         ax.set_xlabel("layer")
         ax.grid(alpha=0.3)
     return fig
@@ -160,23 +173,28 @@ def attention_grid(attn: np.ndarray, tokens: Sequence[str], layer: int, *, key_t
     keys = tokens if key_tokens is None else key_tokens
     cols = min(n_h, 4)
     rows = -(-n_h // cols)
-    side = 1.6 + 0.11 * max(t, s)
+    side = 1.6 + 0.11 * min(max(t, s), 48)  # labels stop at 40 tokens; beyond, about a pixel per token
     fig = Figure(figsize=(cols * side, rows * side + 0.4), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
     show_labels = max(t, s) <= 40
+    im = None
     for h, ax in enumerate(axes):
         if h >= n_h:
             ax.set_axis_off()
             continue
-        ax.imshow(attn[h], cmap="Blues", vmin=0, vmax=1)
-        ax.set_title(f"head {h}", fontsize=8)
-        if show_labels:
-            ax.set_xticks(range(s), keys, rotation=90, fontsize=5)
-            ax.set_yticks(range(t), tokens, fontsize=5)
+        im = ax.imshow(attn[h], cmap="Blues", vmin=0, vmax=1)
+        ax.set_title(head_label(layer, h), fontsize=8)
+        ax.set_gid(head_label(layer, h))
+        if show_labels:  # token names on the outer axes only (each text costs its layout)
+            last_row = h + cols >= n_h
+            ax.set_xticks(range(s), keys if last_row else [], rotation=90, fontsize=5)
+            ax.set_yticks(range(t), tokens if h % cols == 0 else [], fontsize=5)
         else:
             ax.set_xticks([])
             ax.set_yticks([])
-    fig.suptitle(f"layer {layer + 1}: {kind} (rows attend to columns)")
+    if im is not None:
+        fig.colorbar(im, ax=list(axes), shrink=0.6, label="weight")
+    fig.suptitle(f"{layer_label(layer)}: {kind} (rows attend to columns)")
     return fig
 
 
@@ -185,21 +203,39 @@ def attention_overview(attn: np.ndarray) -> Figure:
     n_l, n_h = attn.shape[:2]
     fig = Figure(figsize=(0.9 * n_h + 0.6, 0.9 * n_l + 0.5), layout="constrained")
     axes = np.array(fig.subplots(n_l, n_h, squeeze=False))
+    im = None
     for layer in range(n_l):
         for h in range(n_h):
             ax = axes[layer, h]
-            ax.imshow(attn[layer, h], cmap="Blues", vmin=0, vmax=1)
+            im = ax.imshow(attn[layer, h], cmap="Blues", vmin=0, vmax=1)
+            ax.set_gid(head_label(layer, h))
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:
-                ax.set_title(f"h{h}", fontsize=7)
+                ax.set_title(f"H{h}", fontsize=7)
             if h == 0:
-                ax.set_ylabel(f"L{layer + 1}", fontsize=7)
+                ax.set_ylabel(layer_label(layer), fontsize=7)
+    if im is not None:
+        fig.colorbar(im, ax=list(axes.ravel()), shrink=0.6, label="weight")
     fig.suptitle("attention maps: layers (rows) × heads (columns)", fontsize=9)
     return fig
 
 
 def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
+    """Write ``fig`` as PNG or SVG (by ``path``'s suffix; SVG keeps text as text)."""
     path = Path(path)
-    fig.savefig(path, dpi=dpi)
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "qkv"}), atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or "png")
     return path
+
+
+def save_formats(fig: Figure, stem: str | Path, formats=("png",), dpi: int = 110) -> dict[str, Path]:
+    """Write ``fig`` as ``stem.png`` / ``stem.svg`` for each of ``formats``: ``{format: path}``."""
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ValueError(f"image formats must be among {', '.join(FORMATS)}, got {list(formats)}")
+    out = {}
+    for f in formats:
+        out[f] = save(fig, Path(f"{stem}.{f}"), dpi)
+        fig.set_layout_engine("none")  # laid out once: the next format reuses the positions
+    return out

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from qkv.analysis.heads import HeadAccumulator, HeadStats
+from qkv.analysis.naming import head_label
 
 __all__ = ["SPECIALITIES", "SpecialisedHead", "block_head_statistics", "specialised_heads"]
 
@@ -27,7 +28,7 @@ SPECIALITIES = {"prev_share": "the previous token", "next_share": "the next toke
 
 @dataclass(frozen=True)
 class SpecialisedHead:
-    """One head's strongest speciality: ``layer`` and ``head`` from 0, ``share`` of its attention."""
+    """One head's strongest speciality: ``layer`` and ``head`` from 0 (``L{layer}H{head}``), ``share`` of its attention."""
 
     layer: int
     head: int
@@ -35,7 +36,7 @@ class SpecialisedHead:
     share: float
 
     def describe(self) -> str:
-        return f"layer {self.layer + 1} head {self.head}: {self.share:.2f} on {SPECIALITIES[self.speciality]}"
+        return f"{head_label(self.layer, self.head)}: {self.share:.2f} on {SPECIALITIES[self.speciality]}"
 
 
 @torch.no_grad()

@@ -1,32 +1,37 @@
-"""Inspect one text: every layer's attention as PNG heatmaps and an interactive offline HTML viewer.
+"""Inspect one text: every layer's attention — raw, value-norm weighted, rolled out, as flow — as heatmaps
+(PNG and SVG) and an interactive offline HTML viewer, with what switching off each head does.
 
-Legend: L layers, H heads, T tokens, C width.
+Legend: L layers, H heads, T tokens, C width. Layers and heads from 0 (``L0H3``, ``attention_layer_0.png``).
 
-A text longer than the model's window is an error by default (a viewer of hundreds of tokens is
-unreadable); ``long_text="truncate"`` keeps the first window instead.
+A text longer than the model's window is an error by default; ``long_text="truncate"`` keeps the
+first window instead. The viewer stays usable at 512 tokens (matrix view, lines drawn for the hovered
+token only above 64 tokens); attention flow is left out above ``flow_max_tokens`` (a note says so).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from qkv._fs import atomic_write_text
 from qkv.analysis import plots
 from qkv.analysis.capture import forward, model_window
-from qkv.analysis.inputs import AnalysisInputError, tokenizer_view
-from qkv.data.tokenizer_facade import TokenizerView
+from qkv.analysis.figures import ablation_figure, importance_figure, method_figure
+from qkv.analysis.hooked import Batch
+from qkv.analysis.inputs import AnalysisInputError, load_model, model_and_tokenizer, tokenizer_view
+from qkv.analysis.inspect_methods import METHODS, ablation_scan, is_classifier, is_qkv, method_maps, token_importance
+from qkv.analysis.parity import Parity, hf_parity
+from qkv.analysis.seq2seq_inspect import inspect_seq2seq, output_folder, write_seq2seq_inspection
 from qkv.analysis.viewer_html import render_viewer
 from qkv.checkpoints.io import unpack
-from qkv.analysis.inputs import model_and_tokenizer
+from qkv.data.tokenizer_facade import TokenizerView
 from qkv.models.seq2seq import EncoderDecoder
-import json
-from qkv.analysis.inputs import load_model
 
-__all__ = ["Inspection", "inspect_text", "write_inspection", "run_inspect", "Seq2SeqInspection", "inspect_seq2seq",
-           "write_seq2seq_inspection"]
+__all__ = ["Inspection", "inspect_text", "write_inspection", "run_inspect"]
 
 
 @dataclass
@@ -38,6 +43,15 @@ class Inspection:
         input_ids, token_type_ids: ``(T,)``.
         attentions: ``(L,H,T,T)`` exact weights, rows = queries.
         hidden_states: ``(L+1,T,C)``, embeddings first.
+        special: which tokens are ``[CLS]``, ``[SEP]`` or ``[PAD]``.
+        maps: the other methods asked for (:mod:`qkv.analysis.inspect_methods`): ``value_norm``
+            ``(L,H,T,T)``, ``rollout`` and ``flow`` ``(L,T,T)``.
+        notes: why a method asked for is missing.
+        ablation: ``(L,H)`` change of the output when each head is switched off, or ``None``;
+            ablation_metric says what it measures.
+        importance: a sequence classifier's token importance ``{method: (T,)}`` (empty otherwise);
+            importance_target says what it is the importance to.
+        parity: how far a converted Hugging Face model is from the original (:mod:`qkv.analysis.parity`).
     """
 
     text: str
@@ -48,6 +62,19 @@ class Inspection:
     attentions: np.ndarray
     hidden_states: np.ndarray
     special: list[bool]
+    maps: dict[str, np.ndarray] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    ablation: np.ndarray | None = None
+    ablation_metric: str = ""
+    importance: dict[str, np.ndarray] = field(default_factory=dict)
+    importance_target: str = ""
+    parity: Parity | None = None
+
+    def batch(self) -> Batch:
+        """The text as model input (segment ids only for a pair)."""
+        ids = torch.from_numpy(self.input_ids)[None]  # (1,T)
+        types = torch.from_numpy(self.token_type_ids)[None] if self.text_b is not None else None
+        return Batch(ids, torch.ones_like(ids, dtype=torch.bool), types, (tuple(self.tokens),))
 
 
 def _encode(tokenizer: TokenizerView, text: str, text_b: str | None, max_len: int, long_text: str):
@@ -85,16 +112,31 @@ def inspect_text(
     *,
     long_text: str = "error",
     max_len: int | None = None,
+    methods: tuple[str, ...] = (),
+    ablation: bool = False,
+    flow_max_tokens: int = 48,
+    importance: bool = False,
 ) -> Inspection:
     """Run one text (or a text pair, as ``[CLS] a [SEP] b [SEP]``) and keep all attention maps.
 
     ``model`` and ``tokenizer`` as in :func:`qkv.analysis.analyze`.
+
+    Args:
+        methods: more views than the raw weights, among ``value_norm``, ``rollout``, ``flow``
+            (:data:`~qkv.analysis.inspect_methods.METHODS`).
+        ablation: also switch each head off alone and measure the change of the output (a qkv model).
+        flow_max_tokens: attention flow only for texts of at most this many tokens.
+        importance: for a qkv sequence classifier, each token's importance to the predicted class
+            (:func:`~qkv.analysis.inspect_methods.token_importance`).
 
     Raises:
         AnalysisInputError: empty text; text longer than the window with ``long_text="error"``.
     """
     if long_text not in ("error", "truncate"):
         raise AnalysisInputError(f"long_text for inspect must be 'error' or 'truncate', got {long_text!r}")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise AnalysisInputError(f"unknown method {unknown[0]!r}; allowed: {', '.join(METHODS)}")
     model, tokenizer = unpack(model, tokenizer)  # a qkv.load bundle brings its tokenizer
     tokenizer = tokenizer_view(tokenizer)
     window = model_window(model) or 512
@@ -103,7 +145,7 @@ def inspect_text(
     ids_t = torch.from_numpy(ids)[None]  # (1,T)
     hidden, attn = forward(model, ids_t, torch.ones_like(ids_t, dtype=torch.bool), torch.from_numpy(types)[None])
     special = [int(i) in (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id) for i in ids]
-    return Inspection(
+    ins = Inspection(
         text=text,
         text_b=text_b,
         tokens=[tokenizer.id_to_token(i) for i in ids],
@@ -113,113 +155,51 @@ def inspect_text(
         hidden_states=hidden[:, 0].numpy(),  # (L+1,1,T,C) -> (L+1,T,C)
         special=special,
     )
+    if methods:
+        ins.maps, ins.notes = method_maps(model, ins.attentions, ins.batch(), methods, flow_max_tokens=flow_max_tokens)
+    if importance and is_classifier(model) and tokenizer.unk_id is None:
+        ins.notes.append("token importance: the tokenizer has no [UNK] to blank a token out with")
+    elif importance and is_classifier(model):
+        ins.importance, ins.importance_target = token_importance(
+            model, ins.batch(), replacement_id=tokenizer.unk_id, maps=ins.maps)
+    if ablation:
+        if is_qkv(model):
+            ins.ablation, ins.ablation_metric = ablation_scan(model, ins.batch())
+        else:
+            ins.notes.append("head ablation: needs a qkv model (load the folder with qkv.load)")
+    return ins
 
 
-def _output_folder(out_dir: str | Path) -> Path:
-    """``out_dir``, created if needed (an ``OSError`` naming it when it cannot be)."""
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OSError(f"cannot create the output folder {str(out)!r}: {exc}") from exc
-    return out
-
-
-def write_inspection(ins: Inspection, out_dir: str | Path, *, title: str = "") -> dict[str, Path]:
-    """Write ``attention_layer_K.png`` per layer (a grid of its heads), ``attention_overview.png``
-    (layer × head) and ``viewer.html``. Returns the paths by name."""
-    out = _output_folder(out_dir)
+def write_inspection(ins: Inspection, out_dir: str | Path, *, title: str = "",
+                     formats: tuple[str, ...] = ("png",)) -> dict[str, Path]:
+    """Write ``attention_layer_K.{png,svg}`` per layer (a grid of its heads, K from 0),
+    ``attention_overview`` (layer × head), ``methods`` (the views per layer) and ``ablation`` when the
+    inspection has them, and ``viewer.html``. Returns the paths by name (``layer_0``, ``overview``,
+    …; an SVG's name ends in ``_svg``)."""
+    out = output_folder(out_dir)
     paths: dict[str, Path] = {}
+
+    def save(fig, name: str, stem: str) -> None:
+        for fmt, path in plots.save_formats(fig, out / stem, formats, dpi=90).items():
+            paths[name if fmt == formats[0] else f"{name}_{fmt}"] = path
+
     n_layers, n_heads, t, _ = ins.attentions.shape
     for layer in range(n_layers):
-        fig = plots.attention_grid(ins.attentions[layer], ins.tokens, layer)
-        paths[f"layer_{layer + 1}"] = plots.save(fig, out / f"attention_layer_{layer + 1}.png", dpi=90)
-    paths["overview"] = plots.save(plots.attention_overview(ins.attentions), out / "attention_overview.png", dpi=90)
+        save(plots.attention_grid(ins.attentions[layer], ins.tokens, layer), f"layer_{layer}", f"attention_layer_{layer}")
+    save(plots.attention_overview(ins.attentions), "overview", "attention_overview")
+    if ins.maps:
+        save(method_figure(ins.tokens, {"raw": ins.attentions, **ins.maps}), "methods", "methods")
+    if ins.ablation is not None:
+        save(ablation_figure(ins.ablation, ins.ablation_metric), "ablation", "ablation")
+    if ins.importance:
+        save(importance_figure(ins.tokens, ins.importance, ins.importance_target), "importance", "importance")
     subtitle = f"{title + ' · ' if title else ''}{t} tokens · {n_layers} layers × {n_heads} heads"
-    page = render_viewer(ins.tokens, ins.special, ins.attentions, title=f"qkv attention — {title}",
-                         subtitle=subtitle)
+    page = render_viewer(ins.tokens, ins.special, ins.attentions, title=f"qkv attention — {title}", subtitle=subtitle,
+                         maps=ins.maps, notes=ins.notes, parity=None if ins.parity is None else ins.parity.describe(),
+                         ablation=None if ins.ablation is None else (ins.ablation, ins.ablation_metric),
+                         importance=(ins.importance, ins.importance_target) if ins.importance else None)
     paths["viewer"] = out / "viewer.html"
-    paths["viewer"].write_text(page, encoding="utf-8")
-    return paths
-
-
-@dataclass
-class Seq2SeqInspection:
-    """One source through an encoder–decoder, decoded greedily (L layers, H heads, S source, T target).
-
-    Attributes:
-        source_tokens: S source tokens. target_tokens: T decoder inputs (the start token, then the
-            generated tokens); row t predicts ``output_tokens[t]``. output_tokens: T generated tokens.
-        encoder_attentions: ``(L,H,S,S)``. decoder_attentions: ``(L,H,T,T)`` (causal).
-        cross_attentions: ``(L,H,T,S)``: each decoder position over the source.
-    """
-
-    text: str
-    source_tokens: list[str]
-    target_tokens: list[str]
-    output_tokens: list[str]
-    encoder_attentions: np.ndarray
-    decoder_attentions: np.ndarray
-    cross_attentions: np.ndarray
-
-    @property
-    def attentions(self) -> np.ndarray:
-        """The decoder's self-attention (what the CLI counts layers and heads of)."""
-        return self.decoder_attentions
-
-
-@torch.no_grad()
-def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None = None) -> Seq2SeqInspection:
-    """Encode ``text`` (whitespace-separated tokens of the model's tokenizer), generate greedily,
-    and keep the encoder, decoder and cross-attention maps of the generated target.
-
-    Raises:
-        AnalysisInputError: empty text, a token outside the vocabulary, a text longer than the window.
-    """
-    model, tokenizer = unpack(model, tokenizer)
-    if tokenizer is None:
-        raise AnalysisInputError("the encoder-decoder folder has no tokenizer.json; save the model with its tokenizer")
-    vocab = tokenizer.get_vocab()
-    words = text.split()
-    if not words:
-        raise AnalysisInputError("the text is empty: it gives no tokens")
-    unknown = [w for w in words if w not in vocab]
-    if unknown:
-        raise AnalysisInputError(f"token(s) {unknown[:3]} are not in the model's vocabulary; write the source as "
-                                 "space-separated vocabulary tokens, e.g. '3 1 4 1 5'")
-    window = model.config.max_len if model.config is not None else 512
-    if len(words) > window:
-        raise AnalysisInputError(f"the text has {len(words)} tokens, more than the model's window of {window}")
-    ids = torch.tensor([[vocab[w] for w in words]])  # (1,S)
-    eos = vocab.get("[EOS]")
-    out = model.generate(ids, max_new_tokens=max_new_tokens or min(window - 1, 2 * len(words) + 2),
-                         eos_token_id=eos)  # (1,1+n)
-    dec_in = out[:, :-1] if out.shape[1] > 1 else out  # (1,T): row t predicts out[t+1]
-    res = model(ids, decoder_input_ids=dec_in, output_attentions=True)
-    inverse = {i: w for w, i in vocab.items()}
-    stack = lambda maps: torch.stack(maps)[:, 0].numpy()  # noqa: E731  L × (1,H,·,·) -> (L,H,·,·)
-    return Seq2SeqInspection(
-        text=text, source_tokens=words, target_tokens=[inverse[int(i)] for i in dec_in[0]],
-        output_tokens=[inverse[int(i)] for i in out[0, 1:]], encoder_attentions=stack(res.encoder_attentions),
-        decoder_attentions=stack(res.decoder_attentions), cross_attentions=stack(res.cross_attentions))
-
-
-def write_seq2seq_inspection(ins: Seq2SeqInspection, out_dir: str | Path) -> dict[str, Path]:
-    """Write per layer ``cross_attention_layer_K.png`` (decoder × source, every head),
-    ``decoder_attention_layer_K.png`` and ``encoder_attention_layer_K.png``, and ``generated.txt``."""
-    out = _output_folder(out_dir)
-    paths: dict[str, Path] = {}
-    for layer in range(ins.cross_attentions.shape[0]):
-        rows = [f"{a}→{b}" for a, b in zip(ins.target_tokens, ins.output_tokens)]
-        for name, attn, q, k in (("cross", ins.cross_attentions, rows, ins.source_tokens),
-                                 ("decoder", ins.decoder_attentions, rows, ins.target_tokens),
-                                 ("encoder", ins.encoder_attentions, ins.source_tokens, ins.source_tokens)):
-            kind = {"cross": "cross-attention (decoder × source)", "decoder": "decoder self-attention (causal)",
-                    "encoder": "encoder self-attention"}[name]
-            fig = plots.attention_grid(attn[layer], q, layer, key_tokens=k, kind=kind)
-            paths[f"{name}_{layer + 1}"] = plots.save(fig, out / f"{name}_attention_layer_{layer + 1}.png", dpi=90)
-    paths["generated"] = out / "generated.txt"
-    paths["generated"].write_text(" ".join(t for t in ins.output_tokens if t != "[PAD]") + "\n", encoding="utf-8")
+    atomic_write_text(paths["viewer"], page)
     return paths
 
 
@@ -230,18 +210,34 @@ def run_inspect(
     *,
     text_b: str | None = None,
     long_text: str = "error",
-) -> tuple[Inspection, dict[str, Path]]:
-    """Load a model folder (or take what :func:`qkv.load` returned), inspect ``text`` and write the
-    heatmaps and the viewer into ``out_dir``."""
+    methods: tuple[str, ...] = METHODS,
+    ablation: bool = True,
+    flow_max_tokens: int = 48,
+    formats: tuple[str, ...] = ("png",),
+    parity: bool = True,
+    importance: bool = True,
+):
+    """Load a model folder (or take what :func:`qkv.load` returned), inspect ``text`` with every method and
+    write the heatmaps and the viewer into ``out_dir``; for a Hugging Face folder, the parity report too.
+
+    Returns:
+        ``(Inspection, paths)`` (a :class:`~qkv.analysis.seq2seq_inspect.Seq2SeqInspection` for an
+        encoder–decoder folder).
+    """
     if not isinstance(model_path, (str, Path)) or not _is_seq2seq_folder(model_path):
         model, tokenizer, name = model_and_tokenizer(model_path)
     else:  # an encoder-decoder folder: its word-level tokenizer has no [CLS]/[SEP]
         (model, tokenizer), name = load_model(model_path), str(model_path)
     if isinstance(model, EncoderDecoder):
         ins = inspect_seq2seq(model, tokenizer, text)
-        return ins, write_seq2seq_inspection(ins, out_dir)
-    ins = inspect_text(model, tokenizer, text, text_b, long_text=long_text)
-    return ins, write_inspection(ins, out_dir, title=Path(name).name)
+        return ins, write_seq2seq_inspection(ins, out_dir, formats)
+    ins = inspect_text(model, tokenizer, text, text_b, long_text=long_text, methods=methods, ablation=ablation,
+                       flow_max_tokens=flow_max_tokens, importance=importance)
+    if parity:
+        ins.parity, why = hf_parity(model_path, model, ins.batch())
+        if ins.parity is None and why != "not a Hugging Face folder":
+            ins.notes.append(f"parity: no report ({why})")
+    return ins, write_inspection(ins, out_dir, title=Path(name).name, formats=formats)
 
 
 def _is_seq2seq_folder(path) -> bool:

@@ -1,16 +1,13 @@
-"""The single-file attention viewer: HTML + CSS + vanilla JavaScript + inline SVG, no network.
+"""The single-file attention viewer: HTML + CSS + vanilla JavaScript + inline SVG and canvas, no network.
 
-:func:`render_viewer` fills the template with the data (JSON inside a ``<script type=
-"application/json">`` element; the weights as base64 uint16 per layer, decoded in the page).
-DOM contract (the browser test relies on it):
+:func:`render_viewer` fills the page template (``static/viewer.html``, ``viewer.css``, ``viewer.js``,
+files of the package) with the data: JSON inside a ``<script type="application/json">`` element; each
+method's maps per layer as base64 of zlib-deflated little-endian uint16 ``round(w · 65535)`` (error
+≤ 7.7e-6), inflated in the page by the browser's own ``DecompressionStream``. The page's DOM contract
+is written at the top of ``viewer.js`` (the browser test relies on it).
 
-* ``select#layer`` (values ``0…L-1``), ``select#head`` (values ``0…H-1`` and ``all``);
-* ``svg#headview``: tokens as ``g.tok[data-side=left|right][data-i]`` (left = the attending query,
-  right = the attended key); lines ``#lines line.attn[data-from][data-to][data-head][data-weight]``;
-  while a token is hovered it has class ``active`` and the tokens on the other side that it attends
-  to (or that attend to it) have class ``highlight`` and a ``data-weight``;
-* ``#modelview canvas.thumb[data-layer][data-head]``: one heatmap per layer × head; click selects;
-* ``window.qkvViewer = {state, render, data}``.
+Methods: ``raw`` and ``value_norm`` hold ``(L,H,T,T)`` maps, ``rollout`` and ``flow`` ``(L,T,T)``
+(see :mod:`qkv.analysis.inspect_methods`).
 """
 
 from __future__ import annotations
@@ -18,217 +15,73 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
+import zlib
+from importlib.resources import files
 
 import numpy as np
 
-__all__ = ["render_viewer", "quantize_attention"]
+__all__ = ["render_viewer", "quantize_attention", "encode_maps", "METHOD_HELP"]
 
-_TEMPLATE = r"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
-<style>
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;background:#fff}
-#controls label{margin-right:1.2em}
-#legend span{display:inline-block;margin-right:.6em;font-size:12px}
-#legend i{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:middle}
-#wrap{display:flex;gap:2em;align-items:flex-start}
-svg text{font-size:13px;font-family:ui-monospace,monospace;dominant-baseline:middle;cursor:default}
-g.tok rect{fill:#f6ad55;fill-opacity:0}
-g.tok.special text{fill:#777}
-g.tok.active rect{fill:#3182ce;fill-opacity:.35}
-g.tok.highlight rect{fill:#f6ad55}
-line.attn{stroke-linecap:round;pointer-events:none}
-#info{font-size:13px;min-width:16em;white-space:pre;font-family:ui-monospace,monospace}
-#modelview{display:grid;gap:4px;margin-top:.5em}
-#modelview canvas{width:64px;height:64px;image-rendering:pixelated;border:2px solid #ddd;cursor:pointer}
-#modelview canvas.selected{border-color:#e53e3e}
-.rowlabel{font-size:11px;align-self:center;color:#555}
-</style></head><body>
-<h1>Attention viewer</h1>
-<p id="sub">__SUB__</p>
-<div id="controls">
-<label>Layer <select id="layer"></select></label>
-<label>Head <select id="head"></select></label>
-<label>Hide lines below <input id="minw" type="number" min="0" max="1" step="0.01" value="0.02"></label>
-</div>
-<div id="legend"></div>
-<p style="font-size:13px;color:#555">Hover a token on the left to see where it attends; on the right to
-see what attends to it. Line opacity = attention weight.</p>
-<div id="wrap"><svg id="headview" xmlns="http://www.w3.org/2000/svg"></svg><div id="info"></div></div>
-<h2>Model view</h2>
-<p style="font-size:13px;color:#555">One heatmap per layer (rows) × head (columns); rows of a map attend
-to its columns. Click one to show it above.</p>
-<div id="modelview"></div>
-<script type="application/json" id="qkv-data">__DATA__</script>
-<script>
-(function () {
-  "use strict";
-  const D = JSON.parse(document.getElementById("qkv-data").textContent);
-  const L = D.attn.length, H = D.n_heads, T = D.tokens.length;
-  // each layer: base64 of little-endian uint16 weights × 65535, laid out (H,T,T)
-  const ATT = D.attn.map(function (b64) {
-    const bin = atob(b64), u8 = new Uint8Array(bin.length);
-    for (let k = 0; k < bin.length; k++) u8[k] = bin.charCodeAt(k);
-    const u16 = new Uint16Array(u8.buffer), f = new Float64Array(u16.length);
-    for (let k = 0; k < u16.length; k++) f[k] = u16[k] / 65535;
-    return f;
-  });
-  function at(l, h, i, j) { return ATT[l][(h * T + i) * T + j]; }
-  const NS = "http://www.w3.org/2000/svg";
-  const ROW = 20, COLW = 150, GAP = 240, PAD = 8;
-  const state = {layer: 0, head: 0, hover: null, minWeight: 0.02};
-  const svg = document.getElementById("headview");
-  const info = document.getElementById("info");
-  const layerSel = document.getElementById("layer"), headSel = document.getElementById("head");
-  const minw = document.getElementById("minw");
-
-  function el(tag, attrs, parent) {
-    const e = document.createElementNS(NS, tag);
-    for (const k in attrs) e.setAttribute(k, attrs[k]);
-    if (parent) parent.appendChild(e);
-    return e;
-  }
-  function colour(h) { return "hsl(" + Math.round(360 * h / H) + ",70%,42%)"; }
-  function y(i) { return PAD + i * ROW + ROW / 2; }
-
-  for (let l = 0; l < L; l++) layerSel.add(new Option("layer " + (l + 1), String(l)));
-  for (let h = 0; h < H; h++) headSel.add(new Option("head " + h, String(h)));
-  headSel.add(new Option("all heads", "all"));
-
-  svg.setAttribute("width", 2 * COLW + GAP);
-  svg.setAttribute("height", T * ROW + 2 * PAD);
-  const toks = {left: [], right: []};
-  for (const side of ["left", "right"]) {
-    for (let i = 0; i < T; i++) {
-      const g = el("g", {"class": "tok", "data-side": side, "data-i": i}, svg);
-      if (D.special[i]) g.classList.add("special");
-      const x = side === "left" ? 0 : COLW + GAP;
-      el("rect", {x: x, y: y(i) - ROW / 2 + 1, width: COLW, height: ROW - 2, rx: 3}, g);
-      const t = el("text", {x: side === "left" ? COLW - 6 : x + 6, y: y(i),
-                             "text-anchor": side === "left" ? "end" : "start"}, g);
-      t.textContent = D.tokens[i];
-      g.addEventListener("mouseenter", function () { state.hover = {side: side, i: i}; render(); });
-      g.addEventListener("mouseleave", function () { state.hover = null; render(); });
-      toks[side].push(g);
-    }
-  }
-  const lines = el("g", {id: "lines"}, svg);
-
-  function heads() { return state.head === "all" ? Array.from({length: H}, (_, h) => h) : [state.head]; }
-
-  function render() {
-    markThumbs();
-    lines.replaceChildren();
-    for (const side of ["left", "right"]) for (const g of toks[side]) {
-      g.classList.remove("active", "highlight");
-      g.removeAttribute("data-weight");
-      g.querySelector("rect").style.fillOpacity = "";
-    }
-    const hs = heads(), hv = state.hover, l = state.layer;
-    for (const h of hs) {
-      const stroke = state.head === "all" ? colour(h) : "#2b6cb0";
-      for (let i = 0; i < T; i++) {
-        if (hv && hv.side === "left" && hv.i !== i) continue;
-        for (let j = 0; j < T; j++) {
-          if (hv && hv.side === "right" && hv.i !== j) continue;
-          const w = at(l, h, i, j);
-          if (w < state.minWeight) continue;
-          el("line", {"class": "attn", x1: COLW, y1: y(i), x2: COLW + GAP, y2: y(j), stroke: stroke,
-                      "stroke-width": 2, "stroke-opacity": Math.min(1, w * (hs.length > 1 ? 1.5 : 1)),
-                      "data-from": i, "data-to": j, "data-head": h, "data-weight": w.toFixed(4)}, lines);
-        }
-      }
-    }
-    if (!hv) { info.textContent = "Hover a token."; return; }
-    toks[hv.side][hv.i].classList.add("active");
-    const other = hv.side === "left" ? "right" : "left";
-    const mean = [];
-    for (let k = 0; k < T; k++) {
-      let s = 0;
-      for (const h of hs) s += hv.side === "left" ? at(l, h, hv.i, k) : at(l, h, k, hv.i);
-      mean.push(s / hs.length);
-    }
-    mean.forEach(function (w, k) {
-      if (w < state.minWeight) return;
-      const g = toks[other][k];
-      g.classList.add("highlight");
-      g.setAttribute("data-weight", w.toFixed(4));
-      g.querySelector("rect").style.fillOpacity = String(Math.min(1, 0.15 + w));
-    });
-    const order = mean.map((w, k) => [w, k]).sort((a, b) => b[0] - a[0]).slice(0, 8);
-    info.textContent = (hv.side === "left" ? D.tokens[hv.i] + " attends to:\n" : "attending to " +
-      D.tokens[hv.i] + ":\n") + order.map(p => p[0].toFixed(3) + "  " + D.tokens[p[1]]).join("\n");
-  }
-
-  function legend() {
-    const lg = document.getElementById("legend");
-    lg.replaceChildren();
-    if (state.head !== "all") return;
-    for (let h = 0; h < H; h++) {
-      const s = document.createElement("span");
-      s.innerHTML = '<i style="background:' + colour(h) + '"></i>head ' + h;
-      lg.appendChild(s);
-    }
-  }
-
-  const mv = document.getElementById("modelview");
-  mv.style.gridTemplateColumns = "4em repeat(" + H + ", 68px)";
-  const thumbs = [];
-  for (let l = 0; l < L; l++) {
-    const lab = document.createElement("div");
-    lab.className = "rowlabel"; lab.textContent = "layer " + (l + 1);
-    mv.appendChild(lab);
-    for (let h = 0; h < H; h++) {
-      const c = document.createElement("canvas");
-      c.className = "thumb"; c.width = T; c.height = T; c.title = "layer " + (l + 1) + ", head " + h;
-      c.dataset.layer = l; c.dataset.head = h;
-      const ctx = c.getContext("2d"), img = ctx.createImageData(T, T);
-      for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
-        const v = Math.round(255 * (1 - Math.min(1, at(l, h, i, j)))), p = 4 * (i * T + j);
-        img.data[p] = v; img.data[p + 1] = v; img.data[p + 2] = 255; img.data[p + 3] = 255;
-      }
-      ctx.putImageData(img, 0, 0);
-      c.addEventListener("click", function () {
-        state.layer = l; state.head = h; layerSel.value = String(l); headSel.value = String(h);
-        legend(); render();
-      });
-      mv.appendChild(c); thumbs.push(c);
-    }
-  }
-  function markThumbs() {
-    for (const c of thumbs) {
-      const on = +c.dataset.layer === state.layer && (state.head === "all" || +c.dataset.head === state.head);
-      c.classList.toggle("selected", on);
-    }
-  }
-
-  layerSel.addEventListener("change", function () { state.layer = +layerSel.value; render(); });
-  headSel.addEventListener("change", function () {
-    state.head = headSel.value === "all" ? "all" : +headSel.value; legend(); render();
-  });
-  minw.addEventListener("change", function () { state.minWeight = +minw.value || 0; render(); });
-  window.qkvViewer = {state: state, render: render, data: D};
-  legend(); render();
-})();
-</script>
-</body></html>
-"""
+_STATIC = files("qkv.analysis") / "static"
+_ORDER = ("raw", "value_norm", "rollout", "flow")
+_TITLES = {"raw": "raw attention", "value_norm": "value-norm weighted", "rollout": "attention rollout",
+           "flow": "attention flow"}
+#: What each method shows, in one sentence (the viewer prints it under the controls).
+METHOD_HELP = {
+    "raw": "Raw attention: each head's softmax weights α (rows sum to 1).",
+    "value_norm": "Value-norm weighted (Kobayashi et al. 2020): ‖α·f(x)‖, the weight times the norm of what the "
+                  "key token actually sends through the head; each row shown as shares of its sum.",
+    "rollout": "Attention rollout (Abnar & Zuidema 2020): the heads averaged, the residual added (0.5·A + 0.5·I) and "
+               "layers 0…ℓ multiplied — how much each output position draws from each input token.",
+    "flow": "Attention flow (Abnar & Zuidema 2020): the maximum flow from each position after layer ℓ to each input "
+            "token through the layers' graph (capacities 0.5·A + 0.5·I), rows normalised.",
+}
 
 
 def quantize_attention(attn: np.ndarray) -> np.ndarray:
-    """``(L,H,T,T)`` weights → little-endian uint16 ``round(w · 65535)`` (error ≤ 7.7e-6)."""
+    """Weights in [0, 1] → little-endian uint16 ``round(w · 65535)`` (error ≤ 7.7e-6), same shape."""
     return np.round(np.clip(np.asarray(attn, dtype=np.float64), 0, 1) * 65535).astype("<u2")
 
 
-def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, title: str, subtitle: str) -> str:
-    """The viewer page for ``attn (L,H,T,T)``: weights travel as base64 uint16 per layer (about
-    2.7 bytes per weight, a third of JSON text)."""
-    q = quantize_attention(attn)
-    layers = [base64.b64encode(q[i].tobytes()).decode("ascii") for i in range(len(q))]  # (H,T,T) each
-    data = json.dumps({"tokens": tokens, "special": special, "n_heads": int(q.shape[1]), "attn": layers},
-                      separators=(",", ":"))
-    data = data.replace("</", "<\\/")  # never close the <script> element early
-    return (
-        _TEMPLATE.replace("__TITLE__", html.escape(title))
-        .replace("__SUB__", html.escape(subtitle))
-        .replace("__DATA__", data)
-    )
+def encode_maps(maps: np.ndarray) -> list[str]:
+    """``(L, …)`` maps → per layer base64 of the zlib-deflated uint16 quantisation."""
+    q = quantize_attention(maps)
+    return [base64.b64encode(zlib.compress(q[i].tobytes(), 6)).decode("ascii") for i in range(len(q))]
+
+
+def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, title: str, subtitle: str,
+                  maps: dict[str, np.ndarray] | None = None, notes: list[str] | tuple[str, ...] = (),
+                  ablation: tuple[np.ndarray, str] | None = None, parity: str | None = None,
+                  importance: tuple[dict[str, np.ndarray], str] | None = None) -> str:
+    """The viewer page for ``attn (L,H,T,T)`` and the other methods' ``maps``.
+
+    Args:
+        tokens, special: the T tokens and which are special (drawn grey).
+        attn: ``(L,H,T,T)`` raw attention weights.
+        maps: more methods: ``value_norm`` ``(L,H,T,T)`` (rows summing to 1), ``rollout`` / ``flow`` ``(L,T,T)``.
+        notes: lines shown above the views (e.g. why a method is missing).
+        ablation: ``((L,H) changes, what they measure)`` of switching each head off, or ``None``.
+        importance: ``({method: (T,) scores}, what they are the importance to)`` of each token, or ``None``.
+        parity: one line on how far the numbers are from the original model's, or ``None``.
+    """
+    every = {"raw": np.asarray(attn), **(maps or {})}
+    order = [m for m in _ORDER if m in every]
+    L, H = every["raw"].shape[:2]
+    data = {
+        "tokens": list(tokens), "special": [bool(s) for s in special], "n_layers": int(L), "n_heads": int(H),
+        "order": order, "titles": {m: _TITLES[m] for m in order}, "help": {m: METHOD_HELP[m] for m in order},
+        "methods": {m: {"per_head": every[m].ndim == 4, "layers": encode_maps(every[m])} for m in order},
+        "encoding": "deflate-uint16-base64", "notes": list(notes), "parity": parity,
+        "ablation": None if ablation is None else {"values": np.asarray(ablation[0]).round(6).tolist(),
+                                                   "metric": ablation[1]},
+        "importance": None if not importance or not importance[0] else {
+            "methods": {m: np.asarray(v, dtype=np.float64).round(8).tolist() for m, v in importance[0].items()},
+            "target": importance[1]},
+    }
+    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # never close the <script> early
+    page = (_STATIC / "viewer.html").read_text(encoding="utf-8")
+    parts = {"__TITLE__": html.escape(title), "__SUB__": html.escape(subtitle),
+             "__CSS__": (_STATIC / "viewer.css").read_text(encoding="utf-8"),
+             "__JS__": (_STATIC / "viewer.js").read_text(encoding="utf-8"), "__DATA__": text}
+    return re.sub("__(TITLE|SUB|CSS|JS|DATA)__", lambda m: parts[m.group(0)], page)  # one pass: the template only

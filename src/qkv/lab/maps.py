@@ -109,8 +109,8 @@ def plot_attention_maps(grid: LabGrid, out: Path, cells: list[str], labels: list
                 if h >= m.shape[1]:
                     ax.axis("off")
                     continue
-                ax.imshow(m[layer, h], vmin=0, vmax=1, cmap="viridis")
-                ax.set_title(f"{label} · layer {layer + 1} · head {h + 1}", fontsize=7)
+                im = ax.imshow(m[layer, h], vmin=0, vmax=1, cmap="viridis")
+                ax.set_title(f"{label} · L{layer}H{h}", fontsize=7)  # layers and heads from 0, as everywhere
                 if n <= _MAX_LABELLED:
                     ax.set_xticks(range(n), names, rotation=90, fontsize=5)
                     ax.set_yticks(range(n), names, fontsize=5)
@@ -120,6 +120,7 @@ def plot_attention_maps(grid: LabGrid, out: Path, cells: list[str], labels: list
             r += 1
     fig.suptitle(f"{grid.name}: attention on one held-out row (rows: queries, columns: keys)", fontsize=9)
     fig.tight_layout()
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")  # after the layout: beside it
     _save(fig, path)
     plt.close(fig)
     return path

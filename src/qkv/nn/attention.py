@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.nn.attend import DEFAULT_BUDGET, BackendPlan, attend_call
+from qkv.nn.hooks import ATTENTION_POINTS, TAPPED, refuse_packed, tapped_attention
 from qkv.nn.kv_cache import LayerCache, end_aligned_bias
 from qkv.nn.maps import linear_shape
 from qkv.nn.masks import key_padding_mask
@@ -100,7 +101,11 @@ class MultiHeadAttention(nn.Module):
         backend: a :class:`~qkv.nn.attend.BackendPlan`, or the name of one (``"auto"`` or a
             registered backend), resolved here once.
         chunk_size: queries per block on the chunked backend.
+
+    Hook points (:mod:`qkv.nn.hooks`): ``q``, ``k``, ``v``, ``scores``, ``weights``, ``heads``, ``out``.
     """
+
+    hook_points = ATTENTION_POINTS
 
     def __init__(self, d_model: int, n_heads: int, *, similarity: nn.Module, qkv_proj: nn.Linear | None = None,
                  q_proj: nn.Linear | None = None, kv_proj: nn.Linear | None = None,
@@ -235,6 +240,9 @@ class MultiHeadAttention(nn.Module):
             :class:`AttentionOutput` with ``output (B,T,C)`` and ``weights (B,H,T,S) | None``.
         """
         self._check_x(x, qk_pos)
+        if TAPPED and id(self) in TAPPED:  # hooks attached (qkv.nn.hooks): the staged path that runs them
+            return AttentionOutput(*tapped_attention(self, x, padding_mask, context=context, causal=causal,
+                                                     need_weights=need_weights, qk_pos=qk_pos, cache=cache))
         if self.cross or context is not None:
             return self._forward_cross(x, context, padding_mask, need_weights)
         if cache is not None:
@@ -252,6 +260,12 @@ class MultiHeadAttention(nn.Module):
 
     def _forward_cross(self, x: Tensor, context, padding_mask: Tensor | None, need_weights: bool) -> AttentionOutput:
         """Queries from ``x`` over the context's keys and values (see :meth:`forward`)."""
+        q, k, v, mask = self.cross_inputs(x, context, padding_mask)
+        res = self.backend.run(self._call(q, k, v, None, mask, False, need_weights))
+        return AttentionOutput(self._out(res.output), res.weights)
+
+    def cross_inputs(self, x: Tensor, context, padding_mask: Tensor | None):
+        """Cross-attention's checked inputs: ``q (B,H,T,D)``, ``k, v (B,G,S,D)`` and the mask ``(B,1,1,S)`` or ``None``."""
         if context is None:
             raise ValueError("cross-attention needs context=: a (B,S,E) tensor or project_context(...) of one")
         kv = context if isinstance(context, ContextKV) else self.project_context(context)
@@ -270,8 +284,7 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B,T,C) -> (B,H,T,D)
         if self.qk_norm is not None:
             q = self.qk_norm.q_norm(q)
-        res = self.backend.run(self._call(q, kv.k, kv.v, None, mask, False, need_weights))
-        return AttentionOutput(self._out(res.output), res.weights)
+        return q, kv.k, kv.v, mask
 
     def _forward_cached(self, x: Tensor, padding_mask: Tensor | None, causal: bool, qk_pos: Tensor | None,
                         cache: LayerCache) -> AttentionOutput:
@@ -342,6 +355,8 @@ class MultiHeadAttention(nn.Module):
             positions of the right-padded batch (up to float rounding).
         """
         N, C = x.shape
+        if TAPPED and id(self) in TAPPED:
+            refuse_packed(self)
         if sum(lengths) != N:
             raise ValueError(f"lengths sum to {sum(lengths)}, but x has {N} rows")
         pos = None if qk_pos is None else torch.cat([qk_pos[:n] for n in lengths])[None]  # (1,N,C)

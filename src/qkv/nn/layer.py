@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from qkv.nn.hooks import LAYER_POINTS, TAPPED, refuse_packed, tapped_layer
+
 __all__ = ["TransformerLayer", "LayerOutput"]
 
 
@@ -57,7 +59,11 @@ class TransformerLayer(nn.Module):
         norm2: the feed-forward sublayer's norm.
         norm: ``"post"`` (BERT) or ``"pre"``, chosen here once.
         dropout: dropout on each sublayer output before the residual sum.
+
+    Hook points (:mod:`qkv.nn.hooks`): ``resid_pre``, ``attn_out``, ``resid_mid``, ``ffn_out``, ``resid_post``.
     """
+
+    hook_points = LAYER_POINTS
 
     def __init__(
         self,
@@ -99,6 +105,8 @@ class TransformerLayer(nn.Module):
             :class:`LayerOutput` with ``output (B,T,C)``.
         """
         attend = dict(qk_pos=qk_pos, causal=causal, need_weights=need_weights, cache=cache)
+        if TAPPED and id(self) in TAPPED:  # hooks attached (qkv.nn.hooks): the same sums, with the hooks between
+            return LayerOutput(*tapped_layer(self, x, padding_mask, attend))
         if self.pre_norm:
             a = self.attention(self.norm1(x), padding_mask, **attend)
             h = _residual(self.dropout(a.output), x)                              # h = x + Att(Norm₁(x))
@@ -125,6 +133,8 @@ class TransformerLayer(nn.Module):
             at its real positions when it is right-padded in a batch with a padding mask (up to
             float rounding).
         """
+        if TAPPED and id(self) in TAPPED:
+            refuse_packed(self)
         attend = dict(causal=causal, need_weights=need_weights)
         if self.pre_norm:
             a = self.attention.forward_packed(self.norm1(x), lengths, qk_pos, **attend)

@@ -1,0 +1,111 @@
+"""Inspect one source through an encoder–decoder: greedy output, and the encoder, decoder and
+cross-attention maps of every layer as heatmaps (``qkv inspect`` on an encoder–decoder folder).
+
+Legend: L layers, H heads, S source tokens, T target tokens. Layers and heads from 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkv._fs import atomic_write_text
+from qkv.analysis import plots
+from qkv.analysis.inputs import AnalysisInputError
+from qkv.checkpoints.io import unpack
+
+__all__ = ["Seq2SeqInspection", "inspect_seq2seq", "write_seq2seq_inspection", "output_folder"]
+
+
+def output_folder(out_dir: str | Path) -> Path:
+    """``out_dir``, created if needed (an ``OSError`` naming it when it cannot be)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"cannot create the output folder {str(out)!r}: {exc}") from exc
+    return out
+
+
+@dataclass
+class Seq2SeqInspection:
+    """One source through an encoder–decoder, decoded greedily (L layers, H heads, S source, T target).
+
+    Attributes:
+        source_tokens: S source tokens. target_tokens: T decoder inputs (the start token, then the
+            generated tokens); row t predicts ``output_tokens[t]``. output_tokens: T generated tokens.
+        encoder_attentions: ``(L,H,S,S)``. decoder_attentions: ``(L,H,T,T)`` (causal).
+        cross_attentions: ``(L,H,T,S)``: each decoder position over the source.
+    """
+
+    text: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    output_tokens: list[str]
+    encoder_attentions: np.ndarray
+    decoder_attentions: np.ndarray
+    cross_attentions: np.ndarray
+
+    @property
+    def attentions(self) -> np.ndarray:
+        """The decoder's self-attention (what the CLI counts layers and heads of)."""
+        return self.decoder_attentions
+
+
+@torch.no_grad()
+def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None = None) -> Seq2SeqInspection:
+    """Encode ``text`` (whitespace-separated tokens of the model's tokenizer), generate greedily,
+    and keep the encoder, decoder and cross-attention maps of the generated target.
+
+    Raises:
+        AnalysisInputError: empty text, a token outside the vocabulary, a text longer than the window.
+    """
+    model, tokenizer = unpack(model, tokenizer)
+    if tokenizer is None:
+        raise AnalysisInputError("the encoder-decoder folder has no tokenizer.json; save the model with its tokenizer")
+    vocab = tokenizer.get_vocab()
+    words = text.split()
+    if not words:
+        raise AnalysisInputError("the text is empty: it gives no tokens")
+    unknown = [w for w in words if w not in vocab]
+    if unknown:
+        raise AnalysisInputError(f"token(s) {unknown[:3]} are not in the model's vocabulary; write the source as "
+                                 "space-separated vocabulary tokens, e.g. '3 1 4 1 5'")
+    window = model.config.max_len if model.config is not None else 512
+    if len(words) > window:
+        raise AnalysisInputError(f"the text has {len(words)} tokens, more than the model's window of {window}")
+    ids = torch.tensor([[vocab[w] for w in words]])  # (1,S)
+    eos = vocab.get("[EOS]")
+    out = model.generate(ids, max_new_tokens=max_new_tokens or min(window - 1, 2 * len(words) + 2),
+                         eos_token_id=eos)  # (1,1+n)
+    dec_in = out[:, :-1] if out.shape[1] > 1 else out  # (1,T): row t predicts out[t+1]
+    res = model(ids, decoder_input_ids=dec_in, output_attentions=True)
+    inverse = {i: w for w, i in vocab.items()}
+    stack = lambda maps: torch.stack(maps)[:, 0].numpy()  # noqa: E731  L × (1,H,·,·) -> (L,H,·,·)
+    return Seq2SeqInspection(
+        text=text, source_tokens=words, target_tokens=[inverse[int(i)] for i in dec_in[0]],
+        output_tokens=[inverse[int(i)] for i in out[0, 1:]], encoder_attentions=stack(res.encoder_attentions),
+        decoder_attentions=stack(res.decoder_attentions), cross_attentions=stack(res.cross_attentions))
+
+
+def write_seq2seq_inspection(ins: Seq2SeqInspection, out_dir: str | Path, formats=("png",)) -> dict[str, Path]:
+    """Write per layer ``cross_attention_layer_K.png`` (decoder × source, every head),
+    ``decoder_attention_layer_K.png`` and ``encoder_attention_layer_K.png``, and ``generated.txt``."""
+    out = output_folder(out_dir)
+    paths: dict[str, Path] = {}
+    for layer in range(ins.cross_attentions.shape[0]):
+        rows = [f"{a}→{b}" for a, b in zip(ins.target_tokens, ins.output_tokens)]
+        for name, attn, q, k in (("cross", ins.cross_attentions, rows, ins.source_tokens),
+                                 ("decoder", ins.decoder_attentions, rows, ins.target_tokens),
+                                 ("encoder", ins.encoder_attentions, ins.source_tokens, ins.source_tokens)):
+            kind = {"cross": "cross-attention (decoder × source)", "decoder": "decoder self-attention (causal)",
+                    "encoder": "encoder self-attention"}[name]
+            fig = plots.attention_grid(attn[layer], q, layer, key_tokens=k, kind=kind)
+            for fmt, path in plots.save_formats(fig, out / f"{name}_attention_layer_{layer}", formats, dpi=90).items():
+                paths[f"{name}_{layer}" + ("" if fmt == "png" else f"_{fmt}")] = path
+    paths["generated"] = out / "generated.txt"
+    atomic_write_text(paths["generated"], " ".join(t for t in ins.output_tokens if t != "[PAD]") + "\n")
+    return paths
