@@ -114,7 +114,7 @@ class _Source:
 
 
 @torch.no_grad()
-def decode(model, input_ids: Tensor, attention_mask: Tensor | None = None, *, max_new_tokens: int = 32,
+def decode(model, input_ids: Tensor, attention_mask: Tensor | None = None, *, max_new_tokens: int | None = None,
            num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
            do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            seed: int | None = None, decoder_start_token_id: int | None = None, eos_token_id: int | None = None,
@@ -124,7 +124,8 @@ def decode(model, input_ids: Tensor, attention_mask: Tensor | None = None, *, ma
     Args:
         model: a :class:`~qkv.models.seq2seq.EncoderDecoder`.
         input_ids: ``(B,S)`` source ids (right-padded; ``(S,)`` = one). attention_mask: ``(B,S)``, 1 = real.
-        max_new_tokens: tokens to add at most (≥ 1; the start token + these fit the decoder's window).
+        max_new_tokens: tokens to add at most (≥ 1; the start token + these fit the decoder's window);
+            default 32, or fewer where the window is shorter.
         num_beams: beams (1: greedy or sampling). length_penalty, early_stopping: beam search's
             (:mod:`qkv.generation.beam`).
         do_sample, temperature, top_k, top_p, seed: sampling (:mod:`qkv.generation.sampling`); ``seed``
@@ -140,6 +141,8 @@ def decode(model, input_ids: Tensor, attention_mask: Tensor | None = None, *, ma
             ``max_new_tokens`` < 1 or beyond the window, ``num_beams`` < 1, a bad sampling option.
     """
     ids, mask = check_source(model, input_ids, attention_mask)
+    if max_new_tokens is None:
+        max_new_tokens = min(32, model.decoder.max_len - 1)
     _check_options(model, max_new_tokens, num_beams, do_sample, temperature, top_k, top_p, length_penalty,
                    early_stopping)
     start = model.decoder_start_token_id if decoder_start_token_id is None else decoder_start_token_id
