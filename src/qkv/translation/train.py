@@ -44,7 +44,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(model=dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, max_len=128, position="sinusoidal",
                             norm="pre", dropout=0.1), vocab_size=8000, batch_tokens=3072, lr=1e-3, warmup=200,
                  smoothing=0.1, steps=4000),
-    "tiny": dict(model=dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, max_len=48, position="sinusoidal",
+    "tiny": dict(model=dict(d_model=64, n_heads=4, d_ff=128, n_layers=1, max_len=48, position="sinusoidal",
                             norm="pre", dropout=0.0), vocab_size=120, batch_tokens=256, lr=3e-3, warmup=10,
                  smoothing=0.0, steps=200),
 }
