@@ -101,3 +101,36 @@ def test_a_small_model_learns_to_translate_unseen_number_sentences():
     r = train_translation(train_pairs=pairs[:260], held_out=pairs[260:], preset="tiny", steps=600, progress=False,
                           vocab_size=80)
     assert r.result.final_eval["bleu"] > 80
+
+
+def test_inspect_draws_cross_attention_for_a_subword_translation_model(run, tmp_path):
+    from qkv.analysis.viewer import run_inspect
+
+    ins, paths = run_inspect(run.out / "model", "four five six", tmp_path / "ins")
+    assert ins.source_tokens[-1] == "[EOS]" and "▁four" in ins.source_tokens
+    L, H, T, S = ins.cross_attentions.shape
+    assert (L, H, S) == (1, 4, len(ins.source_tokens)) and paths["cross_1"].is_file()
+    assert (tmp_path / "ins" / "generated.txt").read_text().split()[:1] == ["▁cuatro"]
+
+
+def test_shared_names_are_capitalised_words_of_both_sides_not_the_first():
+    from qkv.translation.alignment import shared_names
+
+    assert shared_names("And Abraham went to Jerusalem with Isaac.", "Y fué Abraham á Jerusalem con Isaac.") == [
+        "Abraham", "Isaac", "Jerusalem"]
+    assert shared_names("Daniel said", "Daniel dijo") == []  # first words are capitalised anyway
+    assert shared_names("and Moses spake", "y Moisés habló") == []
+
+
+def test_name_alignment_scores_every_name_occurrence(run):
+    from qkv.translation.alignment import name_alignment
+
+    pairs = [("one Abraham two", "uno Abraham dos"), ("three Abraham Abraham", "tres Abraham Abraham"),
+             ("nine", "nueve")]
+    report = name_alignment(run.model, run.tokenizer, pairs)
+    assert (report.points, report.pairs) == (3, 2)
+    assert report.per_head.shape == (1, 4) and report.per_layer.shape == (1,)
+    assert 0 <= report.averaged <= 1 and 0 < report.chance < 1
+    assert "| 1 |" in report.table()
+    with pytest.raises(TranslationError, match="no pair holds a name"):
+        name_alignment(run.model, run.tokenizer, [("nine", "nueve")])

@@ -42,7 +42,7 @@ __all__ = ["PRESETS", "TranslationRunConfig", "TranslationRun", "train_translati
 #: Model and recipe presets. ``base``: the measured recipe of docs/translation.md; ``tiny``: tests.
 PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(model=dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, max_len=128, position="sinusoidal",
-                            norm="pre", dropout=0.1), vocab_size=8000, batch_tokens=3072, lr=1e-3, warmup=200,
+                            norm="pre", dropout=0.1), vocab_size=8000, batch_tokens=1536, lr=1e-3, warmup=100,
                  smoothing=0.1, steps=4000),
     "tiny": dict(model=dict(d_model=64, n_heads=4, d_ff=128, n_layers=1, max_len=48, position="sinusoidal",
                             norm="pre", dropout=0.0), vocab_size=120, batch_tokens=256, lr=3e-3, warmup=10,
