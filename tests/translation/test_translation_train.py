@@ -134,3 +134,21 @@ def test_name_alignment_scores_every_name_occurrence(run):
     assert "| 1 |" in report.table()
     with pytest.raises(TranslationError, match="no pair holds a name"):
         name_alignment(run.model, run.tokenizer, [("nine", "nueve")])
+
+
+@pytest.mark.slow
+def test_pretrain_objective_translation_trains_on_the_bible_pairs(tmp_path, capsys):
+    from qkv.data.bible import bible_pairs
+    from qkv.data.errors import DatasetNotInstalledError
+
+    try:
+        bible_pairs("en", "es", "validation")
+    except DatasetNotInstalledError:
+        pytest.skip("Debian sword-text-kjv / sword-text-sparv not installed; run `make data`")
+    out = tmp_path / "run"
+    argv = ["pretrain", "--objective", "translation", "--corpus", "dataset:bible-en-es", "--preset", "tiny",
+            "--steps", "2", "--vocab-size", "500", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    assert "validation verses, greedy): BLEU" in capsys.readouterr().out
+    assert (out / "model" / "qkv.json").is_file()
+    assert main(["pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0  # a finished run: unchanged
