@@ -2,7 +2,7 @@
 
 These modules are the only code that knows Hugging Face tensor and config names. Each family
 module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``, ``gpt2``; the
-encoder–decoder ``marian``) offers the same
+encoder–decoders ``marian``, ``bart``) offers the same
 three things:
 
 * ``read(hf_config, tensors, *, config_source, weights_source) -> Imported`` — qkv's config
@@ -37,6 +37,7 @@ FAMILIES: dict[str, str] = {
     "modernbert": "qkv.checkpoints.families.modernbert",
     "gpt2": "qkv.checkpoints.families.gpt2",
     "marian": "qkv.checkpoints.families.marian",
+    "bart": "qkv.checkpoints.families.bart",
 }
 DEFAULT = "bert"
 
