@@ -11,13 +11,13 @@ from qkv.translation.subwords import BOS, EOS, PAD, SPECIALS, UNK, check_subword
 
 TEXTS = ["En el principio crió Dios los cielos y la tierra.", "In the beginning God created the heaven and the earth.",
          "¿Quién es éste, que viene de Edom?", "And God said, Let there be light: and there was light.",
-         "Y dijo Dios: Sea la luz: y fué la luz."] * 3
+         "Y dijo Dios: Sea la luz: y fué la luz.", "¡Jehová! Él habló: «sí»."] * 3
 
 
 def test_specials_come_first_and_text_round_trips_exactly():
     tok = train_subwords(TEXTS, vocab_size=120, min_frequency=1)
     assert [tok.token_to_id(s) for s in SPECIALS] == [PAD, BOS, EOS, UNK] == [0, 1, 2, 3]
-    for text in TEXTS[:5] + ["¡Jehová! Él habló: «sí»."]:
+    for text in TEXTS[:6] + ["Él creó la luz, ¿y quién?"]:  # characters seen in training
         assert tok.decode(tok.encode(text).ids) == text
     assert tok.get_vocab_size() <= 120
 

@@ -6,7 +6,9 @@ its punctuation — so the BERT WordPiece tokenizer of :mod:`qkv.data.tokenizer`
 accent stripping, a space around every punctuation mark) does not fit. :func:`train_subwords`
 trains a ``tokenizers`` BPE model with SentencePiece's conventions instead: Unicode NFC, words
 marked by a leading ``▁`` (the Metaspace pre-tokenizer), and a decoder that turns ``▁`` back into
-spaces, so ``decode(encode(text)) == text`` for any text of single-spaced words.
+spaces, so ``decode(encode(text)) == text`` for any text of single-spaced words made of characters
+seen in training. A character never seen becomes ``[UNK]`` (a special token: decoding leaves it
+out); the Bible pairs' test books hold none that the training books lack.
 
 Special tokens come first, in the ids an :class:`~qkv.models.seq2seq.EncoderDecoder` uses:
 ``[PAD]=0`` (padding), ``[BOS]=1`` (the decoder's start token), ``[EOS]=2`` (ends a source and a
