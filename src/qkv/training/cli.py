@@ -184,7 +184,8 @@ def config_from_args(args: argparse.Namespace):
 #: ``--objective translation``: the options it reads (field → ``train_translation`` keyword).
 _TRANSLATION = {"corpus": None, "preset": "preset", "vocab_size": "vocab_size", "steps": "steps",
                 "time_budget": "time_budget", "lr": "lr", "warmup_steps": "warmup", "seed": "seed",
-                "precision": "precision", "eval_every": "eval_every", "objective": None, "progress": "progress"}
+                "precision": "precision", "eval_every": "eval_every", "objective": None, "progress": "progress",
+                "threads": "threads"}
 
 
 def _translation_run(args: argparse.Namespace) -> bool:
@@ -217,7 +218,7 @@ def _run_translation(args: argparse.Namespace) -> int:
         bad = other + (["--config"] if args.config else []) + (["--model"] if args.model else [])
         raise ValueError(f"{', '.join(bad)}: not option(s) of --objective translation; it reads --corpus, --preset, "
                          "--vocab-size, --steps, --time-budget, --lr, --warmup-steps, --seed, --precision, "
-                         "--eval-every")
+                         "--eval-every, --threads")
     if args.resume:
         stored = read_run(Path(args.out))["train_config"]
         kw = {k: stored[k] for k in ("preset", "steps", "time_budget", "seed", "precision", "eval_every",
@@ -232,6 +233,8 @@ def _run_translation(args: argparse.Namespace) -> int:
         direction = specs[corpus[0]]
         kw = {_TRANSLATION[k]: v for k, v in given.items() if _TRANSLATION.get(k)}
     kw.setdefault("progress", given.get("progress", True))
+    if args.resume and "threads" in given:
+        kw["threads"] = given["threads"]
     run = train_translation(direction, out=args.out, resume=args.resume, **kw)
     if run.result.status != "complete":
         return report_interrupted(run.result, "qkv pretrain")

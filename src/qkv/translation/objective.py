@@ -107,7 +107,7 @@ class TranslationObjective:
     on :class:`TranslationBatches`; held out: BLEU and chrF of greedy translations of ``held_out``
     pairs ``(source, target)`` and their teacher-forced loss."""
 
-    metric, metric_label, loss_label = "bleu", "held-out BLEU (greedy)", "loss"
+    metric, metric_label, loss_label = "bleu", "BLEU (greedy)", "loss"
 
     def __init__(self, batches: TranslationBatches, tokenizer, held_out: Sequence[tuple[str, str]], *,
                  smoothing: float = 0.1, eval_batch_size: int = 64):

@@ -106,7 +106,8 @@ def train_translation(direction: str = "en-es", *, preset: str = "base", steps: 
                       time_budget: float | None = None, out: str | Path | None = None, resume: bool = False,
                       train_pairs: Sequence | None = None, held_out: Sequence | None = None, eval_pairs: int = 200,
                       eval_every: int | None = None, seed: int = 0, precision: str = "fp32", progress: bool = True,
-                      clock: Callable[[], float] = time.monotonic, **recipe) -> TranslationRun:
+                      threads: int | str | None = None, clock: Callable[[], float] = time.monotonic,
+                      **recipe) -> TranslationRun:
     """Train an encoder–decoder to translate (see the module docstring).
 
     Args:
@@ -120,6 +121,9 @@ def train_translation(direction: str = "en-es", *, preset: str = "base", steps: 
         eval_pairs: held-out pairs translated at each evaluation (the first ones).
         eval_every: steps between evaluations (``None``: at the end only).
         seed, precision, progress, clock: as for every run of the engine.
+        threads: intra-op CPU threads (``"adaptive"``, with a time budget: one thread or all, by
+            measured step time — for a machine shared with other jobs); not part of the run's
+            configuration (a resumed run may change it).
 
     Raises:
         TranslationError: no pairs, a bad direction. ValueError: a bad option.
@@ -143,14 +147,15 @@ def train_translation(direction: str = "en-es", *, preset: str = "base", steps: 
     if out is None:
         if resume:
             raise ValueError("resume=True continues the run in a folder: give out")
-        return _train(cfg, train, held, None, progress, clock)
+        return _train(cfg, train, held, None, progress, clock, threads)
     with open_run(out, resume=resume) as run:
         if resume:
             run.check_config(cfg)
-        return _train(cfg, train, held, run, progress, clock)
+        return _train(cfg, train, held, run, progress, clock, threads)
 
 
-def _train(cfg: TranslationRunConfig, train: list, held: list, run, progress: bool, clock) -> TranslationRun:
+def _train(cfg: TranslationRunConfig, train: list, held: list, run, progress: bool, clock,
+           threads) -> TranslationRun:
     used, note = resolve_precision(cfg.precision)
     if note and progress:
         print(f"qkv translation: {note}", flush=True)
@@ -175,6 +180,7 @@ def _train(cfg: TranslationRunConfig, train: list, held: list, run, progress: bo
     loop = LoopConfig(steps=cfg.steps if cfg.time_budget is None else None, time_budget=cfg.time_budget, lr=cfg.lr,
                       weight_decay=0.01, betas=(0.9, 0.98), eps=1e-8, warmup_steps=cfg.warmup, clip_norm=1.0,
                       seed=cfg.seed, eval_every=cfg.eval_every, log_every=10, progress=progress,
+                      threads=threads,
                       save_every=(cfg.eval_every or 500) if run is not None else None)
     objective = TranslationObjective(batches, tokenizer, held, smoothing=cfg.smoothing)
     result = run_training(loop, objective, model=model, run=run, precision=used,
