@@ -94,6 +94,10 @@ def test_training_refusals():
         train_translation(train_pairs=FIXED, held_out=FIXED, preset="tiny", steps=1, progress=False, dropout=0.3)
     with pytest.raises(ValueError, match="preset"):
         train_translation(train_pairs=FIXED, held_out=FIXED, preset="huge", steps=1, progress=False)
+    with pytest.raises(ValueError, match="threads='adaptive' needs a time_budget"):
+        train_translation(train_pairs=FIXED, held_out=FIXED, preset="tiny", steps=1, progress=False, threads="adaptive")
+    with pytest.raises(ValueError, match="threads=0 must be a number"):
+        train_translation(train_pairs=FIXED, held_out=FIXED, preset="tiny", steps=1, progress=False, threads=0)
 
 
 @pytest.mark.slow

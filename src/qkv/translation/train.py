@@ -132,6 +132,11 @@ def train_translation(direction: str = "en-es", *, preset: str = "base", steps: 
     source, target = parse_direction(direction)
     check_choice("precision", precision, PRECISIONS)
     check_positive("time_budget", time_budget, unit=" of minutes (e.g. 30)", optional=True)
+    if threads is not None and threads != "adaptive" and (isinstance(threads, bool) or not isinstance(threads, int)
+                                                          or threads < 1):
+        raise ValueError(f"threads={threads!r} must be a number ≥ 1 or 'adaptive'")
+    if threads == "adaptive" and time_budget is None:
+        raise ValueError("threads='adaptive' needs a time_budget (a step-count run keeps a fixed thread count)")
     unknown = sorted(set(recipe) - {"vocab_size", "batch_tokens", "lr", "warmup", "smoothing"})
     if unknown:
         raise ValueError(f"unknown recipe option(s) {unknown}; allowed: vocab_size, batch_tokens, lr, warmup, smoothing")
