@@ -28,6 +28,7 @@ from qkv.config import ModelConfig
 from qkv.data.bible import bible_pairs
 from qkv.models.builders import build_encoder_decoder
 from qkv.training.config import LoopConfig, RunConfig
+from qkv.training.distributed import refuse_world
 from qkv.training.engine import TrainResult, run_training
 from qkv.training.lifecycle import open_run, resume_eval
 from qkv.training.precision import PRECISIONS, resolve_precision
@@ -126,9 +127,11 @@ def train_translation(direction: str = "en-es", *, preset: str = "base", steps: 
             configuration (a resumed run may change it).
 
     Raises:
-        TranslationError: no pairs, a bad direction. ValueError: a bad option.
+        TranslationError: no pairs, a bad direction. ValueError: a bad option; started under
+            torchrun (one process only, for now).
         DatasetNotInstalledError: the Bible packages are missing.
     """
+    refuse_world("translation training runs in one process here (no torchrun yet); run it without torchrun")
     source, target = parse_direction(direction)
     check_choice("precision", precision, PRECISIONS)
     check_positive("time_budget", time_budget, unit=" of minutes (e.g. 30)", optional=True)
