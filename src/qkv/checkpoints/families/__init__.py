@@ -38,6 +38,7 @@ FAMILIES: dict[str, str] = {
     "gpt2": "qkv.checkpoints.families.gpt2",
     "marian": "qkv.checkpoints.families.marian",
     "bart": "qkv.checkpoints.families.bart",
+    "t5": "qkv.checkpoints.families.t5",
 }
 DEFAULT = "bert"
 
