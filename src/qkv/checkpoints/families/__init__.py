@@ -2,7 +2,7 @@
 
 These modules are the only code that knows Hugging Face tensor and config names. Each family
 module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``, ``gpt2``; the
-encoder–decoders ``marian``, ``bart``) offers the same
+encoder–decoders ``marian``, ``bart``, ``t5``) offers the same
 three things:
 
 * ``read(hf_config, tensors, *, config_source, weights_source) -> Imported`` — qkv's config
