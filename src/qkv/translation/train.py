@@ -142,7 +142,8 @@ def train_translation(direction: str = "en-es", *, preset: str = "base", steps: 
         raise ValueError("threads='adaptive' needs a time_budget (a step-count run keeps a fixed thread count)")
     unknown = sorted(set(recipe) - {"vocab_size", "batch_tokens", "lr", "warmup", "smoothing"})
     if unknown:
-        raise ValueError(f"unknown recipe option(s) {unknown}; allowed: vocab_size, batch_tokens, lr, warmup, smoothing")
+        raise ValueError(f"unknown recipe option(s) {unknown}; allowed: vocab_size, batch_tokens, lr, warmup, "
+                         "smoothing")
     check_choice("preset", preset, tuple(PRESETS))
     r = {**PRESETS[preset], **recipe}
     data = "given pairs" if train_pairs is not None else f"dataset:bible-{direction}"

@@ -51,7 +51,8 @@ def _norm(hf: str, ours: str) -> list[tuple[str, str, str]]:
 
 def _self_attention(plan: Plan, hf: str, ours: str) -> None:
     for p in ("weight", "bias"):
-        plan.fused.append((f"{ours}.qkv_proj.{p}", tuple(f"{hf}.{a}.{p}" for a in _ATTN), "CC" if p == "weight" else "C"))
+        plan.fused.append((f"{ours}.qkv_proj.{p}", tuple(f"{hf}.{a}.{p}" for a in _ATTN),
+                           "CC" if p == "weight" else "C"))
     plan.rows += [(f"{hf}.out_proj.weight", f"{ours}.out_proj.weight", "CC"),
                   (f"{hf}.out_proj.bias", f"{ours}.out_proj.bias", "C")]
 
@@ -107,7 +108,8 @@ def model_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
                                   ("encoder_ffn_dim", "decoder_ffn_dim")))
     for key in ("encoder_layerdrop", "decoder_layerdrop"):
         if hf.get(key, 0.0):
-            raise CheckpointError(f"{source}: {key}={hf[key]!r} is not supported (qkv never skips a layer); set it to 0")
+            raise CheckpointError(f"{source}: {key}={hf[key]!r} is not supported (qkv never skips a layer); "
+                                  "set it to 0")
     eos = hf.get("eos_token_id")
     if eos is not None and not isinstance(eos, int):
         raise CheckpointError(f"{source}: eos_token_id={eos!r}: qkv reads one end token (an int)")

@@ -2,7 +2,8 @@
 
 A family module describes a checkpoint as a :class:`Plan`: rows ``(Hugging Face name, qkv name,
 symbolic shape)`` copied one to one, and fused rows (qkv's one ``qkv_proj`` from three Hugging Face
-maps, rows ``[q; k; v]``; a cross-attention's ``kv_proj`` from two, ``[k; v]``). The same plan reads (:func:`state_from_plan`, after :func:`check_plan`)
+maps, rows ``[q; k; v]``; a cross-attention's ``kv_proj`` from two, ``[k; v]``). The same plan
+reads (:func:`state_from_plan`, after :func:`check_plan`)
 and writes (:func:`tensors_from_plan`). Symbolic shapes are strings of dimension letters resolved
 by ``Plan.dims`` (``"VC"`` → ``(V, C)``); ``Plan.fields`` names the ``config.json`` field of each
 letter for the messages.

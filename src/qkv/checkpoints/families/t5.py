@@ -125,7 +125,8 @@ def _config(hf: dict[str, Any], source: str) -> ModelConfig:
         return ModelConfig.from_flat(
             vocab_size=hf["vocab_size"], d_model=hf["d_model"], n_heads=hf["num_heads"], d_ff=hf["d_ff"],
             n_layers=hf["num_layers"], max_len=hf.get("n_positions", 512), type_vocab_size=0,
-            activation=activation_from_hf(proj, source, "feed_forward_proj"), dropout=float(hf.get("dropout_rate", 0.1)),
+            activation=activation_from_hf(proj, source, "feed_forward_proj"),
+            dropout=float(hf.get("dropout_rate", 0.1)),
             layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-6)), norm="pre", norm_type="rmsnorm",
             norm_bias=False, attention_bias=False, mlp_bias=False, similarity="dot", position="t5",
             num_buckets=hf.get("relative_attention_num_buckets", 32),
@@ -149,7 +150,8 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str, 
     plan = _plan(config)
     plan.rows += [(name, ours.format(0), "KH") for name, ours, _ in _score_biases(config)]
     check_plan(tensors, plan, weights_source, ignored=_TIED, owned=("encoder.", "decoder."),
-               layers_field="num_layers/num_decoder_layers", n_layers=config.n_layers, unknown=f"a T5 model ({SUPPORTED})")
+               layers_field="num_layers/num_decoder_layers", n_layers=config.n_layers,
+               unknown=f"a T5 model ({SUPPORTED})")
     for name in _TIED:
         check_tied(tensors, name, "shared.weight", weights_source, what="shared.weight")
     state = state_from_plan(tensors, plan)
@@ -175,7 +177,8 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
                                         "type_vocab_size": 0, "embedding_size": None, "pooler": False}, extra)
     n_dec = _n_decoder(config)
     return {"architectures": [ARCHITECTURES["encoder_decoder"]], "model_type": MODEL_TYPE,
-            "vocab_size": config.vocab_size, "d_model": config.d_model, "d_kv": config.d_model // config.attention.n_heads,
+            "vocab_size": config.vocab_size, "d_model": config.d_model,
+            "d_kv": config.d_model // config.attention.n_heads,
             "d_ff": config.ffn.d_ff, "num_layers": config.n_layers, "num_decoder_layers": n_dec,
             "num_heads": config.attention.n_heads, "relative_attention_num_buckets": config.positions.num_buckets,
             "relative_attention_max_distance": config.positions.max_distance, "dropout_rate": config.dropout,
