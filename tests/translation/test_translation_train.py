@@ -157,3 +157,46 @@ def test_pretrain_objective_translation_trains_on_the_bible_pairs(tmp_path, caps
     assert "validation verses, greedy): BLEU" in capsys.readouterr().out
     assert (out / "model" / "qkv.json").is_file()
     assert main(["pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0  # a finished run: unchanged
+
+
+def test_cross_attention_viewer_in_headless_chromium(run, tmp_path):
+    """The viewer of ``qkv inspect`` on an encoder–decoder: decoder tokens on the left, source
+    subwords on the right; hovering a decoder token draws its lines to the source keys it weighs."""
+    import importlib.util
+    import shutil
+
+    from qkv.analysis.viewer import run_inspect
+
+    browser, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+    if not browser or not driver or importlib.util.find_spec("selenium") is None:
+        pytest.skip("headless Chromium or selenium absent: apt-get install -y chromium chromium-driver; "
+                    "pip install selenium")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    ins, paths = run_inspect(run.out / "model", "four five six", tmp_path / "ins")
+    T, S = ins.cross_attentions.shape[2:]  # 4 decoder rows over 5 source subwords with this seed
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1200"):
+        opts.add_argument(arg)
+    drv = webdriver.Chrome(service=Service(executable_path=driver), options=opts)
+    try:
+        drv.get(paths["viewer"].as_uri())
+        right = drv.find_elements(By.CSS_SELECTOR, 'g.tok[data-side="right"]')
+        assert [g.text for g in right] == list(ins.source_tokens)
+        assert len(drv.find_elements(By.CSS_SELECTOR, 'g.tok[data-side="left"]')) == T
+        q = T - 1
+        left = drv.find_element(By.CSS_SELECTOR, f'g.tok[data-side="left"][data-i="{q}"]')
+        ActionChains(drv).move_to_element(left).perform()
+        lines = drv.find_elements(By.CSS_SELECTOR, "#lines line.attn")
+        want = {j for j in range(S) if ins.cross_attentions[0, 0, q, j] >= 0.02}
+        assert {int(x.get_attribute("data-to")) for x in lines} == want
+        thumb = drv.find_element(By.CSS_SELECTOR, "#modelview canvas.thumb")
+        assert (int(thumb.get_attribute("width")), int(thumb.get_attribute("height"))) == (S, T)
+        assert not [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        drv.quit()

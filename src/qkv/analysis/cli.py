@@ -82,7 +82,8 @@ def _inspect(args: argparse.Namespace) -> int:
     if "generated" in paths:  # an encoder-decoder: its output and the cross-attention maps
         n_layers, n_heads, t, s = ins.cross_attentions.shape
         print(f"{s} source tokens → {' '.join(ins.output_tokens)}; {n_layers} layers × {n_heads} heads")
-        print(f"cross-attention: {paths['cross_1']}  (also decoder_attention_layer_*.png, encoder_attention_layer_*.png)")
+        print(f"cross-attention: {paths['viewer']} (interactive), {paths['cross_1']}  (also "
+              "cross_attention_layer_*.png, decoder_attention_layer_*.png, encoder_attention_layer_*.png)")
         return 0
     n_layers, n_heads, t, _ = ins.attentions.shape
     print(f"{t} tokens, {n_layers} layers × {n_heads} heads")

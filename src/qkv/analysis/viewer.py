@@ -213,7 +213,9 @@ def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None =
 
 def write_seq2seq_inspection(ins: Seq2SeqInspection, out_dir: str | Path) -> dict[str, Path]:
     """Write per layer ``cross_attention_layer_K.png`` (decoder × source, every head),
-    ``decoder_attention_layer_K.png`` and ``encoder_attention_layer_K.png``, and ``generated.txt``."""
+    ``decoder_attention_layer_K.png`` and ``encoder_attention_layer_K.png``, ``generated.txt``, and
+    ``viewer_cross.html`` (the interactive viewer of the cross-attention: decoder tokens on the
+    left, source tokens on the right)."""
     out = _output_folder(out_dir)
     paths: dict[str, Path] = {}
     for layer in range(ins.cross_attentions.shape[0]):
@@ -226,7 +228,17 @@ def write_seq2seq_inspection(ins: Seq2SeqInspection, out_dir: str | Path) -> dic
             fig = plots.attention_grid(attn[layer], q, layer, key_tokens=k, kind=kind)
             paths[f"{name}_{layer + 1}"] = plots.save(fig, out / f"{name}_attention_layer_{layer + 1}.png", dpi=90)
     paths["generated"] = out / "generated.txt"
-    paths["generated"].write_text(" ".join(t for t in ins.output_tokens if t != "[PAD]") + "\n", encoding="utf-8")
+    generated = " ".join(t for t in ins.output_tokens if t != "[PAD]")
+    paths["generated"].write_text(generated + "\n", encoding="utf-8")
+    rows = [f"{a}→{b}" for a, b in zip(ins.target_tokens, ins.output_tokens)]
+    L, H = ins.cross_attentions.shape[:2]
+    page = render_viewer(rows, [False] * len(rows), ins.cross_attentions, title="qkv cross-attention",
+                         subtitle=f"{ins.text} → {generated} · decoder (left) over source (right) · "
+                                  f"{L} layers × {H} heads",
+                         key_tokens=list(ins.source_tokens), key_special=[t in ("[EOS]", "[PAD]") for t in
+                                                                          ins.source_tokens])
+    paths["viewer"] = out / "viewer_cross.html"
+    paths["viewer"].write_text(page, encoding="utf-8")
     return paths
 
 

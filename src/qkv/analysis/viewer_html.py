@@ -64,7 +64,9 @@ to its columns. Click one to show it above.</p>
   "use strict";
   const D = JSON.parse(document.getElementById("qkv-data").textContent);
   const L = D.attn.length, H = D.n_heads, T = D.tokens.length;
-  // each layer: base64 of little-endian uint16 weights × 65535, laid out (H,T,T)
+  // keys (right side): the queries themselves (self-attention), or other tokens (cross-attention)
+  const KT = D.key_tokens || D.tokens, KSP = D.key_special || D.special, S = KT.length;
+  // each layer: base64 of little-endian uint16 weights × 65535, laid out (H,T,S)
   const ATT = D.attn.map(function (b64) {
     const bin = atob(b64), u8 = new Uint8Array(bin.length);
     for (let k = 0; k < bin.length; k++) u8[k] = bin.charCodeAt(k);
@@ -72,7 +74,7 @@ to its columns. Click one to show it above.</p>
     for (let k = 0; k < u16.length; k++) f[k] = u16[k] / 65535;
     return f;
   });
-  function at(l, h, i, j) { return ATT[l][(h * T + i) * T + j]; }
+  function at(l, h, i, j) { return ATT[l][(h * T + i) * S + j]; }
   const NS = "http://www.w3.org/2000/svg";
   const ROW = 20, COLW = 150, GAP = 240, PAD = 8;
   const state = {layer: 0, head: 0, hover: null, minWeight: 0.02};
@@ -95,17 +97,18 @@ to its columns. Click one to show it above.</p>
   headSel.add(new Option("all heads", "all"));
 
   svg.setAttribute("width", 2 * COLW + GAP);
-  svg.setAttribute("height", T * ROW + 2 * PAD);
+  svg.setAttribute("height", Math.max(T, S) * ROW + 2 * PAD);
   const toks = {left: [], right: []};
   for (const side of ["left", "right"]) {
-    for (let i = 0; i < T; i++) {
+    const names = side === "left" ? D.tokens : KT, special = side === "left" ? D.special : KSP;
+    for (let i = 0; i < names.length; i++) {
       const g = el("g", {"class": "tok", "data-side": side, "data-i": i}, svg);
-      if (D.special[i]) g.classList.add("special");
+      if (special[i]) g.classList.add("special");
       const x = side === "left" ? 0 : COLW + GAP;
       el("rect", {x: x, y: y(i) - ROW / 2 + 1, width: COLW, height: ROW - 2, rx: 3}, g);
       const t = el("text", {x: side === "left" ? COLW - 6 : x + 6, y: y(i),
                              "text-anchor": side === "left" ? "end" : "start"}, g);
-      t.textContent = D.tokens[i];
+      t.textContent = names[i];
       g.addEventListener("mouseenter", function () { state.hover = {side: side, i: i}; render(); });
       g.addEventListener("mouseleave", function () { state.hover = null; render(); });
       toks[side].push(g);
@@ -128,7 +131,7 @@ to its columns. Click one to show it above.</p>
       const stroke = state.head === "all" ? colour(h) : "#2b6cb0";
       for (let i = 0; i < T; i++) {
         if (hv && hv.side === "left" && hv.i !== i) continue;
-        for (let j = 0; j < T; j++) {
+        for (let j = 0; j < S; j++) {
           if (hv && hv.side === "right" && hv.i !== j) continue;
           const w = at(l, h, i, j);
           if (w < state.minWeight) continue;
@@ -141,8 +144,8 @@ to its columns. Click one to show it above.</p>
     if (!hv) { info.textContent = "Hover a token."; return; }
     toks[hv.side][hv.i].classList.add("active");
     const other = hv.side === "left" ? "right" : "left";
-    const mean = [];
-    for (let k = 0; k < T; k++) {
+    const mean = [], others = hv.side === "left" ? KT : D.tokens;
+    for (let k = 0; k < others.length; k++) {
       let s = 0;
       for (const h of hs) s += hv.side === "left" ? at(l, h, hv.i, k) : at(l, h, k, hv.i);
       mean.push(s / hs.length);
@@ -156,7 +159,7 @@ to its columns. Click one to show it above.</p>
     });
     const order = mean.map((w, k) => [w, k]).sort((a, b) => b[0] - a[0]).slice(0, 8);
     info.textContent = (hv.side === "left" ? D.tokens[hv.i] + " attends to:\n" : "attending to " +
-      D.tokens[hv.i] + ":\n") + order.map(p => p[0].toFixed(3) + "  " + D.tokens[p[1]]).join("\n");
+      KT[hv.i] + ":\n") + order.map(p => p[0].toFixed(3) + "  " + others[p[1]]).join("\n");
   }
 
   function legend() {
@@ -179,11 +182,11 @@ to its columns. Click one to show it above.</p>
     mv.appendChild(lab);
     for (let h = 0; h < H; h++) {
       const c = document.createElement("canvas");
-      c.className = "thumb"; c.width = T; c.height = T; c.title = "layer " + (l + 1) + ", head " + h;
+      c.className = "thumb"; c.width = S; c.height = T; c.title = "layer " + (l + 1) + ", head " + h;
       c.dataset.layer = l; c.dataset.head = h;
-      const ctx = c.getContext("2d"), img = ctx.createImageData(T, T);
-      for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
-        const v = Math.round(255 * (1 - Math.min(1, at(l, h, i, j)))), p = 4 * (i * T + j);
+      const ctx = c.getContext("2d"), img = ctx.createImageData(S, T);
+      for (let i = 0; i < T; i++) for (let j = 0; j < S; j++) {
+        const v = Math.round(255 * (1 - Math.min(1, at(l, h, i, j)))), p = 4 * (i * S + j);
         img.data[p] = v; img.data[p + 1] = v; img.data[p + 2] = 255; img.data[p + 3] = 255;
       }
       ctx.putImageData(img, 0, 0);
@@ -215,17 +218,24 @@ to its columns. Click one to show it above.</p>
 
 
 def quantize_attention(attn: np.ndarray) -> np.ndarray:
-    """``(L,H,T,T)`` weights → little-endian uint16 ``round(w · 65535)`` (error ≤ 7.7e-6)."""
+    """``(L,H,T,S)`` weights → little-endian uint16 ``round(w · 65535)`` (error ≤ 7.7e-6)."""
     return np.round(np.clip(np.asarray(attn, dtype=np.float64), 0, 1) * 65535).astype("<u2")
 
 
-def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, title: str, subtitle: str) -> str:
-    """The viewer page for ``attn (L,H,T,T)``: weights travel as base64 uint16 per layer (about
-    2.7 bytes per weight, a third of JSON text)."""
+def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, title: str, subtitle: str,
+                  key_tokens: list[str] | None = None, key_special: list[bool] | None = None) -> str:
+    """The viewer page for ``attn (L,H,T,S)``: weights travel as base64 uint16 per layer (about
+    2.7 bytes per weight, a third of JSON text). Self-attention: S = T, the tokens on both sides;
+    cross-attention: ``key_tokens`` (and ``key_special``) are the S attended tokens on the right."""
     q = quantize_attention(attn)
-    layers = [base64.b64encode(q[i].tobytes()).decode("ascii") for i in range(len(q))]  # (H,T,T) each
-    data = json.dumps({"tokens": tokens, "special": special, "n_heads": int(q.shape[1]), "attn": layers},
-                      separators=(",", ":"))
+    S = len(tokens) if key_tokens is None else len(key_tokens)
+    if q.ndim != 4 or q.shape[2:] != (len(tokens), S):
+        raise ValueError(f"attention of shape {tuple(q.shape)} does not match {len(tokens)} query and {S} key tokens")
+    layers = [base64.b64encode(q[i].tobytes()).decode("ascii") for i in range(len(q))]  # (H,T,S) each
+    payload = {"tokens": tokens, "special": special, "n_heads": int(q.shape[1]), "attn": layers}
+    if key_tokens is not None:
+        payload.update(key_tokens=key_tokens, key_special=key_special or [False] * S)
+    data = json.dumps(payload, separators=(",", ":"))
     data = data.replace("</", "<\\/")  # never close the <script> element early
     return (
         _TEMPLATE.replace("__TITLE__", html.escape(title))
