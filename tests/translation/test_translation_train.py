@@ -177,7 +177,7 @@ def test_cross_attention_viewer_in_headless_chromium(run, tmp_path):
     from selenium.webdriver.common.by import By
 
     ins, paths = run_inspect(run.out / "model", "four five six", tmp_path / "ins")
-    T, S = ins.cross_attentions.shape[2:]  # 4 decoder rows over 5 source subwords with this seed
+    T, S = ins.cross_attentions.shape[2:]  # T decoder rows over S source subwords
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
