@@ -39,6 +39,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
      "qkv.embeddings.cli:add_embedding_parsers"),
     (("ablate",), "qkv.experiments.cli:add_ablate_parser"),
     (("generate",), "qkv.generation.cli:add_generate_parser"),
+    (("translate",), "qkv.translation.cli:add_translate_parser"),
     (("lab",), "qkv.lab.cli:add_lab_parser"),
     (("export",), "qkv.checkpoints.cli:add_export_parser"),
     (("serve",), "qkv.serve.cli:add_serve_parser"),

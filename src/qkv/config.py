@@ -27,7 +27,8 @@ from typing import Any
 from qkv.config_migrate import FLAT, SECTIONS, layer_types_for, nest
 from qkv.validation import check_bool, check_choice, check_heads, check_int, check_positive, check_range
 
-__all__ = ["ModelConfig", "AttentionConfig", "PositionConfig", "FeedForwardConfig", "NormConfig", "PRESETS",
+__all__ = ["ModelConfig", "AttentionConfig", "PositionConfig", "FeedForwardConfig", "NormConfig", "DecoderConfig",
+           "PRESETS",
            "NORM_PLACEMENTS", "LAYER_TYPES", "flat_value", "field_path", "layer_period"]
 
 #: Where the norm sits: after each residual sum (BERT, the textbook) or before each sublayer.
@@ -218,8 +219,47 @@ class NormConfig:
                              "first_attention=True")
 
 
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The decoder of an encoder–decoder (:func:`qkv.models.builders.build_encoder_decoder`) where it
+    differs from the encoder; ``ModelConfig.decoder=None`` elsewhere (and in encoder–decoders saved
+    before this section existed, which build as they did).
+
+    Attributes:
+        vocab_size: the target vocabulary when it is not the source's: the decoder then has a token
+            table of its own (separate vocabularies, Marian's ``decoder_vocab_size``); ``None`` = one
+            table shared with the encoder.
+        n_layers: decoder layers; ``None`` = ``ModelConfig.n_layers``.
+        start_token_id: the decoder's first input (BOS; Marian and T5 start from the pad id).
+        eos_token_id: the token that ends a target (generation stops there), or ``None``.
+        logits_bias: a fixed ``(V,)`` bias added to the logits (Marian's and BART's ``final_logits_bias``).
+        output_scale: the decoder's output is multiplied by it before the tied head (T5: ``d_model**-0.5``).
+        causal_buckets: with ``t5`` positions, the decoder's self-attention buckets count past offsets
+            only (T5's decoder); ``False``: the encoder's two-sided buckets, half of them masked.
+    """
+
+    vocab_size: int | None = None
+    n_layers: int | None = None
+    start_token_id: int = 1
+    eos_token_id: int | None = None
+    logits_bias: bool = False
+    output_scale: float = 1.0
+    causal_buckets: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layers"):
+            check_int(f"decoder.{name}", getattr(self, name), optional=True)
+        check_int("decoder.start_token_id", self.start_token_id, low=0)
+        check_int("decoder.eos_token_id", self.eos_token_id, low=0, optional=True)
+        for name in ("logits_bias", "causal_buckets"):
+            check_bool(f"decoder.{name}", getattr(self, name))
+        check_positive("decoder.output_scale", self.output_scale)
+
+
 _SUBCONFIGS = {"attention": AttentionConfig, "positions": PositionConfig, "ffn": FeedForwardConfig,
                "norm": NormConfig}
+#: Sections that may be ``None`` (a model that has no such part).
+_OPTIONAL = {"decoder": DecoderConfig}
 
 
 @dataclass(frozen=True)
@@ -248,6 +288,7 @@ class ModelConfig:
         ffn: :class:`FeedForwardConfig`. norm: :class:`NormConfig`.
         layer_types: each layer's attention, ``"global"`` or ``"local"`` (a sliding window of
             ``attention.window``), as Hugging Face's ``layer_types``; ``None`` = every layer global.
+        decoder: :class:`DecoderConfig` of an encoder–decoder, or ``None``.
     """
 
     vocab_size: int = _BERT_VOCAB
@@ -268,6 +309,7 @@ class ModelConfig:
     ffn: FeedForwardConfig = field(default_factory=FeedForwardConfig)
     norm: NormConfig = field(default_factory=NormConfig)
     layer_types: tuple[str, ...] | None = None
+    decoder: DecoderConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "max_len"):
@@ -286,6 +328,15 @@ class ModelConfig:
         for name, cls in _SUBCONFIGS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        if isinstance(self.decoder, dict):
+            object.__setattr__(self, "decoder", _section("decoder", self.decoder))
+        if self.decoder is not None and not isinstance(self.decoder, DecoderConfig):
+            raise ValueError(f"decoder must be a DecoderConfig or None, got {type(self.decoder).__name__}")
+        for name in ("start_token_id", "eos_token_id"):
+            value = None if self.decoder is None else getattr(self.decoder, name)
+            limit = self.vocab_size if self.decoder is None or self.decoder.vocab_size is None else self.decoder.vocab_size
+            if value is not None and value >= limit:
+                raise ValueError(f"decoder.{name}={value} must be < the target vocabulary size {limit}")
         check_heads(self.d_model, self.attention.n_heads, self.attention.n_kv_heads, prefix="attention.")
         self._check_layer_types()
 
@@ -357,7 +408,7 @@ class ModelConfig:
             raise ValueError(f"unknown ModelConfig field(s) {unknown}; allowed: {', '.join(top)} and the flat "
                              f"names {', '.join(sorted(FLAT))}")
         kwargs = dict(data)
-        for section in SECTIONS:
+        for section in (*SECTIONS, *_OPTIONAL):
             value = kwargs.get(section)
             if isinstance(value, dict):
                 kwargs[section] = _section(section, value)
@@ -377,7 +428,7 @@ class ModelConfig:
 
 
 def _section(name: str, values: dict[str, Any]):
-    cls = _SUBCONFIGS[name]
+    cls = {**_SUBCONFIGS, **_OPTIONAL}[name]
     allowed = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(allowed))
     if unknown:
@@ -391,7 +442,9 @@ def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     set to ``None`` makes every layer global."""
     out = dict(base)
     for key, value in changes.items():
-        if key in SECTIONS and isinstance(value, dict) and isinstance(out.get(key), dict):
+        if key in _OPTIONAL and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        elif key in SECTIONS and isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = {**out[key], **value}
         elif key in SECTIONS and isinstance(value, dict) and out.get(key) is not None:
             out[key] = {**dataclasses.asdict(out[key]), **value}

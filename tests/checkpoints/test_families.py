@@ -13,11 +13,11 @@ from qkv.models.builders import build_encoder
 from qkv.errors import CheckpointError
 
 
-@pytest.mark.parametrize("model_type", ["llama", "t5", None])
+@pytest.mark.parametrize("model_type", ["llama", "mbart", None])
 def test_unsupported_model_type_is_refused_with_the_supported_ones(tmp_path, model_type):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(CheckpointError, match=rf"config.json: not a BERT checkpoint \(model_type is {model_type!r}, "
-                                              r".*supported model_type values: bert, roberta, distilbert, electra, modernbert, gpt2$"):
+                                              r".*supported model_type values: bert, roberta, distilbert, electra, modernbert, gpt2, marian, bart, t5$"):
         qkv.load(tmp_path)
 
 

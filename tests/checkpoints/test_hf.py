@@ -203,10 +203,10 @@ def test_not_a_bert_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match=r"not a qkv or BERT checkpoint folder; expected qkv.json or config.json"):
         qkv.load(tmp_path / "empty")
-    t5 = tmp_path / "t5"
+    t5 = tmp_path / "mbart"
     t5.mkdir()
-    (t5 / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(CheckpointError, match=r"config.json: not a BERT checkpoint \(model_type is 't5', expected 'bert'\)"):
+    (t5 / "config.json").write_text(json.dumps({"model_type": "mbart"}))
+    with pytest.raises(CheckpointError, match=r"config.json: not a BERT checkpoint \(model_type is 'mbart', expected 'bert'\)"):
         qkv.load(t5)
     with pytest.raises(CheckpointError, match="not a folder"):
         qkv.load(tmp_path / "nowhere")

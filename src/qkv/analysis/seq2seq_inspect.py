@@ -57,8 +57,10 @@ class Seq2SeqInspection:
 
 @torch.no_grad()
 def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None = None) -> Seq2SeqInspection:
-    """Encode ``text`` (whitespace-separated tokens of the model's tokenizer), generate greedily,
-    and keep the encoder, decoder and cross-attention maps of the generated target.
+    """Encode ``text`` (whitespace-separated tokens of a word-level vocabulary, as the lab's tasks
+    have; or any text with a subword translation vocabulary, :mod:`qkv.translation.subwords`:
+    its pieces and ``[EOS]``), generate greedily, and keep the encoder, decoder and
+    cross-attention maps of the generated target.
 
     Raises:
         AnalysisInputError: empty text, a token outside the vocabulary, a text longer than the window.
@@ -70,15 +72,20 @@ def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None =
     words = text.split()
     if not words:
         raise AnalysisInputError("the text is empty: it gives no tokens")
+    eos = vocab.get("[EOS]")
     unknown = [w for w in words if w not in vocab]
-    if unknown:
+    if unknown and type(tokenizer.model).__name__ != "WordLevel" and eos is not None:
+        enc = tokenizer.encode(text)  # a subword (translation) vocabulary: its pieces and the end token
+        words, token_ids = [*enc.tokens, "[EOS]"], [*enc.ids, eos]
+    elif unknown:
         raise AnalysisInputError(f"token(s) {unknown[:3]} are not in the model's vocabulary; write the source as "
                                  "space-separated vocabulary tokens, e.g. '3 1 4 1 5'")
+    else:
+        token_ids = [vocab[w] for w in words]
     window = model.config.max_len if model.config is not None else 512
     if len(words) > window:
         raise AnalysisInputError(f"the text has {len(words)} tokens, more than the model's window of {window}")
-    ids = torch.tensor([[vocab[w] for w in words]])  # (1,S)
-    eos = vocab.get("[EOS]")
+    ids = torch.tensor([token_ids])  # (1,S)
     out = model.generate(ids, max_new_tokens=max_new_tokens or min(window - 1, 2 * len(words) + 2),
                          eos_token_id=eos)  # (1,1+n)
     dec_in = out[:, :-1] if out.shape[1] > 1 else out  # (1,T): row t predicts out[t+1]

@@ -9,7 +9,7 @@ Two folder formats:
   whose task says so; plus ``"plugins": [{"kind", "name", "module"}]`` when the config uses parts
   registered outside qkv, :func:`qkv.plugins.plugins_needed`) and ``model.safetensors`` with qkv
   tensor names.
-* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2): ``config.json`` with its
+* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2, Marian, BART, T5): ``config.json`` with its
   ``model_type`` and ``model.safetensors`` or ``pytorch_model.bin``; the latter is read only with
   ``torch.load(weights_only=True)``, which refuses any pickle that would run code. The family's
   converter in :mod:`qkv.checkpoints.families` maps the names and says what is kept (the encoder, a
@@ -296,7 +296,9 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     (sequence classification, regression; ``AutoModelForSequenceClassification``),
     ``BertForTokenClassification`` or ``BertModel`` (encoder), the pooler's weights too when the
     model has one; the other families as :mod:`qkv.checkpoints.families` says (e.g.
-    ``ElectraForPreTraining`` for a discriminator, ``GPT2LMHeadModel`` for a causal LM). Atomic.
+    ``ElectraForPreTraining`` for a discriminator, ``GPT2LMHeadModel`` for a causal LM,
+    ``MarianMTModel``, ``BartForConditionalGeneration`` or ``T5ForConditionalGeneration`` for an
+    encoder–decoder, Marian by default). Atomic.
     Returns the folder. ``model`` and ``tokenizer`` as in :func:`save`.
 
     Raises:
@@ -306,8 +308,6 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     """
     model, tokenizer = unpack(model, tokenizer)
     config, kind, task = model_kind(model)
-    if kind == "encoder_decoder":
-        raise CheckpointError("an encoder-decoder has no Hugging Face family here (BERT-like families are encoders); keep it in the qkv format (qkv.save)")
     converter = families.for_export(config, family, kind)
     converter.config_to_hf(config, kind, task)  # raises before anything is written
 

@@ -10,12 +10,13 @@ encoder, for fine-tuning) are built in :mod:`qkv.models.task_builders`.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import nn
 
-from qkv.config import ModelConfig
+from qkv.config import DecoderConfig, ModelConfig
 from qkv.models.parts import check_parts
 from qkv.nn.attend import BackendPlan
 from qkv.nn.attention import MultiHeadAttention
@@ -27,7 +28,7 @@ from qkv.nn.maps import TRAINING, LinearMaps
 from qkv.nn.norms import RMSNorm, build_norm
 from qkv.nn.pooler import Pooler
 from qkv.nn.qk_norm import build_qk_norm
-from qkv.nn.positional import build_positions
+from qkv.nn.positional import T5RelativeBias, build_positions
 from qkv.nn.similarity import build_similarity
 from qkv.validation import check_heads
 from qkv.models.discriminator import Discriminator, DiscriminatorHead
@@ -302,51 +303,73 @@ def init_weights(model: nn.Module, std: float) -> None:
                 nn.init.normal_(table, std=std)
 
 
-def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_start_token_id: int = 1,
+def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_start_token_id: int | None = None,
                           maps: LinearMaps = TRAINING):
     """The encoder–decoder (:class:`qkv.models.seq2seq.EncoderDecoder`) described by ``config``:
-    encoder and decoder of the same sizes (``n_layers`` each), one vocabulary (the decoder reads the
-    encoder's token table; the LM head is tied to it).
+    encoder and decoder of the same width, heads and feed-forward; the decoder's vocabulary, depth,
+    start and end tokens, output scale and logits bias from ``config.decoder``
+    (:class:`~qkv.config.DecoderConfig`; ``None``: one vocabulary — the decoder reads the encoder's
+    token table —, ``n_layers`` each, start token 1). The LM head is tied to the decoder's table.
 
     Every position scheme works: relative ones (relative, T5, ALiBi, RoPE) act in the decoder's
-    causal self-attention; absolute ones index the decoder's own positions from 0 (a table of its
-    own). Cross-attention has no positions. Refused: a pooler and ``embedding_size`` ≠ C.
+    causal self-attention (T5's buckets one-directional there unless ``decoder.causal_buckets`` is
+    off); absolute ones index the decoder's own positions from 0 (a table of its own). Cross-attention
+    has no positions. Refused: a pooler and ``embedding_size`` ≠ C. ``decoder_start_token_id``
+    overrides ``config.decoder.start_token_id``.
     """
     if config.pooler:
         raise ValueError("pooler=True: an encoder-decoder has no use for BERT's pooler; build it without one")
     if config.embedding_size not in (None, config.d_model):
         raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the LM head "
                          "ties its output map to C-wide token embeddings")
+    dec = config.decoder or DecoderConfig(causal_buckets=False)  # no section: as built before it existed
     encoder = build_encoder(config, init=False, maps=maps)
-    kw = dict(max_len=config.max_len, qk_only=config.positions.qk_only, max_distance=config.positions.max_distance,
-              num_buckets=config.positions.num_buckets, rope_base=config.positions.rope_base, offset=config.positions.offset)
-    slots = build_positions(config.positions.scheme, d_model=config.d_model, n_heads=config.attention.n_heads, **kw)
-    embeddings = SharedTokenEmbeddings(
-        encoder.embeddings.tokens, config.d_model, type_vocab_size=0,
-        positions=None if slots.qk_only else slots.input,
-        norm=build_norm_for(config) if config.norm.embeddings else nn.Identity(), dropout=config.dropout,
-        token_scale=math.sqrt(config.d_model) if config.embed_scale else 1.0)
-    C, H = config.d_model, config.attention.n_heads
-    layers = []
-    for i in range(config.n_layers):
-        base = build_layer(config, slots, index=i, maps=maps)  # causal self-attention, feed-forward, their norms
-        cross = build_attention(C, H, similarity=config.attention.similarity, similarity_kwargs=dict(config.attention.similarity_kwargs),
-                                out_proj=config.attention.out_proj, bias=config.attention.bias, dropout=config.attention.dropout,
-                                backend=config.attention.backend, chunk_size=config.attention.chunk_size,
-                                n_kv_heads=config.attention.n_kv_heads, qk_norm=config.attention.qk_norm,
-                                qk_norm_scale=config.attention.qk_norm_scale, qk_norm_eps=config.norm.eps,
-                                context_width=C, maps=maps)
-        layers.append(DecoderLayer(base.attention, cross, base.feed_forward, norm1=base.norm1,
-                                   norm2=build_norm_for(config), norm3=base.norm2, norm=config.norm.placement,
-                                   dropout=config.dropout))
+    slots = _decoder_slots(config, dec)
+    kw = dict(positions=None if slots.qk_only else slots.input, type_vocab_size=0,
+              norm=build_norm_for(config) if config.norm.embeddings else nn.Identity(), dropout=config.dropout,
+              token_scale=math.sqrt(config.d_model) if config.embed_scale else 1.0)
+    if dec.vocab_size is None:  # one vocabulary: the encoder's table
+        embeddings = SharedTokenEmbeddings(encoder.embeddings.tokens, config.d_model, **kw)
+    else:  # separate vocabularies: a table of the decoder's own
+        embeddings = Embeddings(dec.vocab_size, config.d_model, pad_token_id=config.pad_token_id, **kw)
+    layers = [_decoder_layer(config, slots, i, maps) for i in range(dec.n_layers or config.n_layers)]
     decoder = Decoder(embeddings, layers, max_len=config.max_len,
                       final_norm=build_norm_for(config) if config.norm.placement == "pre" else None,
                       qk_positions=slots.input if slots.qk_only else None)
-    model = EncoderDecoder(encoder, decoder, decoder_start_token_id=decoder_start_token_id,
-                           pad_token_id=0 if config.pad_token_id is None else config.pad_token_id, config=config)
+    start = dec.start_token_id if decoder_start_token_id is None else decoder_start_token_id
+    model = EncoderDecoder(encoder, decoder, decoder_start_token_id=start,
+                           pad_token_id=0 if config.pad_token_id is None else config.pad_token_id,
+                           eos_token_id=dec.eos_token_id, output_scale=dec.output_scale,
+                           logits_bias=dec.logits_bias, config=config)
     if init:
         init_weights(model, config.initializer_range)
         table = getattr(decoder.qk_positions, "weight", None)
         if isinstance(table, nn.Parameter):  # a learned query/key position table of the decoder
             nn.init.normal_(table, std=config.initializer_range)
     return model
+
+
+def _decoder_slots(config: ModelConfig, dec: DecoderConfig):
+    """The decoder's position slots: the encoder's scheme, T5's buckets one-directional (``causal_buckets``)."""
+    p = config.positions
+    slots = build_positions(p.scheme, d_model=config.d_model, n_heads=config.attention.n_heads, max_len=config.max_len,
+                            qk_only=p.qk_only, max_distance=p.max_distance, num_buckets=p.num_buckets,
+                            rope_base=p.rope_base, offset=p.offset)
+    if p.scheme == "t5" and dec.causal_buckets:
+        slots.score_bias_factory = functools.partial(T5RelativeBias, config.attention.n_heads, p.num_buckets,
+                                                     p.max_distance, bidirectional=False)
+    return slots
+
+
+def _decoder_layer(config: ModelConfig, slots, index: int, maps: LinearMaps) -> DecoderLayer:
+    """Decoder layer ``index``: the causal self-attention, feed-forward and norms of a stack layer,
+    and a cross-attention over the encoder's C-wide output."""
+    a = config.attention
+    base = build_layer(config, slots, index=index, maps=maps)
+    cross = build_attention(config.d_model, a.n_heads, similarity=a.similarity, similarity_kwargs=dict(a.similarity_kwargs),
+                            out_proj=a.out_proj, bias=a.bias, dropout=a.dropout, backend=a.backend,
+                            chunk_size=a.chunk_size, n_kv_heads=a.n_kv_heads, qk_norm=a.qk_norm,
+                            qk_norm_scale=a.qk_norm_scale, qk_norm_eps=config.norm.eps, context_width=config.d_model,
+                            maps=maps)
+    return DecoderLayer(base.attention, cross, base.feed_forward, norm1=base.norm1, norm2=build_norm_for(config),
+                        norm3=base.norm2, norm=config.norm.placement, dropout=config.dropout)

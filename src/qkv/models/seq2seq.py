@@ -6,9 +6,14 @@ Legend: B batch, S source length, T target length, C model width, V vocabulary.
 
 * the encoder is an :class:`~qkv.nn.encoder.Encoder` (bidirectional);
 * the decoder (:class:`Decoder`) embeds the target with the encoder's token table (one shared
-  vocabulary: one tensor, saved once) and its own positions, runs
-  :class:`~qkv.nn.decoder_layer.DecoderLayer` s, and a final norm (pre-LN);
-* the LM head is tied to the token table: ``logits = h Eᵀ`` (no bias).
+  vocabulary: one tensor, saved once) or with a table of its own (separate vocabularies), adds its
+  own positions, runs :class:`~qkv.nn.decoder_layer.DecoderLayer` s, and a final norm (pre-LN);
+  over a :class:`~qkv.nn.kv_cache.KVCache` it runs only the new tokens (incremental decoding);
+* the LM head is tied to the decoder's token table: ``logits = (s·h) Eᵀ + b`` with ``s`` the
+  output scale (1; T5: C^-½) and ``b`` a fixed logits bias (none; Marian's and BART's
+  ``final_logits_bias``).
+
+Decoding (greedy, beam search, sampling) lives in :mod:`qkv.generation.seq2seq`.
 
 Loss (the T5/BART convention of Hugging Face): ``labels (B,T)``, -100 where not scored; without
 ``decoder_input_ids`` the decoder reads ``labels`` shifted right behind the decoder start token
@@ -23,10 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.generation.seq2seq import generate_seq2seq
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.nn.attention import ContextKV
 from qkv.nn.embeddings import Embeddings
 from qkv.nn.encoder import Encoder
+from qkv.nn.kv_cache import KVCache
 
 __all__ = ["EncoderDecoder", "Seq2SeqOutput", "Decoder", "DecoderOutput", "SharedTokenEmbeddings", "shift_right"]
 
@@ -86,27 +93,40 @@ class Decoder(nn.Module):
         return [layer.cross_attention.project_context(context) for layer in self.layers]
 
     def forward(self, input_ids: Tensor, context: Tensor | list[ContextKV], attention_mask: Tensor | None = None,
-                context_mask: Tensor | None = None, *, output_attentions: bool = False) -> DecoderOutput:
+                context_mask: Tensor | None = None, *, output_attentions: bool = False,
+                cache: KVCache | None = None) -> DecoderOutput:
         """``(B,T)`` target ids over a ``(B,S,C)`` context (the encoder's output, or its keys and values
-        per layer from :meth:`project_context`) → :class:`DecoderOutput`."""
+        per layer from :meth:`project_context`) → :class:`DecoderOutput`.
+
+        ``cache``: a :class:`~qkv.nn.kv_cache.KVCache` of the P target positions decoded so far: the
+        T new tokens sit at positions P … P+T-1, each layer's self-attention appends their keys and
+        values and attends over all P+T (``attention_mask`` then ``(B,P+T)``); extended in place.
+        """
         T = input_ids.shape[1]
-        if T > self.max_len:
-            raise ValueError(f"target length {T} exceeds max_len={self.max_len}; generate fewer tokens or "
+        start = 0 if cache is None else cache.seen
+        if start + T > self.max_len:
+            raise ValueError(f"target length {start + T} exceeds max_len={self.max_len}; generate fewer tokens or "
                              "build a model with a larger max_len")
+        if cache is not None and output_attentions:
+            raise ValueError("output_attentions is not available with a cache; run without cache=")
         pad = None
         if attention_mask is not None:
             pad = attention_mask.bool()
             pad = None if bool(pad.all()) else pad
-        qk_pos = self.qk_positions(T) if self.qk_positions is not None else None  # (T,C)
-        x = self.embeddings(input_ids)  # (B,T) -> (B,T,C)
+        positions = None if start == 0 else torch.arange(start, start + T, device=input_ids.device)  # (T,)
+        qk_pos = self.qk_positions(start + T)[start:] if self.qk_positions is not None else None  # (T,C)
+        x = self.embeddings(input_ids, None, positions)  # (B,T) -> (B,T,C)
         sa, ca = ([], []) if output_attentions else (None, None)
         for i, layer in enumerate(self.layers):
             ctx = context[i] if isinstance(context, list) else context
-            out = layer(x, ctx, pad, context_mask, need_weights=output_attentions, qk_pos=qk_pos)
+            out = layer(x, ctx, pad, context_mask, need_weights=output_attentions, qk_pos=qk_pos,
+                        cache=None if cache is None else cache.layer(i))
             x = out.output
             if sa is not None:
                 sa.append(out.self_attention_weights)
                 ca.append(out.cross_attention_weights)
+        if cache is not None:
+            cache.seen = start + T
         if self.final_norm is not None:
             x = self.final_norm(x)
         return DecoderOutput(x, None if sa is None else tuple(sa), None if ca is None else tuple(ca))
@@ -140,26 +160,51 @@ class EncoderDecoder(nn.Module):
         encoder: a bidirectional :class:`~qkv.nn.encoder.Encoder`.
         decoder: a :class:`Decoder`.
         decoder_start_token_id: the first decoder input (the task's BOS).
-        pad_token_id: fills the -100 positions of shifted labels.
+        pad_token_id: fills the -100 positions of shifted labels, and a finished row while generating.
+        eos_token_id: the token that ends a target (generation's default), or ``None``.
+        output_scale: the decoder's output is multiplied by it before the head (T5: ``C**-0.5``).
+        logits_bias: add a fixed ``(V,)`` bias to the logits (the buffer ``logits_bias``, zeros
+            until loaded: Marian's and BART's ``final_logits_bias``).
         config: the :class:`~qkv.config.ModelConfig` it was built from, or ``None``.
     """
 
     def __init__(self, encoder: Encoder, decoder: Decoder, *, decoder_start_token_id: int = 1,
-                 pad_token_id: int = 0, config=None):
+                 pad_token_id: int = 0, eos_token_id: int | None = None, output_scale: float = 1.0,
+                 logits_bias: bool = False, config=None):
         super().__init__()
         if not isinstance(encoder, Encoder) or encoder.causal:
             raise ValueError("EncoderDecoder needs a bidirectional qkv Encoder (causal=False)")
         self.config, self.encoder, self.decoder = config, encoder, decoder
         self.decoder_start_token_id, self.pad_token_id = decoder_start_token_id, pad_token_id
+        self.eos_token_id, self.output_scale = eos_token_id, float(output_scale)
+        bias = torch.zeros(self.decoder_weight.shape[0]) if logits_bias else None  # (V,)
+        self.register_buffer("logits_bias", bias)
 
     @property
     def decoder_weight(self) -> Tensor:
         """``(V,C)`` — the decoder's token table (tied head)."""
         return self.decoder.embeddings.tokens.weight
 
+    @property
+    def target_vocab_size(self) -> int:
+        """V of the target side (the decoder's token table)."""
+        return self.decoder_weight.shape[0]
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """``(B,S)`` source ids → ``(B,S,C)`` encoder states."""
+        return self.encoder(input_ids, attention_mask).last_hidden_state
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Decoder states ``(…,C)`` → logits ``(…,V)``: the tied head (scale and bias included)."""
+        if self.output_scale != 1.0:
+            h = h * self.output_scale
+        out = F.linear(h, self.decoder_weight)  # (…,C)(C,V) -> (…,V)
+        return out if self.logits_bias is None else out + self.logits_bias.to(out.dtype)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, decoder_input_ids: Tensor | None = None,
                 decoder_attention_mask: Tensor | None = None, labels: Tensor | None = None,
-                output_attentions: bool = False) -> Seq2SeqOutput:
+                output_attentions: bool = False, *, label_smoothing: float = 0.0,
+                sparse_logits: bool = False) -> Seq2SeqOutput:
         """Encode the source, decode the target.
 
         Args:
@@ -168,6 +213,9 @@ class EncoderDecoder(nn.Module):
             decoder_attention_mask: ``(B,T)``, 1 = real token.
             labels: ``(B,T)`` target ids, -100 where not scored.
             output_attentions: also return self- and cross-attention weights.
+            label_smoothing: the loss's label smoothing (0: plain cross-entropy).
+            sparse_logits: with ``labels``, run the head on the N scored positions only; ``logits``
+                is then ``(N,V)`` in row-major order (training: the head is not paid for padding).
 
         Returns:
             :class:`Seq2SeqOutput`.
@@ -176,46 +224,32 @@ class EncoderDecoder(nn.Module):
             if labels is None:
                 raise ValueError("pass decoder_input_ids or labels (decoder inputs are the labels shifted right)")
             decoder_input_ids = shift_right(labels, self.decoder_start_token_id, self.pad_token_id)
+        if labels is not None and tuple(labels.shape) != tuple(decoder_input_ids.shape):
+            raise ValueError(f"labels must have the shape of decoder_input_ids {tuple(decoder_input_ids.shape)}, "
+                             f"got {tuple(labels.shape)}")
         enc = self.encoder(input_ids, attention_mask, output_attentions=output_attentions)
         context_mask = None if attention_mask is None else attention_mask.bool()
         dec = self.decoder(decoder_input_ids, enc.last_hidden_state, decoder_attention_mask, context_mask,
                            output_attentions=output_attentions)
-        logits = F.linear(dec.last_hidden_state, self.decoder_weight)  # (B,T,C)(C,V) -> (B,T,V)
+        h = dec.last_hidden_state  # (B,T,C)
+        scored = None
+        if labels is not None and sparse_logits:
+            keep = labels != IGNORE_INDEX  # (B,T)
+            h, scored = h[keep], labels[keep]  # (N,C), (N,)
+        logits = self.logits(h)  # (B,T,V) | (N,V)
         loss = None
         if labels is not None:
-            if tuple(labels.shape) != tuple(decoder_input_ids.shape):
-                raise ValueError(f"labels must have the shape of decoder_input_ids {tuple(decoder_input_ids.shape)}, "
-                                 f"got {tuple(labels.shape)}")
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),  # (B·T,V), (B·T,)
-                                   ignore_index=IGNORE_INDEX)
+            flat = scored if scored is not None else labels.reshape(-1)  # (N,) | (B·T,)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX,
+                                   label_smoothing=label_smoothing)
         return Seq2SeqOutput(loss, logits, enc.last_hidden_state, enc.attentions, dec.attentions, dec.cross_attentions)
 
-    @torch.no_grad()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, max_new_tokens: int = 32,
-                 decoder_start_token_id: int | None = None, eos_token_id: int | None = None) -> Tensor:
-        """Greedy decoding: ``(B,S)`` source → ``(B, 1 + n)`` ids beginning with the start token.
-
-        The encoder runs once and each layer's context keys/values are projected once; the decoder
-        then runs on the whole growing prefix at every step (recomputed: quadratic in the output
-        length, fine for short outputs). A row that has produced ``eos_token_id`` is padded with
-        ``pad_token_id`` after it; generation stops when every row has.
-        """
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
-        start = self.decoder_start_token_id if decoder_start_token_id is None else decoder_start_token_id
-        enc = self.encoder(input_ids, attention_mask).last_hidden_state  # (B,S,C)
-        context_mask = None if attention_mask is None else attention_mask.bool()
-        kv = self.decoder.project_context(enc)
-        B = input_ids.shape[0]
-        out = input_ids.new_full((B, 1), start)
-        done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-        for _ in range(max_new_tokens):
-            h = self.decoder(out, kv, None, context_mask).last_hidden_state[:, -1]  # (B,C)
-            nxt = F.linear(h, self.decoder_weight).argmax(-1)  # (B,C) -> (B,V) -> (B,)
-            nxt = nxt.masked_fill(done, self.pad_token_id)
-            out = torch.cat([out, nxt[:, None]], dim=1)  # (B,t) -> (B,t+1)
-            if eos_token_id is not None:
-                done |= nxt == eos_token_id
-                if bool(done.all()):
-                    break
-        return out
+                 decoder_start_token_id: int | None = None, eos_token_id: int | None = None, **options) -> Tensor:
+        """Translate ``(B,S)`` sources → ``(B, 1 + n)`` ids beginning with the start token
+        (:func:`qkv.generation.seq2seq.generate_seq2seq`: greedy by default; ``num_beams``,
+        ``length_penalty``, ``early_stopping``, ``do_sample`` … in ``options``). A finished row is
+        padded with ``pad_token_id``; ``eos_token_id`` defaults to the model's."""
+        return generate_seq2seq(self, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                                decoder_start_token_id=decoder_start_token_id,
+                                eos_token_id=self.eos_token_id if eos_token_id is None else eos_token_id, **options)

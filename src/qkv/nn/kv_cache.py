@@ -72,6 +72,12 @@ class LayerCache:
         self.length = need
         return self._k[:, :, :need], self._v[:, :, :need]  # (B,G,S,D), (B,G,S,E) views
 
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (``(B',)`` long; repeats allowed): beam search's surviving beams."""
+        if self._k is not None:
+            self._k = self._k.index_select(0, index)  # (B,G,cap,D) -> (B',G,cap,D)
+            self._v = self._v.index_select(0, index)  # (B,G,cap,E) -> (B',G,cap,E)
+
 
 class KVCache:
     """The model-level cache: one :class:`LayerCache` per layer and the positions seen.
@@ -91,6 +97,11 @@ class KVCache:
         while len(self.layers) <= i:
             self.layers.append(LayerCache(self.capacity))
         return self.layers[i]
+
+    def reorder(self, index: Tensor) -> None:
+        """Every layer keeps batch rows ``index`` (:meth:`LayerCache.reorder`)."""
+        for layer in self.layers:
+            layer.reorder(index)
 
     def __len__(self) -> int:
         return self.seen

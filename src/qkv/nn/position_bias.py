@@ -67,29 +67,35 @@ class RelativePositionBias(nn.Module):
         return f"n_heads={self.weight.shape[1]}, max_distance={self.max_distance}, init={self.init}"
 
 
-def t5_buckets(offset: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
-    """T5's bidirectional bucket of each ``offset = key - query`` (Raffel et al. 2020).
+def t5_buckets(offset: Tensor, num_buckets: int = 32, max_distance: int = 128, *,
+               bidirectional: bool = True) -> Tensor:
+    """T5's bucket of each ``offset = key - query`` (Raffel et al. 2020).
 
-    Half the buckets for each sign (positive offsets get ``+num_buckets/2``); within a half, the
-    first ``num_buckets/4`` distances have a bucket each, larger ones share log-spaced buckets up
-    to ``max_distance``, and everything beyond shares the last bucket.
+    Bidirectional (T5's encoder): half the buckets for each sign (positive offsets get
+    ``+num_buckets/2``). One-directional (T5's decoder, ``bidirectional=False``): every bucket for
+    the past, ``-min(offset, 0)``; keys ahead of the query share bucket 0 (a causal mask hides them).
+    Within the buckets of a direction, the first half have one distance each, larger distances
+    share log-spaced buckets up to ``max_distance``, and everything beyond shares the last bucket.
     """
-    n = num_buckets // 2
+    n = num_buckets // 2 if bidirectional else num_buckets
     exact = n // 2
-    sign = (offset > 0).long() * n
-    dist = offset.abs()
+    if bidirectional:
+        sign, dist = (offset > 0).long() * n, offset.abs()
+    else:
+        sign, dist = torch.zeros_like(offset), (-offset).clamp(min=0)
     log_ratio = torch.log(dist.clamp(min=1).double() / exact) / math.log(max_distance / exact)
     large = (exact + (log_ratio * (n - exact)).long()).clamp(max=n - 1)
     return sign + torch.where(dist < exact, dist, large)
 
 
 class T5RelativeBias(nn.Module):
-    """T5's bucketed relative bias: a learned scalar per head and bucket, ``weight (buckets, H)``.
+    """T5's bucketed relative bias: a learned scalar per head and bucket, ``weight (buckets, H)``;
+    ``bidirectional=False``: the one-directional buckets of T5's decoder (:func:`t5_buckets`).
 
     ``forward(T, S)`` returns an :class:`OffsetBias`.
     """
 
-    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128):
+    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool = True):
         super().__init__()
         check_sizes(n_heads=n_heads, max_distance=max_distance)
         if num_buckets < 4 or num_buckets % 2:
@@ -98,16 +104,18 @@ class T5RelativeBias(nn.Module):
             raise ValueError(
                 f"max_distance={max_distance} must exceed the exact range num_buckets/4={num_buckets // 4}"
             )
-        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bool(bidirectional)
         self.weight = nn.Parameter(torch.empty(num_buckets, n_heads).normal_(std=0.02))
 
     def forward(self, q_len: int, k_len: int) -> OffsetBias:
-        index = t5_buckets(offsets(q_len, k_len, self.weight.device), self.num_buckets, self.max_distance)
+        index = t5_buckets(offsets(q_len, k_len, self.weight.device), self.num_buckets, self.max_distance,
+                           bidirectional=self.bidirectional)
         return OffsetBias(self.weight.t(), index, q_len, k_len)  # table (H, buckets)
 
     def extra_repr(self) -> str:
         heads = self.weight.shape[1]
-        return f"n_heads={heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
+        way = "" if self.bidirectional else ", one-directional"
+        return f"n_heads={heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}{way}"
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

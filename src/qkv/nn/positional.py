@@ -5,7 +5,8 @@ L = T+S-1 offsets.
 
 Self-attention is permutation-equivariant; these modules tell it word order through one of:
 
-* **added to the input** — ``sinusoidal`` (fixed, Vaswani et al. 2017) or ``learned`` (a table of
+* **added to the input** — ``sinusoidal`` (fixed, Vaswani et al. 2017; ``sinusoidal-halves``: the
+  same values, sines before cosines, as Marian lays them out) or ``learned`` (a table of
   ``max_len`` rows): ``forward(T) -> (T, C)`` added to the token embeddings; or, with
   ``qk_only``, added only where queries and keys are computed, never to the values;
 * **a transform of q and k** — ``rope`` (RoFormer, Su et al.): each head's q and k rotated by an
@@ -62,11 +63,14 @@ __all__ = [
 # ---------------------------------------------------------------- added to the input
 
 
-def sinusoid_table(length: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """``(T, C)`` float64: ``PE[p, 2i] = sin(p / base^(2i/C))``, ``PE[p, 2i+1] = cos(p / base^(2i/C))``."""
+def sinusoid_table(length: int, d_model: int, base: float = 10000.0, *, halves: bool = False) -> Tensor:
+    """``(T, C)`` float64: ``PE[p, 2i] = sin(p / base^(2i/C))``, ``PE[p, 2i+1] = cos(p / base^(2i/C))``;
+    ``halves``: the same sines in the first ⌈C/2⌉ columns and the cosines after them (Marian's layout)."""
     pos = torch.arange(length, dtype=torch.float64)[:, None]  # (T,1)
     two_i = (torch.arange(d_model) // 2 * 2).to(torch.float64)  # (C,) 0,0,2,2,4,4,…
     angle = pos / base ** (two_i / d_model)  # (T,1)/(C,) -> (T,C)
+    if halves:
+        return torch.cat([angle[:, 0::2].sin(), angle[:, 1::2].cos()], dim=1)  # (T,⌈C/2⌉) | (T,⌊C/2⌋)
     return torch.where(torch.arange(d_model) % 2 == 0, angle.sin(), angle.cos())
 
 
@@ -76,27 +80,31 @@ class SinusoidalPositions(nn.Module):
 
     Args:
         max_len: rows kept ready. d_model: C. base: the wavelength base (10000).
+        halves: sines then cosines (Marian's layout, position ``sinusoidal-halves``), not interleaved.
     """
 
-    def __init__(self, max_len: int, d_model: int, base: float = 10000.0):
+    def __init__(self, max_len: int, d_model: int, base: float = 10000.0, *, halves: bool = False):
         super().__init__()
         check_sizes(max_len=max_len, d_model=d_model)
-        self.max_len, self.d_model, self.base = max_len, d_model, base
-        self.register_buffer("table", sinusoid_table(max_len, d_model, base).float(), persistent=False)
+        self.max_len, self.d_model, self.base, self.halves = max_len, d_model, base, halves
+        self.register_buffer("table", self._table(max_len).float(), persistent=False)
         self._made_for = (self.table.dtype, self.table.device)
 
     def forward(self, length: int) -> Tensor:
         """``(T, C)`` encodings of positions ``0 … T-1`` in the module's dtype and device."""
         table = self.table
         if (table.dtype, table.device) != self._made_for:  # after .to(): recompute, never re-round
-            self.table = table = sinusoid_table(self.max_len, self.d_model, self.base).to(table)
+            self.table = table = self._table(self.max_len).to(table)
             self._made_for = (table.dtype, table.device)
         if length > table.shape[0]:
-            return sinusoid_table(length, self.d_model, self.base).to(table)
+            return self._table(length).to(table)
         return table[:length]
 
+    def _table(self, length: int) -> Tensor:
+        return sinusoid_table(length, self.d_model, self.base, halves=self.halves)
+
     def extra_repr(self) -> str:
-        return f"max_len={self.max_len}, d_model={self.d_model}"
+        return f"max_len={self.max_len}, d_model={self.d_model}" + (", halves" if self.halves else "")
 
 
 class LearnedPositions(nn.Module):
@@ -351,3 +359,5 @@ register_position("alibi", slot="score_bias")(lambda s: ALiBiBias(s.n_heads))
 register_position("rope", slot="qk_transform")(lambda s: RotaryEmbedding(s.d_head, s.rope_base))
 #: The built-in position schemes' names.
 POSITIONS = tuple(POSITION_SCHEMES)
+# a layout of `sinusoidal` (Marian's checkpoints), registered beside the schemes above, not among them
+register_position("sinusoidal-halves", slot="input")(lambda s: SinusoidalPositions(s.max_len, s.d_model, halves=True))

@@ -49,7 +49,8 @@ LOOP_OPTIONS = [
 # (flag, field, type, help) — defaults come from TrainConfig and are shown in --help
 _OPTIONS = [
     ("--objective", "objective", str, "mlm (masked-LM: an encoder) or clm (next-token prediction: a causal LM, "
-     "GPT-style; continue it with qkv generate)"),
+     "GPT-style; continue it with qkv generate), or translation (an encoder-decoder on --corpus "
+     "dataset:bible-en-es or dataset:bible-es-en; continue it with qkv translate)"),
     ("--preset", "preset", str, "model preset: tiny, cpu-small, cpu-small-clm, mini, small, base, modernbert, "
      "gpt2"),
     ("--eval-corpus", "eval_corpus", str, "held-out corpus spec(s), comma-separated (default: the "
@@ -183,9 +184,76 @@ def config_from_args(args: argparse.Namespace):
     return TrainConfig.from_dict(data)
 
 
+#: ``--objective translation``: the options it reads (field → ``train_translation`` keyword).
+_TRANSLATION = {"corpus": None, "preset": "preset", "vocab_size": "vocab_size", "steps": "steps",
+                "time_budget": "time_budget", "lr": "lr", "warmup_steps": "warmup", "seed": "seed",
+                "precision": "precision", "eval_every": "eval_every", "objective": None, "progress": "progress",
+                "threads": "threads"}
+
+
+def _translation_run(args: argparse.Namespace) -> bool:
+    """Whether the command line asks for (or resumes) a translation run."""
+    if args.objective == "translation":
+        return True
+    if args.resume and args.objective is None:
+        from qkv.training.rundir import read_run
+
+        try:
+            return read_run(Path(args.out)).get("kind") == "translation"
+        except (OSError, ValueError):  # not a run folder: the ordinary path says so
+            return False
+    return False
+
+
+def _run_translation(args: argparse.Namespace) -> int:
+    """``--objective translation``: an encoder–decoder on ``dataset:bible-en-es`` or ``bible-es-en``
+    (:func:`qkv.translation.train.train_translation`)."""
+    from qkv.training.rundir import read_run
+    from qkv.translation.train import train_translation
+
+    given = given_values(args, _OPTIONS)
+    if args.progress is not None:
+        given["progress"] = args.progress
+    other = [flag for flag, name, _, _ in _OPTIONS if name in given and name not in _TRANSLATION]
+    other += [f"--{n.replace('_', '-')}" for n in ("whole_word", "unigram_bias", "lowercase")
+              if getattr(args, n) is not None]
+    if args.config or args.model or other:
+        bad = other + (["--config"] if args.config else []) + (["--model"] if args.model else [])
+        raise ValueError(f"{', '.join(bad)}: not option(s) of --objective translation; it reads --corpus, --preset, "
+                         "--vocab-size, --steps, --time-budget, --lr, --warmup-steps, --seed, --precision, "
+                         "--eval-every, --threads")
+    if args.resume:
+        stored = read_run(Path(args.out))["train_config"]
+        kw = {k: stored[k] for k in ("preset", "steps", "time_budget", "seed", "precision", "eval_every",
+                                     "vocab_size", "batch_tokens", "lr", "warmup", "smoothing")}
+        kw["eval_pairs"], direction = stored["eval_pairs"], stored["direction"]
+    else:
+        corpus = args.corpus or []
+        specs = {f"dataset:bible-{d}{s}": d for d in ("en-es", "es-en") for s in ("", ":train")}
+        if len(corpus) != 1 or corpus[0] not in specs:
+            raise ValueError("--objective translation trains on --corpus dataset:bible-en-es or "
+                             f"dataset:bible-es-en (one of them), got {corpus or 'none'}")
+        direction = specs[corpus[0]]
+        kw = {_TRANSLATION[k]: v for k, v in given.items() if _TRANSLATION.get(k)}
+    kw.setdefault("progress", given.get("progress", True))
+    if args.resume and "threads" in given:
+        kw["threads"] = given["threads"]
+    run = train_translation(direction, out=args.out, resume=args.resume, **kw)
+    if run.result.status != "complete":
+        return report_interrupted(run.result, "qkv pretrain")
+    ev = run.result.final_eval or {}
+    print(f"held-out ({ev.get('eval_pairs', 0)} validation verses, greedy): BLEU {ev.get('bleu', float('nan')):.2f}, "
+          f"chrF {ev.get('chrf', float('nan')):.2f}, loss {ev.get('eval_loss', float('nan')):.4f}")
+    print(f"run folder: {run.out}  (curve: {run.out / 'curve.png'}, model: {run.out / 'model'}; "
+          f"qkv translate {run.out / 'model'} \"TEXT\")")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from qkv.training.loop import pretrain
 
+    if _translation_run(args):
+        return _run_translation(args)
     cfg = config_from_args(args)  # errors: printed by qkv.cli.main
     result = pretrain(cfg, resume=args.resume)
     if result.status != "complete":

@@ -2,7 +2,8 @@
 
 A family module describes a checkpoint as a :class:`Plan`: rows ``(Hugging Face name, qkv name,
 symbolic shape)`` copied one to one, and fused rows (qkv's one ``qkv_proj`` from three Hugging Face
-maps, rows ``[q; k; v]``). The same plan reads (:func:`state_from_plan`, after :func:`check_plan`)
+maps, rows ``[q; k; v]``; a cross-attention's ``kv_proj`` from two, ``[k; v]``). The same plan
+reads (:func:`state_from_plan`, after :func:`check_plan`)
 and writes (:func:`tensors_from_plan`). Symbolic shapes are strings of dimension letters resolved
 by ``Plan.dims`` (``"VC"`` → ``(V, C)``); ``Plan.fields`` names the ``config.json`` field of each
 letter for the messages.
@@ -92,7 +93,7 @@ def state_from_plan(tensors: dict[str, Tensor], plan: Plan) -> dict[str, Tensor]
     """qkv state dict from checked Hugging Face tensors."""
     out = {ours: tensors[hf] for hf, ours, _ in plan.rows}
     for ours, parts, _ in plan.fused:
-        out[ours] = torch.cat([tensors[hf] for hf in parts], dim=0)  # 3 × (C,…) -> (3C,…)
+        out[ours] = torch.cat([tensors[hf] for hf in parts], dim=0)  # 3 × (C,…) -> (3C,…) (k, v: 2 × → (2C,…))
     return out
 
 
@@ -100,7 +101,7 @@ def tensors_from_plan(state: dict[str, Tensor], plan: Plan) -> dict[str, Tensor]
     """Hugging Face tensors from a qkv state dict; each contiguous and owning its memory."""
     out = {hf: state[ours] for hf, ours, _ in plan.rows}
     for ours, parts, _ in plan.fused:
-        for hf, t in zip(parts, state[ours].chunk(3, dim=0)):  # (3C,…) -> 3 × (C,…)
+        for hf, t in zip(parts, state[ours].chunk(len(parts), dim=0)):  # (3C,…) -> 3 × (C,…); k, v: 2
             out[hf] = t
     return {k: v.detach().contiguous().clone() for k, v in out.items()}
 
