@@ -40,6 +40,8 @@ def _commands(tmp: Path, model: Path) -> dict[str, list[str]]:
         "serve": ["serve", str(model), "--port", "0"],
         "train-embeddings": ["train-embeddings", str(model), "--corpus", str(text), "--out", str(tmp / "out-te")],
         "eval-embeddings": ["eval-embeddings", str(model), "--dataset", str(text)],
+        "findings": ["findings", "kobayashi", str(model), "--data", str(text), "--out", str(tmp / "out-findings")],
+        "translate": ["translate", str(model), "hello", "--output", str(tmp / "out-translate.txt")],
     }
 
 

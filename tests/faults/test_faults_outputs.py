@@ -58,6 +58,12 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], Path, str]]:
         "demo into user files": (["demo", "--out", str(user)], user, "left untouched"),
         "analyze onto its corpus": (["analyze", str(model), "--corpus", str(user), "--out", str(user)], user, ""),
         "inspect into a model folder": (["inspect", str(model), "a text", "--out", str(model)], model, "did not write"),
+        "findings into user files": (["findings", "kobayashi", str(model), "--data", str(docs), "--out", str(user)],
+                                     user, "did not write"),
+        "translate onto its input": (["translate", str(model), "--input", str(docs), "--output", str(docs)], docs,
+                                     "is the input"),
+        "translate onto an earlier result": (["translate", str(model), "--input", str(docs), "--output", str(old)],
+                                             old, "--force"),
     }
 
 

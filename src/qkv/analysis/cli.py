@@ -141,6 +141,7 @@ def _analyze(args: argparse.Namespace) -> int:
 def _findings(args: argparse.Namespace) -> int:
     from qkv.analysis.findings_run import run_findings
 
+    _check_out_folder(Path(args.out), FINDINGS_MARKS, "findings")
     result, paths = run_findings(args.finding, args.model, args.data, args.out, n_texts=args.texts,
                                  max_len=args.max_len, seed=args.seed, step=args.step, single=args.single,
                                  flow=args.flow, target=args.target)
@@ -158,22 +159,28 @@ def _csv(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
     return items
 
 
-#: A folder holding one of these was written by ``qkv inspect``: it may write there again.
+#: A folder holding one of these was written by ``qkv inspect`` (``qkv findings``): it may write there again.
 INSPECT_MARKS = ("viewer.html", "similarity.json")
+FINDINGS_MARKS = ("abnar.json", "michel.json", "kobayashi.json")
+
+
+def _check_out_folder(out: Path, marks: tuple[str, ...], command: str) -> None:
+    """Refuse an ``--out`` that is a file, or a folder holding files the command did not write (its figures
+    would be mixed with them, or replace them)."""
+    from qkv.errors import QkvError
+
+    if out.is_file():
+        raise QkvError(f"--out {out} is a file, not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not any((out / n).is_file() for n in marks):
+        raise QkvError(f"--out {out} holds files qkv {command} did not write; its results would be mixed with them "
+                       "(or replace them): choose a new or empty --out")
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from qkv.analysis.inspect_methods import METHODS
     from qkv.analysis.plots import FORMATS
     from qkv.analysis.viewer import run_inspect
-    from qkv.errors import QkvError
-
-    out = Path(args.out)
-    if out.is_file():
-        raise QkvError(f"--out {out} is a file, not a folder; choose another --out")
-    if out.is_dir() and any(out.iterdir()) and not any((out / n).is_file() for n in INSPECT_MARKS):
-        raise QkvError(f"--out {out} holds files qkv inspect did not write; its figures would be mixed with them "
-                       "(or replace them): choose a new or empty --out")
+    _check_out_folder(Path(args.out), INSPECT_MARKS, "inspect")
 
     formats = _csv(args.format, FORMATS, "--format")
     methods = _csv(args.methods, METHODS, "--methods")

@@ -26,8 +26,11 @@ def add_translate_parser(sub) -> None:
     )
     p.add_argument("model", help="the model folder")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to translate; several are batched")
-    p.add_argument("--input", help="a UTF-8 file of texts, one per line (instead of TEXT)")
+    p.add_argument("--input", help="a file of texts (instead of TEXT): one per line, or .jsonl/.csv/.tsv with the "
+                   "text in --text-field, each optionally .gz")
+    p.add_argument("--text-field", default="text", help="JSONL field or CSV/TSV column of the text (default text)")
     p.add_argument("--output", help="write the translations here, one per line (default: print them)")
+    p.add_argument("--force", action="store_true", help="replace an existing --output (atomically)")
     p.add_argument("--beams", type=int, default=1, help="beam search with this many beams (default 1: greedy)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="tokens per translation at most (default: twice the source plus 10, within the window)")
@@ -39,7 +42,8 @@ def _translate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import qkv
-    from qkv._fs import atomic_write_text
+    from qkv._fs import atomic_write_text, check_output_path
+    from qkv.data.readers import read_records
     from qkv.models.seq2seq import EncoderDecoder
     from qkv.translation.translate import translate
 
@@ -49,11 +53,10 @@ def _translate(args: argparse.Namespace) -> int:
                         ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} {value}: give at least 1")
+    if args.output:
+        check_output_path(args.output, "--output", inputs=(args.input,) if args.input else (), replace=args.force)
     if args.input:
-        try:
-            texts = Path(args.input).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"--input {args.input}: cannot read it as UTF-8 text ({e})") from None
+        texts = [text for _, text in read_records(args.input, text_field=args.text_field)]  # the one reader
         if not texts:
             raise ValueError(f"--input {args.input} is empty; give one text per line")
         empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
