@@ -49,9 +49,14 @@ def real_vectors(n_queries: int, n_docs: int | None, max_len: int) -> tuple[np.n
     return v, e.embed(queries), f"20 Newsgroups (all-MiniLM-L6-v2, {max_len} tokens)"
 
 
-def measure(name: str, vectors: np.ndarray, queries: np.ndarray, k: int, rows: list, types: list[str]) -> None:
+def measure(name: str, vectors: np.ndarray, queries: np.ndarray, k: int, rows: list, types: list[str],
+            query_threads: int | None = None) -> None:
+    import faiss
+
     from qkv.embeddings.ann import AnnOptions, build_ann, open_ann
     from qkv.embeddings.search import top_k
+
+    build_threads = faiss.omp_get_max_threads()
 
     n, dim = vectors.shape
 
@@ -77,7 +82,9 @@ def measure(name: str, vectors: np.ndarray, queries: np.ndarray, k: int, rows: l
             index = open_ann(Path(tmp), {"index": record, "count": n, "dim": dim})
             built = ", ".join(f"{key} {record[key]}" for key in ("nlist", "hnsw_m", "ef_construction") if key in record)
             for key, value in sweep:
+                faiss.omp_set_num_threads(query_threads or build_threads)
                 ms, got = timed(lambda q: index.search(q, k, **{key: value}))
+                faiss.omp_set_num_threads(build_threads)
                 recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(got, exact)])
                 rows.append((name, n, opts.type, f"{built}, {key} {value}", build_s, ms, recall))
                 print(f"  {name} N={n:,}: {opts.type} ({built}, {key} {value}): build {build_s:.1f} s, "
@@ -94,23 +101,27 @@ def main(argv=None) -> int:
     p.add_argument("--real-max-len", type=int, default=128, help="tokens embedded per document (default 128)")
     p.add_argument("--types", nargs="+", default=["faiss-ivf", "faiss-hnsw"], choices=["faiss-ivf", "faiss-hnsw"],
                    help="approximate index types measured beside exact search")
+    p.add_argument("--query-threads", type=int, default=None, help="FAISS threads while timing queries (default: "
+                   "as for building; one query at a time gains little from more, and on a loaded machine a "
+                   "parallel section can stall)")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
     import faiss  # the benchmark is of FAISS; qkv imports it only when an approximate index is asked for
 
-    print(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} threads; numpy {np.__version__}; "
+    print(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} threads (queries: "
+          f"{a.query_threads or faiss.omp_get_max_threads()}); numpy {np.__version__}; "
           f"{time.strftime('%Y-%m-%d')}", flush=True)
     rows: list = []
     if a.real:
         v, q, name = real_vectors(a.queries if a.quick else 500, a.real_docs, a.real_max_len)
-        measure(name, v, q, 10, rows, a.types)
+        measure(name, v, q, 10, rows, a.types, a.query_threads)
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((2000, a.dim)).astype(np.float32)
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     for n in a.sizes:
         vectors = synthetic(n, a.dim, 1, centres)
         queries = synthetic(a.queries if n < 1_000_000 else a.queries // 2, a.dim, 2, centres)
-        measure("synthetic", vectors, queries, 10, rows, a.types)
+        measure("synthetic", vectors, queries, 10, rows, a.types, a.query_threads)
         del vectors
     print("\n| vectors | N | index | parameters | build (s) | latency (ms/query) | recall@10 |")
     print("|---|---:|---|---|---:|---:|---:|")

@@ -43,7 +43,7 @@ def _args(out: Path, a, batch: int, strategy: str) -> list[str]:
     return ["pretrain", "--corpus", a.corpus, "--out", str(out), "--preset", a.preset, "--vocab-size", "4000",
             "--max-len", str(a.max_len), "--batch-size", str(batch), "--steps", str(a.steps), "--warmup-steps", "5",
             "--eval-every", str(a.steps), "--eval-batches", "2", "--save-every", str(a.steps), "--log-every", "1",
-            "--no-progress", "--device", "cpu", "--strategy", strategy]
+            "--no-progress", "--device", "cpu", "--strategy", strategy] + (["--model", a.model] if a.model else [])
 
 
 def _rates(out: Path) -> tuple[float, float]:
@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=8, help="blocks per process of the two-process arms (B)")
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--model", default=None, help="model settings as JSON, passed to qkv pretrain --model (e.g. "
+                   "'{\"dropout\": 0.0}' for a preset with dropout: the arms' losses agree only without it)")
     a = p.parse_args(argv)
     cores = os.cpu_count() or 1
     load0 = os.getloadavg()[0]
