@@ -35,6 +35,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
      "qkv.embeddings.cli:add_embedding_parsers"),
     (("ablate",), "qkv.experiments.cli:add_ablate_parser"),
     (("generate",), "qkv.generation.cli:add_generate_parser"),
+    (("fill-mask",), "qkv.pipelines.cli:add_fill_mask_parser"),
     (("lab",), "qkv.lab.cli:add_lab_parser"),
     (("export",), "qkv.checkpoints.cli:add_export_parser"),
     (("serve",), "qkv.serve.cli:add_serve_parser"),

@@ -101,8 +101,10 @@ def test_special_check_messages():
     with pytest.raises(TokenizerError, match=r"^tokenizer lacks the special token\(s\) \[PAD\], \[UNK\], \[SEP\], "
                                              r"\[MASK\]; qkv needs all of"):
         special_ids(bare)
-    with pytest.raises(ValueError, match=r"the tokenizer lacks the special token\(s\) \[SEP\], \[PAD\]; embed"):
-        TokenizerView(bare, error=ValueError, purpose="embed needs them")
+    with pytest.raises(ValueError, match=r"^the tokenizer has no sep, mask token \(sep: none of its settings or "
+                                         r"\[SEP\]/</s>; mask: .*\[MASK\]/<mask>.*; it has cls=\[CLS\] unk=a bos=\[CLS\]\); fill-mask"):
+        TokenizerView(bare, required=("sep", "[MASK]"), error=ValueError, purpose="fill-mask needs them")
+    assert TokenizerView(bare).prefix == TokenizerView(bare).suffix == ()  # no template; none required by default
     with pytest.raises(TokenizerError, match="expected a tokenizers.Tokenizer"):
         as_backend("not a tokenizer")
     msg = str(no_tokenizer("model folder m", hint=", or pass tokenizer="))

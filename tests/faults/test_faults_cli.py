@@ -139,6 +139,11 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "serve --precision fp16": ["serve", str(model), "--precision", "fp16"],
         "serve --index missing": ["serve", str(model), "--index", nowhere],
         "serve a file as model": ["serve", str(afile)],
+        "fill-mask missing model": ["fill-mask", nowhere, "a [MASK]"],
+        "fill-mask no mask token": ["fill-mask", str(model), "no blank here"],
+        "fill-mask --top-k 0": ["fill-mask", str(model), "a [MASK]", "--top-k", "0"],
+        "fill-mask no text": ["fill-mask", str(model)],
+        "fill-mask bundled name missing": ["fill-mask", "minilm-not-bundled", "a [MASK]"],
     }
 
 
@@ -189,6 +194,8 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "generate --max-new-tokens 0": "--max-new-tokens 0",
         "lab seq2seq --symbols 99": "n_symbols",
         "lab seq2seq --out a file": "is not a folder",
+        "fill-mask no mask token": "text 0 has no [MASK] (this model's mask token)",
+        "fill-mask --top-k 0": "--top-k 0: give at least 1",
     }
     for name, fragment in expect.items():
         code, err = _run(cases[name], capsys)

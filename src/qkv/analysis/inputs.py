@@ -79,14 +79,13 @@ def model_and_tokenizer(model) -> tuple[object, TokenizerView, str]:
 
 
 def tokenizer_view(tokenizer, folder: str | Path | None = None) -> TokenizerView:
-    """The analysis' view of ``tokenizer`` (a ``tokenizers.Tokenizer``, a qkv
-    :class:`~qkv.data.tokenizer.WordPieceTokenizer` or a :class:`TokenizerView`, kept as it is):
-    no truncation or padding, ``[CLS]``/``[SEP]``/``[PAD]`` ids. ``folder``: the model folder it
-    came from, for messages.
+    """The analysis' view of ``tokenizer`` (a ``tokenizers.Tokenizer``, what :func:`qkv.load` gives,
+    a qkv :class:`~qkv.data.tokenizer.WordPieceTokenizer` or a :class:`TokenizerView`, kept as it
+    is): no truncation or padding, the special tokens by role, read from the tokenizer's own
+    configuration. ``folder``: the model folder it came from, for messages.
 
     Raises:
-        AnalysisInputError: no tokenizer (``None``), not a tokenizer, or one without
-            ``[CLS]``/``[SEP]``/``[PAD]``.
+        AnalysisInputError: no tokenizer (``None``) or not a tokenizer.
     """
     if isinstance(tokenizer, TokenizerView):
         return tokenizer
@@ -96,8 +95,7 @@ def tokenizer_view(tokenizer, folder: str | Path | None = None) -> TokenizerView
         raise no_tokenizer("the model", error=AnalysisInputError,
                            hint=", or pass its tokenizer (model, tokenizer = qkv.load(folder))")
     where = f"the tokenizer of {str(folder)!r}" if folder is not None else "the tokenizer"
-    return TokenizerView(tokenizer, error=AnalysisInputError, where=where,
-                         purpose="the analysis needs [CLS], [SEP] and [PAD]")
+    return TokenizerView(tokenizer, error=AnalysisInputError, where=where)
 
 
 # ---------------------------------------------------------------------------------------- corpus

@@ -40,9 +40,10 @@ def calibration_texts() -> list[str]:
 def calibration_sequences(tokenizer, max_len: int) -> list[np.ndarray]:
     """The calibration texts as ``[CLS] … [SEP]`` windows, the first window of each text, of at most
     ``min(max_len, 256)`` tokens (≈ 14,000 tokens: about a second of float32 compute for a MiniLM),
-    for a tokenizer with ``encode(texts)`` (content ids per text), ``cls_id`` and ``sep_id``."""
+    for a tokenizer with ``encode(texts)`` (content ids per text), ``prefix`` and ``suffix`` (a
+    :class:`~qkv.data.tokenizer_facade.TokenizerView`)."""
     wins = make_windows(tokenizer.encode(calibration_texts()), window=min(int(max_len), _WINDOW),
-                        truncate=True, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, skip_empty=True)
+                        truncate=True, prefix=tokenizer.prefix, suffix=tokenizer.suffix, skip_empty=True)
     return [np.asarray(w, dtype=np.int64) for w in wins.ids]
 
 
