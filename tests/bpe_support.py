@@ -8,7 +8,7 @@ import torch
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 SIZES = dict(hidden_size=24, num_attention_heads=3, intermediate_size=40, num_hidden_layers=2,
-             max_position_embeddings=40, type_vocab_size=1, pad_token_id=1)
+             max_position_embeddings=130, type_vocab_size=1, pad_token_id=1)
 LABELS = ("neg", "pos")
 TAGS = ("O", "B-X", "I-X")
 

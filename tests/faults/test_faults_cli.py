@@ -50,6 +50,12 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "export out a folder": ["export", str(model), "--onnx", str(user)],
         "export out exists": ["export", str(model), "--onnx", str(afile)],
         "export bad opset": ["export", str(model), "--onnx", str(tmp / "m.onnx"), "--opset", "3"],
+        "export bad pipeline": ["export", str(model), "--onnx", str(tmp / "m.onnx"), "--pipeline", "rerank"],
+        "export --pooling without embeddings": ["export", str(model), "--onnx", str(tmp / "m.onnx"), "--pooling",
+                                                "mean"],
+        "export classifier of an encoder": ["export", str(model), "--onnx", str(tmp / "m.onnx"), "--pipeline",
+                                            "classifier", "--no-check"],
+        "export out under a file": ["export", str(model), "--onnx", str(afile / "m.onnx")],
         "finetune no train": ["finetune", str(model), "--task", "regression", "--out", str(tmp / "f")],
         "finetune no task": ["finetune", str(model), "--train", "dataset:reuters8", "--out", str(tmp / "f")],
         "finetune bad task": ["finetune", str(model), "--task", "qa", "--train", "dataset:reuters8", "--out",
@@ -196,6 +202,9 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "lab seq2seq --out a file": "is not a folder",
         "fill-mask no mask token": "text 0 has no [MASK] (this model's mask token)",
         "fill-mask --top-k 0": "--top-k 0: give at least 1",
+        "export --pooling without embeddings": "add --pipeline embeddings",
+        "export classifier of an encoder": "pipeline 'classifier' needs a model with a task head",
+        "export out under a file": "is a file, not a folder",
     }
     for name, fragment in expect.items():
         code, err = _run(cases[name], capsys)
