@@ -95,3 +95,29 @@ def test_finetune_and_the_classifier_back_in_transformers(roberta_bpe, tmp_path,
                                    theirs(**batch).logits, atol=1e-5, rtol=0)
     assert main(["predict", str(run), str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "p.jsonl"),
                  "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("kind", ["masked_lm", "sequence"])
+def test_round_trip_through_qkv_keeps_the_byte_level_bpe_tokenizer(tmp_path, bpe_tok, kind):
+    """A transformers RoBERTa converted to qkv and back: every folder on the way carries a
+    tokenizer_config.json that transformers loads as a byte-level BPE tokenizer giving the original's tokens
+    (never a WordPiece reading of the BPE vocabulary, which maps each word to <unk>)."""
+    from bpe_support import roberta_folder
+
+    roberta_folder(tmp_path / "hf", bpe_tok, kind)
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "qkv"), "--to", "qkv"]) == 0
+    assert main(["convert", str(tmp_path / "qkv"), str(tmp_path / "back"), "--to", "hf"]) == 0
+    original = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    sentence = "The cat sat on the mat; return the value of the expression, don't it?"
+    want = original(sentence, "A second segment.")["input_ids"]
+    assert original.unk_token_id not in want
+    for name in ("qkv", "back"):
+        theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / name)
+        assert type(theirs).__name__ in ("RobertaTokenizerFast", "RobertaTokenizer"), (name, type(theirs))
+        assert theirs(sentence, "A second segment.")["input_ids"] == want, name
+        assert theirs.tokenize(sentence) == original.tokenize(sentence), name
+        assert (theirs.cls_token, theirs.sep_token, theirs.pad_token, theirs.mask_token, theirs.unk_token) == \
+            ("<s>", "</s>", "<pad>", "<mask>", "<unk>"), name
+        assert theirs.decode(want, skip_special_tokens=True) == original.decode(want, skip_special_tokens=True)
+    model = transformers.AutoModel.from_pretrained(tmp_path / "back")
+    assert type(model).__name__ == "RobertaModel"

@@ -146,7 +146,7 @@ def test_model_tokenizer_is_the_tokenizers_api_and_pickles(roberta_bpe):
 def test_hf_tokenizer_config_names_the_class(tmp_path, bpe_tok):
     for name, tok in (("rob", bpe_tok),):
         (tmp_path / name).mkdir()
-        write_tokenizer(tok, tmp_path / name, hf_config=True, max_len=38)
+        write_tokenizer(tok, tmp_path / name, max_len=38)
         cfg = json.loads((tmp_path / name / "tokenizer_config.json").read_text())
         assert cfg["tokenizer_class"] == "RobertaTokenizer" and cfg["mask_token"] == "<mask>"
         theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / name)

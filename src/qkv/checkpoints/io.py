@@ -288,7 +288,7 @@ def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=No
     def fill(tmp: Path) -> None:
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        write_tokenizer(tokenizer, tmp, hf_config=False, max_len=config.max_len)
+        write_tokenizer(tokenizer, tmp, max_len=config.max_len)
         (tmp / QKV_CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
     _write_folder(Path(path), QKV_CONFIG, fill)
@@ -321,7 +321,7 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     def fill(tmp: Path) -> None:
         hf_config, tensors = converter.write(model.state_dict(), config, kind, task)
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
+        write_tokenizer(tokenizer, tmp, max_len=config.max_len)
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2), encoding="utf-8")
 
     _write_folder(Path(path), HF_CONFIG, fill)

@@ -290,13 +290,14 @@ def _tokenizer_class(state: dict, specials: Specials) -> str:
     return "PreTrainedTokenizerFast"
 
 
-def write_tokenizer(tokenizer, folder: str | os.PathLike, *, hf_config: bool, max_len: int) -> None:
+def write_tokenizer(tokenizer, folder: str | os.PathLike, *, max_len: int) -> None:
     """Write a model folder's tokenizer files into ``folder`` (nothing for ``None``):
     ``tokenizer.json``, ``vocab.txt`` for a WordPiece tokenizer, ``special_tokens_map.json`` when its
-    folder declared special tokens, and with ``hf_config`` a ``tokenizer_config.json`` for
-    ``transformers`` (the tokenizer class — ``BertTokenizer``, ``RobertaTokenizer``,
-    ``GPT2Tokenizer``, or ``PreTrainedTokenizerFast`` — lower-casing, ``max_len``, the special
-    tokens by role, :mod:`qkv.data.special_tokens`).
+    folder declared special tokens, and a ``tokenizer_config.json`` for ``transformers`` (the
+    tokenizer class — ``BertTokenizer``, ``RobertaTokenizer``, ``GPT2Tokenizer``, or
+    ``PreTrainedTokenizerFast`` — lower-casing, ``max_len``, the special tokens by role,
+    :mod:`qkv.data.special_tokens`): every folder qkv writes, qkv or Hugging Face, loads in
+    ``AutoTokenizer`` as the tokenizer it is (a byte-level BPE vocabulary never read as WordPiece).
     The caller makes the folder appear atomically."""
     if tokenizer is None:
         return
@@ -311,17 +312,16 @@ def write_tokenizer(tokenizer, folder: str | os.PathLike, *, hf_config: bool, ma
     if specials.declared:  # what the source folder said, kept for the next reader
         declared = {f"{r}_token": t for r, t in specials.declared.items()}
         (folder / "special_tokens_map.json").write_text(json.dumps(declared, indent=2), encoding="utf-8")
-    if hf_config:
-        cls = _tokenizer_class(state, specials)
-        settings = {"tokenizer_class": cls}
-        if cls == "BertTokenizer":
-            settings["do_lower_case"] = bool((state.get("normalizer") or {}).get("lowercase", True))
-        settings["model_max_length"] = max_len
-        roles = ("unk", "sep", "pad", "cls", "mask") + (() if cls == "BertTokenizer" else ("bos", "eos"))
-        for role in roles:  # named, so no family's defaults are guessed
-            if specials.token(role) is not None:
-                settings[f"{role}_token"] = specials.token(role)
-        (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    cls = _tokenizer_class(state, specials)
+    settings = {"tokenizer_class": cls}
+    if cls == "BertTokenizer":
+        settings["do_lower_case"] = bool((state.get("normalizer") or {}).get("lowercase", True))
+    settings["model_max_length"] = max_len
+    roles = ("unk", "sep", "pad", "cls", "mask") + (() if cls == "BertTokenizer" else ("bos", "eos"))
+    for role in roles:  # named, so no family's defaults are guessed
+        if specials.token(role) is not None:
+            settings[f"{role}_token"] = specials.token(role)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
 class TokenizerFile:
