@@ -143,6 +143,8 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
     early gradient norms); it must leave the weights, gradients and training mode as it found them.
     ``clock``: the monotonic time source of a time-budgeted run (tests pass a fake one).
     """
+    if cfg.init_from is None and not resume:
+        model_config_for(cfg)  # a block longer than the position table is refused before anything is written
     with run_session(cfg.device, cfg.out, resume=resume) as (info, run):
         if resume and (meta := run.finished(cfg)) is not None:
             return TrainResult(run.out, int(meta.get("steps_done", cfg.steps)), "complete", meta["final_eval"], None)
