@@ -165,6 +165,15 @@ def test_bundled_minilm_by_short_name(monkeypatch, minilm):
     assert len(vectors[0][0]) == 384
 
 
+def test_every_command_takes_the_short_name(minilm, tmp_path, capsys):
+    from qkv.cli import main
+
+    assert main(["inspect", "minilm", "the cat sat.", "--out", str(tmp_path / "i")]) == 0
+    assert "6 layers × 12 heads" in capsys.readouterr().out
+    (tmp_path / "d.txt").write_text("a document\nanother one\n")
+    assert main(["embed", "minilm", str(tmp_path / "d.txt"), "--out", str(tmp_path / "v.npy"), "--no-progress"]) == 0
+
+
 def test_bundled_name_without_its_package_names_the_install(monkeypatch, tmp_path):
     import importlib.metadata
 

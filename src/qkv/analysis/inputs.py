@@ -11,8 +11,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.checkpoints.bundled import model_folder
 from qkv.checkpoints.io import Pretrained
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.errors import CheckpointError
 from qkv.data.corpus import open_corpus
 from qkv.data.errors import CorpusError
 
@@ -34,7 +36,8 @@ class AnalysisInputError(ValueError):
 
 
 def load_model(path: str | Path):
-    """Load a model folder with :func:`qkv.load` (a qkv folder or a Hugging Face BERT folder).
+    """Load a model folder with :func:`qkv.load` (a qkv folder, a Hugging Face folder, or a bundled
+    model's short name such as ``minilm``: :mod:`qkv.checkpoints.bundled`).
 
     Returns:
         The :class:`~qkv.checkpoints.io.Pretrained` ``(model, tokenizer)``, the model in eval mode.
@@ -42,7 +45,10 @@ def load_model(path: str | Path):
     Raises:
         AnalysisInputError: the folder is missing or ``qkv.load`` cannot load it (message names it).
     """
-    path = Path(path)
+    try:
+        path = model_folder(path)  # "minilm": the installed package's folder
+    except CheckpointError as exc:
+        raise AnalysisInputError(str(exc)) from None
     if not path.exists():
         raise AnalysisInputError(f"model folder {str(path)!r} does not exist")
     if not path.is_dir():
