@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 __all__ = ["main", "build_parser", "command_of", "add_common_options"]
@@ -125,8 +126,17 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if figures.get("status", "complete") == "complete" else 130
 
 
+#: terminal escape sequences (colours, cursor moves) and other control characters but newline and tab
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def describe_error(exc: BaseException) -> str:
-    """The one-line message the command line prints for ``exc``."""
+    """The one-line message the command line prints for ``exc`` (a plugin's or library's colour codes
+    and control characters removed)."""
+    return _CONTROL.sub("", _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
     from qkv.errors import QkvError
 
     if isinstance(exc, QkvError):
