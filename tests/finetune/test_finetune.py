@@ -148,7 +148,8 @@ def test_fine_tuned_model_exports_to_hugging_face_with_equal_logits(tiny_bert, t
     assert theirs.config.id2label == {0: "food", 1: "money", 2: "sport"}
 
 
-@pytest.mark.parametrize("case", ["unknown-eval-label", "empty", "no-label-column", "head-mismatch", "window"])
+@pytest.mark.parametrize("case", ["unknown-eval-label", "empty", "no-label-column", "head-mismatch", "window",
+                                  "vocab"])
 def test_bad_input_fails_before_training_and_writes_nothing(tiny_bert, topic_files, tmp_path, case, capsys):
     train, held = topic_files
     out = tmp_path / "run"
@@ -169,8 +170,20 @@ def test_bad_input_fails_before_training_and_writes_nothing(tiny_bert, topic_fil
     elif case == "window":
         args += ["--max-len", "200"]
         needle = "exceeds the model's window"
+    elif case == "vocab":  # a tokenizer with more ids than the model's embedding table
+        import shutil
+
+        from tokenizers import Tokenizer
+
+        shutil.copytree(tiny_bert, tmp_path / "grown")
+        grown = Tokenizer.from_file(str(tmp_path / "grown" / "tokenizer.json"))
+        grown.add_tokens(["brandnewword"])
+        grown.save(str(tmp_path / "grown" / "tokenizer.json"))
+        args[1] = str(tmp_path / "grown")
+        needle = f"the tokenizer has {grown.get_vocab_size()} tokens but the model's vocabulary only"
     else:
         finetune(_cfg(tiny_bert, [train], tmp_path / "first", eval=[str(held)], steps=2))
+        capsys.readouterr()  # that run's own output (its warm-up warning)
         four = write_jsonl(tmp_path / "four.jsonl", [{"text": "a b", "label": lab} for lab in "wxyz"])
         args[1], args[5] = str(tmp_path / "first"), str(four)
         args += ["--eval", str(four)]
