@@ -272,3 +272,20 @@ def test_a_run_stopped_before_its_report_is_finished_by_resume(tiny_bert, topic_
     assert again.status == "complete" and again.steps_done == 4
     assert again.report["fine_tuned"] == first.report["fine_tuned"]
     assert (tmp_path / "run" / "report.md").is_file()
+
+
+def test_a_model_below_a_baseline_is_warned_about(tiny_bert, topic_files, tmp_path, capsys):
+    from qkv.finetune.report import below_baselines
+
+    train, held = topic_files
+    res = finetune(_cfg(tiny_bert, [train], tmp_path / "run", eval=[str(held)], steps=1, warmup_steps=0, lr=1e-6,
+                        baselines=("tfidf",)))
+    mine, theirs = res.report["fine_tuned"]["accuracy"], res.report["baselines"]["TF-IDF + logistic regression"]
+    assert theirs["accuracy"] > mine  # one step at a tiny rate: chance level
+    err = capsys.readouterr().err
+    assert f"qkv: warning: the fine-tuned model (accuracy {mine:.4f}) scored below every baseline it was compared " \
+           f"with (TF-IDF + logistic regression {theirs['accuracy']:.4f})" in err
+    assert res.report["warnings"] == [err.split("qkv: warning: ")[1].strip()]
+    assert below_baselines("regression", {"rmse": 1.0}, {"mean": {"rmse": 2.0}}) is None
+    assert "scored below a baseline" in below_baselines("regression", {"rmse": 1.0},
+                                                       {"mean": {"rmse": 0.5}, "other": {"rmse": 3.0}})
