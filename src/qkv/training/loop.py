@@ -13,6 +13,7 @@ of a step is the mean over its masked tokens on all ranks and micro-batches.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -154,6 +155,10 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
         precision, note = resolve_precision(cfg.precision, info.device)
         if note and info.is_main:
             print(f"qkv pretrain: {note}", flush=True)
+        if cfg.preset == "tiny" and cfg.init_from is None and not resume and info.is_main:
+            print("qkv: warning: --preset tiny is a test-size model (24 wide, a 19-token window): it learns "
+                  "little from real text; for a real run use --preset cpu-small (minutes on a CPU) or mini",
+                  file=sys.stderr, flush=True)
         data, model_config = _prepare(cfg, run, info)
         run.update(precision=precision)
         torch.manual_seed(cfg.seed)
