@@ -72,10 +72,10 @@ def workdir(tmp_path_factory, tiny_model, pydoc_texts) -> Path:
     lm = build_causal_lm(ModelConfig.preset("gpt2", vocab_size=tok.get_vocab_size(), d_model=24, n_heads=3,
                                             d_ff=40, n_layers=2, max_len=64))
     save(lm, work / "tiny-lm", tokenizer=tok)
-    text = "\n".join(t.replace("\n", " ") for t in pydoc_texts[:80])
+    text = "\n".join(t.replace("\n", " ") for t in pydoc_texts[:50])
     (work / "docs.txt").write_text(text + "\n")
     (work / "notes").mkdir()  # other documents: a held-out corpus is never the training one
-    (work / "notes" / "a.txt").write_text("\n".join(t.replace("\n", " ") for t in pydoc_texts[80:160]) + "\n")
+    (work / "notes" / "a.txt").write_text("\n".join(t.replace("\n", " ") for t in pydoc_texts[50:]) + "\n")
     export_onnx(work / "tiny-model", work / "model.onnx", check=False)
     return work
 
