@@ -11,6 +11,7 @@ are listed by :func:`test_inventory_of_blocks` with the count of their blocks (t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from docs_blocks import ROOT, Block, all_blocks, blocks_of, parse_marker, shell_
 
 #: the pages whose every block is run or marked; the others are counted as not yet covered
 RUN = ("README.md", "docs/architecture.md", "docs/attention.md", "docs/demo.md", "docs/deployment.md", "docs/generation.md",
-       "docs/inference.md", "docs/positions.md", "docs/pretraining.md")
+       "docs/inference.md", "docs/plugins.md", "docs/positions.md", "docs/pretraining.md")
 
 
 def test_every_marker_parses_and_every_substitution_occurs():
@@ -82,10 +83,14 @@ def workdir(tmp_path_factory, tiny_model, pydoc_texts) -> Path:
 
 
 def _run(block: Block, work: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), str(work)]),
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     source = block.source()
-    if block.kind == "python":
+    module = re.match(r"# (\w+)\.py\b", source)
+    if block.kind == "python" and module:  # a file the page shows (a plugin module): written, then imported
+        (work / f"{module[1]}.py").write_text(source, encoding="utf-8")
+        argv = [sys.executable, "-c", f"import {module[1]}"]
+    elif block.kind == "python":
         argv = [sys.executable, "-c", source]
     else:  # each command in turn; `qkv` and `python` are this interpreter's
         prelude = (f'qkv() {{ "{sys.executable}" -m qkv "$@"; }}\npython() {{ "{sys.executable}" "$@"; }}\n'
