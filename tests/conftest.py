@@ -63,3 +63,21 @@ def tiny_model(tmp_path_factory, pydoc_texts) -> Path:
     folder = tmp_path_factory.mktemp("tiny") / "model"
     save(build_encoder(cfg), folder, tokenizer=tok.backend)
     return folder
+
+
+@pytest.fixture(scope="session")
+def bpe_tok(pydoc_texts):
+    """A RoBERTa byte-level BPE tokenizer (``<s> <pad> </s> <unk> <mask>``) trained on pydoc text."""
+    from bpe_support import bpe_tokenizer
+
+    return bpe_tokenizer(pydoc_texts[:200])
+
+
+@pytest.fixture(scope="session")
+def roberta_bpe(tmp_path_factory, bpe_tok):
+    """A random-weight transformers ``RobertaModel`` folder with its byte-level BPE tokenizer, as
+    ``save_pretrained`` writes them: ``(folder, transformers model)``."""
+    from bpe_support import roberta_folder
+
+    folder = tmp_path_factory.mktemp("roberta") / "model"
+    return folder, roberta_folder(folder, bpe_tok, "encoder")

@@ -306,3 +306,16 @@ def test_named_plugins_are_passed_to_child_processes(monkeypatch):
     monkeypatch.delenv(plugins.ENV)
     plugins.share_with_children([])  # nothing named: the environment is left alone
     assert plugins.ENV not in os.environ
+
+
+def test_a_plugins_colour_codes_never_reach_the_terminal(tmp_path, monkeypatch, capsys, undo_registrations):
+    from qkv.cli import main
+
+    (tmp_path / "qkvplug_colour.py").write_text(
+        "raise RuntimeError('\\x1b[1;31mlicence\\x1b[0m key \\x07missing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["pretrain", "--plugin", "qkvplug_colour", "--corpus", "dataset:pydoc", "--out",
+                 str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "RuntimeError: licence key missing" in err and "\x1b" not in err and "\x07" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "load", "Pretrained", "save", "export_hf", "convert", "ModelConfig", "build_encoder",
            "build_masked_lm", "build_causal_lm", "embed", "TaskConfig", "SequenceClassifier", "TokenClassifier",
-           "attach_task_head"]
+           "attach_task_head", "pipeline"]
 
 # The user-facing facade: these names are imported on first use (importlib, below), so that ``import qkv``
 # stays light — torch alone takes 1.2 s to import. Inside qkv every name is imported from the module
@@ -24,6 +24,7 @@ _LAZY = {
     "SequenceClassifier": "qkv.models.heads",
     "TokenClassifier": "qkv.models.heads",
     "attach_task_head": "qkv.models.task_builders",
+    "pipeline": "qkv.pipelines.factory",
 }
 
 

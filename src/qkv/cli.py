@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -40,6 +41,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("ablate",), "qkv.experiments.cli:add_ablate_parser"),
     (("generate",), "qkv.generation.cli:add_generate_parser"),
     (("translate",), "qkv.translation.cli:add_translate_parser"),
+    (("fill-mask",), "qkv.pipelines.cli:add_fill_mask_parser"),
     (("lab",), "qkv.lab.cli:add_lab_parser"),
     (("export",), "qkv.checkpoints.cli:add_export_parser"),
     (("serve",), "qkv.serve.cli:add_serve_parser"),
@@ -129,8 +131,17 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if figures.get("status", "complete") == "complete" else 130
 
 
+#: terminal escape sequences (colours, cursor moves) and other control characters but newline and tab
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def describe_error(exc: BaseException) -> str:
-    """The one-line message the command line prints for ``exc``."""
+    """The one-line message the command line prints for ``exc`` (a plugin's or library's colour codes
+    and control characters removed)."""
+    return _CONTROL.sub("", _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
     from qkv.errors import QkvError
 
     if isinstance(exc, QkvError):

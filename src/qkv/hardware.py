@@ -12,10 +12,11 @@ own CPU probes, so that a mode is offered only where it is native:
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
-__all__ = ["cpu_features", "onednn_linear_available", "precision_unsupported"]
+__all__ = ["cpu_features", "onednn_linear_available", "precision_unsupported", "threads_per_job"]
 
 
 @functools.cache
@@ -91,3 +92,18 @@ def precision_unsupported(precision: str, device: torch.device) -> str | None:
             return "this CPU has no AVX2, which PyTorch's int8 kernels need"
         return None
     raise ValueError(f"unknown precision {precision!r}")
+
+
+def threads_per_job(jobs: int) -> int:
+    """Torch threads for each of ``jobs`` concurrent runs: the cores this process may use, divided
+    among the jobs, and never more than ``OMP_NUM_THREADS`` when the user set it (a limit the user
+    set for every process is kept, not multiplied)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    threads = max(1, cores // max(1, jobs))
+    limit = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if limit.isdigit() and int(limit) > 0:
+        threads = min(threads, int(limit))
+    return threads

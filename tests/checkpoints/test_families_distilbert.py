@@ -103,8 +103,6 @@ def test_distilbert_round_trip_through_qkv_and_back(tmp_path, kind):
 
 
 @pytest.mark.parametrize("arch,message", [
-    ("DistilBertForSequenceClassification", r"DistilBertForSequenceClassification: its two-layer classification "
-                                            r"head \(pre_classifier, classifier\) is not supported"),
     ("DistilBertForQuestionAnswering", r"DistilBertForQuestionAnswering: a question-answering head"),
 ])
 def test_heads_qkv_cannot_represent_are_refused(tmp_path, arch, message):

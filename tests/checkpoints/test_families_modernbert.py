@@ -134,7 +134,7 @@ def test_a_qkv_built_modernbert_exports_and_transformers_agrees(tmp_path):
 
 
 def test_modernbert_refusals(tmp_path):
-    for arch in ("ModernBertForSequenceClassification", "ModernBertForTokenClassification"):
+    for arch in ("ModernBertForQuestionAnswering", "ModernBertForMultipleChoice"):
         cls = getattr(transformers, arch)
         torch.manual_seed(0)
         cls(transformers.ModernBertConfig(**SIZES)).save_pretrained(tmp_path / arch)
@@ -149,8 +149,10 @@ def test_modernbert_refusals(tmp_path):
     cfg["layer_types"] = None
     cfg["classifier_activation"] = "relu"
     (folder / "config.json").write_text(json.dumps(cfg))
+    qkv.load(folder)  # an encoder has no head: its classifier_activation does not matter
+    _, mlm = _folder(tmp_path, "masked_lm", name="act", classifier_activation="relu")
     with pytest.raises(CheckpointError, match="classifier_activation='relu'"):
-        qkv.load(folder)
+        qkv.load(mlm)
     bert_shaped = build_masked_lm(ModelConfig.preset("tiny"))
     with pytest.raises(CheckpointError, match="ModernBERT needs") as err:
         qkv.export_hf(bert_shaped, tmp_path / "no", family="modernbert")

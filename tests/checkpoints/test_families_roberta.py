@@ -104,8 +104,6 @@ def test_qkv_convert_cli_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("arch,message", [
-    ("RobertaForSequenceClassification", r"RobertaForSequenceClassification: its two-layer classification head "
-                                         r"\(classifier.dense, classifier.out_proj\) is not supported"),
     ("RobertaForQuestionAnswering", r"RobertaForQuestionAnswering: a question-answering head"),
     ("RobertaForMultipleChoice", r"RobertaForMultipleChoice: a multiple-choice head is not supported"),
 ])
@@ -139,10 +137,9 @@ def test_export_refuses_a_sequence_head_roberta_writes_differently(tmp_path):
     from qkv.models.heads import TaskConfig
 
     config = ModelConfig.preset("tiny", family="roberta", pad_token_id=1, position_offset=2)
-    model = build_task_model(config, TaskConfig("sequence-classification", ("a", "b")))
-    with pytest.raises(CheckpointError, match=r"RoBERTa: kind 'sequence_classification' \(qkv writes RoBERTa as "
-                                              r"RobertaModel, RobertaForMaskedLM, RobertaForTokenClassification; "
-                                              r"RobertaForSequenceClassification's head is two layers, qkv's one\)"):
+    model = build_task_model(config, TaskConfig("sequence-classification", ("a", "b"), pooling="mean"))
+    with pytest.raises(CheckpointError, match=r"RoBERTa: the task head's pooling='mean', head=None \(RoBERTa's "
+                                              r"sequence classification head needs pooling='cls', head='tanh'"):
         qkv.export_hf(model, tmp_path / "x")
     with pytest.raises(CheckpointError, match=r"as a Hugging Face BERT: positions.offset=2 \(BERT needs 0\)"):
         qkv.export_hf(model, tmp_path / "x", family="bert")  # BERT has the head but not the offset

@@ -88,3 +88,66 @@ def test_cli(hf_folder, tmp_path, capsys):
     assert main(["export", str(hf_folder), "--onnx", str(out)]) == 0
     text = capsys.readouterr().out
     assert "wrote" in text and "max |diff|" in text and out.is_file()
+
+
+def test_embeddings_pipeline_equals_qkv_embed(tiny_model, tmp_path):
+    """Pooling and normalisation inside the graph: ONNX Runtime gives qkv.embed's vectors; the output's
+    folder is created when missing."""
+    out = tmp_path / "new" / "folder" / "emb.onnx"
+    assert main(["export", str(tiny_model), "--onnx", str(out), "--pipeline", "embeddings", "--pooling",
+                 "cls+mean"]) == 0
+    model, tok = qkv.load(tiny_model)
+    texts = ["a short text", "a somewhat longer text about functions and modules", "x"]
+    batch = tok(texts, return_tensors="np")
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [o.name for o in sess.get_outputs()] == ["sentence_embedding"]
+    feeds = {k: v for k, v in batch.items() if k in {i.name for i in sess.get_inputs()}}
+    if "token_type_ids" in {i.name for i in sess.get_inputs()}:
+        feeds["token_type_ids"] = np.zeros_like(batch["input_ids"])
+    got = sess.run(None, feeds)[0]
+    np.testing.assert_allclose(got, qkv.embed(tiny_model, texts, pooling="cls+mean"), atol=1e-4)
+    with pytest.raises(ExportError, match="pipeline='rerank' is not allowed; allowed: encoder, embeddings"):
+        export_onnx(tiny_model, tmp_path / "r.onnx", pipeline="rerank")
+
+
+@pytest.mark.parametrize("kind", ["sequence", "token"])
+def test_classifier_pipeline_equals_transformers(tmp_path, bpe_tok, kind):
+    from bpe_support import roberta_folder
+
+    hf = roberta_folder(tmp_path / "hf", bpe_tok, kind)
+    r = export_onnx(tmp_path / "hf", tmp_path / "c.onnx", pipeline="classifier")
+    assert r.output == "logits" and r.max_diff <= 1e-4
+    tok = qkv.load(tmp_path / "hf").tokenizer
+    batch = tok(["The cat sat on the mat.", "Return"], return_tensors="np")
+    sess = ort.InferenceSession(str(r.path), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if "token_type_ids" in {i.name for i in sess.get_inputs()}:
+        feeds["token_type_ids"] = np.zeros_like(batch["input_ids"])
+    got = sess.run(None, feeds)[0]
+    with torch.no_grad():
+        want = hf(input_ids=torch.from_numpy(batch["input_ids"]),
+                  attention_mask=torch.from_numpy(batch["attention_mask"])).logits.numpy()
+    real = batch["attention_mask"].astype(bool)
+    np.testing.assert_allclose(got[real] if kind == "token" else got, want[real] if kind == "token" else want,
+                               atol=1e-4)
+    with pytest.raises(ExportError, match="pipeline 'causal-lm' needs a causal language model, got"):
+        export_onnx(tmp_path / "hf", tmp_path / "x.onnx", pipeline="causal-lm")
+
+
+def test_causal_lm_pipeline_equals_qkv(tmp_path):
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_causal_lm
+
+    torch.manual_seed(0)
+    model = build_causal_lm(ModelConfig.preset("gpt2", vocab_size=61, d_model=24, n_heads=3, d_ff=40, n_layers=2,
+                                               max_len=20)).eval()
+    r = export_onnx(model, tmp_path / "lm.onnx", pipeline="causal-lm")
+    assert r.inputs == ("input_ids", "attention_mask") and r.max_diff <= 1e-4
+    ids = torch.randint(0, 61, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    sess = ort.InferenceSession(str(r.path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    with torch.no_grad():
+        want = model(ids, mask).logits.numpy()
+    np.testing.assert_allclose(got[mask.bool().numpy()], want[mask.bool().numpy()], atol=1e-4)

@@ -96,7 +96,8 @@ def test_load_errors(tmp_path):
     with pytest.raises(TokenizerError, match="expected tokenizer.json or vocab.txt"):
         load_tokenizer(tmp_path)
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\na\nb\n")
-    with pytest.raises(TokenizerError, match=r"lacks the special token\(s\) \[MASK\]"):
+    with pytest.raises(TokenizerError, match=r"lacks the special token\(s\) mask \(it has cls=\[CLS\] sep=\[SEP\] "
+                                             r"pad=\[PAD\] unk=\[UNK\] bos=\[CLS\] eos=\[SEP\]\); masked-LM"):
         load_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="cannot load a tokenizer"):

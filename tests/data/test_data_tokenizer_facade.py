@@ -101,8 +101,10 @@ def test_special_check_messages():
     with pytest.raises(TokenizerError, match=r"^tokenizer lacks the special token\(s\) \[PAD\], \[UNK\], \[SEP\], "
                                              r"\[MASK\]; qkv needs all of"):
         special_ids(bare)
-    with pytest.raises(ValueError, match=r"the tokenizer lacks the special token\(s\) \[SEP\], \[PAD\]; embed"):
-        TokenizerView(bare, error=ValueError, purpose="embed needs them")
+    with pytest.raises(ValueError, match=r"^the tokenizer has no sep, mask token \(sep: none of its settings or "
+                                         r"\[SEP\]/</s>; mask: .*\[MASK\]/<mask>.*; it has cls=\[CLS\] unk=a bos=\[CLS\]\); fill-mask"):
+        TokenizerView(bare, required=("sep", "[MASK]"), error=ValueError, purpose="fill-mask needs them")
+    assert TokenizerView(bare).prefix == TokenizerView(bare).suffix == ()  # no template; none required by default
     with pytest.raises(TokenizerError, match="expected a tokenizers.Tokenizer"):
         as_backend("not a tokenizer")
     msg = str(no_tokenizer("model folder m", hint=", or pass tokenizer="))
@@ -112,16 +114,17 @@ def test_special_check_messages():
 
 def test_write_tokenizer_files(pydoc_tokenizer, tmp_path):
     (tmp_path / "q").mkdir()
-    write_tokenizer(pydoc_tokenizer, tmp_path / "q", hf_config=False, max_len=64)
-    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["tokenizer.json", "vocab.txt"]
+    write_tokenizer(pydoc_tokenizer, tmp_path / "q", max_len=64)
+    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["tokenizer.json", "tokenizer_config.json",
+                                                                    "vocab.txt"]
     assert read_tokenizer(tmp_path / "q").to_str() == pydoc_tokenizer.to_str()
     (tmp_path / "h").mkdir()
-    write_tokenizer(pydoc_tokenizer.backend, tmp_path / "h", hf_config=True, max_len=64)
+    write_tokenizer(pydoc_tokenizer.backend, tmp_path / "h", max_len=64)
     settings = json.loads((tmp_path / "h" / "tokenizer_config.json").read_text())
     assert settings == {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 64,
                         "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                         "mask_token": "[MASK]"}
-    write_tokenizer(None, tmp_path / "h", hf_config=True, max_len=64)  # nothing to write: nothing changes
+    write_tokenizer(None, tmp_path / "h", max_len=64)  # nothing to write: nothing changes
     (tmp_path / "f").mkdir()
     TokenizerFile(pydoc_tokenizer).save(tmp_path / "f")
     assert [p.name for p in (tmp_path / "f").iterdir()] == ["tokenizer.json"]

@@ -64,6 +64,12 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "export out a folder": ["export", str(model), "--onnx", str(user)],
         "export out exists": ["export", str(model), "--onnx", str(afile)],
         "export bad opset": ["export", str(model), "--onnx", str(tmp / "m.onnx"), "--opset", "3"],
+        "export bad pipeline": ["export", str(model), "--onnx", str(tmp / "m.onnx"), "--pipeline", "rerank"],
+        "export --pooling without embeddings": ["export", str(model), "--onnx", str(tmp / "m.onnx"), "--pooling",
+                                                "mean"],
+        "export classifier of an encoder": ["export", str(model), "--onnx", str(tmp / "m.onnx"), "--pipeline",
+                                            "classifier", "--no-check"],
+        "export out under a file": ["export", str(model), "--onnx", str(afile / "m.onnx")],
         "finetune no train": ["finetune", str(model), "--task", "regression", "--out", str(tmp / "f")],
         "finetune no task": ["finetune", str(model), "--train", "dataset:reuters8", "--out", str(tmp / "f")],
         "finetune bad task": ["finetune", str(model), "--task", "qa", "--train", "dataset:reuters8", "--out",
@@ -192,6 +198,11 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "serve --precision fp16": ["serve", str(model), "--precision", "fp16"],
         "serve --index missing": ["serve", str(model), "--index", nowhere],
         "serve a file as model": ["serve", str(afile)],
+        "fill-mask missing model": ["fill-mask", nowhere, "a [MASK]"],
+        "fill-mask no mask token": ["fill-mask", str(model), "no blank here"],
+        "fill-mask --top-k 0": ["fill-mask", str(model), "a [MASK]", "--top-k", "0"],
+        "fill-mask no text": ["fill-mask", str(model)],
+        "fill-mask bundled name missing": ["fill-mask", "minilm-not-bundled", "a [MASK]"],
     }
 
 
@@ -255,6 +266,11 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "pretrain --vocab-size absurd": "choose a smaller --vocab-size",
         "pretrain model too large": "the largest tensor is encoder.embeddings.positions.weight, 100000000 × ",
         "lab seq2seq --out a file": "is not a folder",
+        "fill-mask no mask token": "text 0 has no [MASK] (this model's mask token)",
+        "fill-mask --top-k 0": "--top-k 0: give at least 1",
+        "export --pooling without embeddings": "add --pipeline embeddings",
+        "export classifier of an encoder": "pipeline 'classifier' needs a model with a task head",
+        "export out under a file": "is a file, not a folder",
     }
     for name, fragment in expect.items():
         code, err = _run(cases[name], capsys)

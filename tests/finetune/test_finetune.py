@@ -148,7 +148,8 @@ def test_fine_tuned_model_exports_to_hugging_face_with_equal_logits(tiny_bert, t
     assert theirs.config.id2label == {0: "food", 1: "money", 2: "sport"}
 
 
-@pytest.mark.parametrize("case", ["unknown-eval-label", "empty", "no-label-column", "head-mismatch", "window"])
+@pytest.mark.parametrize("case", ["unknown-eval-label", "empty", "no-label-column", "head-mismatch", "window",
+                                  "vocab"])
 def test_bad_input_fails_before_training_and_writes_nothing(tiny_bert, topic_files, tmp_path, case, capsys):
     train, held = topic_files
     out = tmp_path / "run"
@@ -169,8 +170,20 @@ def test_bad_input_fails_before_training_and_writes_nothing(tiny_bert, topic_fil
     elif case == "window":
         args += ["--max-len", "200"]
         needle = "exceeds the model's window"
+    elif case == "vocab":  # a tokenizer with more ids than the model's embedding table
+        import shutil
+
+        from tokenizers import Tokenizer
+
+        shutil.copytree(tiny_bert, tmp_path / "grown")
+        grown = Tokenizer.from_file(str(tmp_path / "grown" / "tokenizer.json"))
+        grown.add_tokens(["brandnewword"])
+        grown.save(str(tmp_path / "grown" / "tokenizer.json"))
+        args[1] = str(tmp_path / "grown")
+        needle = f"the tokenizer has {grown.get_vocab_size()} tokens but the model's vocabulary only"
     else:
         finetune(_cfg(tiny_bert, [train], tmp_path / "first", eval=[str(held)], steps=2))
+        capsys.readouterr()  # that run's own output (its warm-up warning)
         four = write_jsonl(tmp_path / "four.jsonl", [{"text": "a b", "label": lab} for lab in "wxyz"])
         args[1], args[5] = str(tmp_path / "first"), str(four)
         args += ["--eval", str(four)]
@@ -262,3 +275,20 @@ def test_a_run_stopped_before_its_report_is_finished_by_resume(tiny_bert, topic_
     assert again.status == "complete" and again.steps_done == 4
     assert again.report["fine_tuned"] == first.report["fine_tuned"]
     assert (tmp_path / "run" / "report.md").is_file()
+
+
+def test_a_model_below_a_baseline_is_warned_about(tiny_bert, topic_files, tmp_path, capsys):
+    from qkv.finetune.report import below_baselines
+
+    train, held = topic_files
+    res = finetune(_cfg(tiny_bert, [train], tmp_path / "run", eval=[str(held)], steps=1, warmup_steps=0, lr=1e-6,
+                        baselines=("tfidf",)))
+    mine, theirs = res.report["fine_tuned"]["accuracy"], res.report["baselines"]["TF-IDF + logistic regression"]
+    assert theirs["accuracy"] > mine  # one step at a tiny rate: chance level
+    err = capsys.readouterr().err
+    assert f"qkv: warning: the fine-tuned model (accuracy {mine:.4f}) scored below every baseline it was compared " \
+           f"with (TF-IDF + logistic regression {theirs['accuracy']:.4f})" in err
+    assert res.report["warnings"] == [err.split("qkv: warning: ")[1].strip()]
+    assert below_baselines("regression", {"rmse": 1.0}, {"mean": {"rmse": 2.0}}) is None
+    assert "scored below a baseline" in below_baselines("regression", {"rmse": 1.0},
+                                                       {"mean": {"rmse": 0.5}, "other": {"rmse": 3.0}})

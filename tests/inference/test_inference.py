@@ -218,3 +218,17 @@ def test_a_prepared_model_is_an_ordinary_model_to_every_api(tmp_path, precision)
     assert inference_precision(again) is None  # a plain model again, with the prepared weights
     cos = F.cosine_similarity(torch.from_numpy(qkv.embed(again, texts, tokenizer=tok)), torch.from_numpy(want), dim=-1)
     assert cos.min() > 0.99
+
+
+def test_calibration_takes_the_tokenizer_qkv_load_returns(tiny_model):
+    """The documented call (docs/inference.md): ``for_inference_calibrated(model, "int8", tok, …)`` with
+    the tokenizer of ``qkv.load``, the same windows as through a TokenizerView."""
+    from qkv.checkpoints.io import load
+    from qkv.data.tokenizer_facade import TokenizerView
+    from qkv.inference import for_inference_calibrated
+    from qkv.inference.calibration import calibration_sequences
+
+    model, tok = load(tiny_model)
+    ours = calibration_sequences(tok, 16)
+    assert ours and all((a == b).all() for a, b in zip(ours, calibration_sequences(TokenizerView(tok), 16)))
+    assert for_inference_calibrated(model, "int8", tok, max_len=16) is not model

@@ -65,7 +65,7 @@ def test_the_command_line_lists_runs_and_refuses(tmp_path, capsys):
     out = tmp_path / "o"
     assert main(["ablate", "--grid", str(path), "--out", str(out), "--seeds", "1", "--steps", "5", "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert "qkv vs raw:" in printed and json.loads((out / "runs" / "qkv" / "seed0.json").read_text())["steps_done"] == 5
+    assert "qkv vs raw: not decided: 1 seed — a verdict needs ≥ 2 that agree" in printed and json.loads((out / "runs" / "qkv" / "seed0.json").read_text())["steps_done"] == 5
     assert main(["ablate", "--grid", "lab-heads", "--out", str(out), "--corpus", "x.txt"]) == 2
     assert "--corpus: not for lab grid 'lab-heads'" in capsys.readouterr().err
     assert main(["ablate", "--grid", "lab-heads"]) == 2

@@ -68,3 +68,11 @@ def test_with_holm_sets_the_corrected_p_and_best_rate_takes_the_best_mean():
     assert best_rate({"x@lr=0.001": {0: 0.2, 1: 0.4}, "x@lr=0.01": {0: 0.5, 1: 0.5}}) == "x@lr=0.01"
     m, s = mean_std([1.0, 2.0, 3.0])
     assert (m, s) == (2.0, 1.0) and math.isnan(mean_std([1.0])[1])
+
+
+def test_one_seed_is_never_a_verdict():
+    values = {"a": {0: 1.0}, "b": {0: 0.2}}
+    c = compare("a", "b", values)
+    assert not c.decided and c.outcome == "too few seeds" and c.winner is None
+    assert c.sentence() == "not decided: 1 seed — a verdict needs ≥ 2 that agree (--seeds 3)"
+    assert not compare("a", "b", values, {"b": {0: True}}).decided  # one divergence is no pattern either

@@ -102,3 +102,16 @@ def test_loop_config_is_validated():
                      (dict(steps=1, betas=(0.9, 1.0)), "betas"), (dict(steps=1, clip_norm=0), "clip_norm")):
         with pytest.raises(ValueError, match=msg):
             LoopConfig(**bad)
+
+
+def test_a_warm_up_longer_than_the_run_is_warned_about(tmp_path, monkeypatch, capsys):
+    from qkv.training.optim import warmup_warning
+
+    monkeypatch.chdir(tmp_path)
+    run_training(LoopConfig(steps=4, lr=0.1, warmup_steps=10, log_every=4), Regression(), model=_model())
+    err = capsys.readouterr().err
+    assert err.count("qkv: warning: --warmup-steps 10 ≥ --steps 4: the whole run is warm-up") == 1
+    assert "rises to 40% of --lr at the last step" in err and "use --warmup-steps 1 (10 % of the run)" in err
+    run_training(LoopConfig(steps=4, lr=0.1, warmup_steps=3, log_every=4), Regression(), model=_model())
+    assert "warning" not in capsys.readouterr().err
+    assert warmup_warning(0, 5) is None and warmup_warning(100, None) is None and warmup_warning(5, 5) is not None

@@ -173,8 +173,9 @@ def analyze(
     label_rows = label_documents(documents, contexts.n_docs, opts.max_label_docs, opts.seed)
     t_tok = time.perf_counter()
 
-    collector = LayerCollector(plan, contexts, label_rows, tokenizer.cls_id, tokenizer.sep_id)
-    heads = HeadAccumulator(tokenizer.cls_id, tokenizer.sep_id)
+    cls_id, sep_id = (-1 if i is None else i for i in (tokenizer.cls_id, tokenizer.sep_id))  # -1: none
+    collector = LayerCollector(plan, contexts, label_rows, cls_id, sep_id)
+    heads = HeadAccumulator(cls_id, sep_id)
     batches = iter_captures(model, contexts, batch_size=opts.batch_size, pad_id=tokenizer.pad_id)
     if progress:
         batches = tqdm(batches, total=-(-len(contexts) // opts.batch_size), desc="analyze", unit="batch")

@@ -8,11 +8,12 @@ no state kept on modules. Memory is bounded by the batch: :func:`iter_captures` 
 :class:`Capture` at a time and keeps nothing.
 
 **Texts longer than the window.** A text is first tokenised without special tokens. If it has more
-than ``max_len - 2`` pieces, the policy ``long_text`` decides:
+than the window holds beside the tokenizer's special tokens (``max_len - 2`` for ``[CLS] … [SEP]``
+or ``<s> … </s>``), the policy ``long_text`` decides:
 
 * ``"window"`` (the default for corpus analysis): split it into consecutive, non-overlapping windows
-  of ``max_len - 2`` pieces (:func:`qkv.data.windows.make_windows` with ``cover_end=False``), each
-  wrapped in ``[CLS] … [SEP]`` and analysed as its own context;
+  of that many pieces (:func:`qkv.data.windows.make_windows` with ``cover_end=False``), each
+  wrapped in the tokenizer's template (``[CLS] … [SEP]``) and analysed as its own context;
   document-level statistics (the label probe) average over all windows of the document.
   ``max_windows_per_doc`` keeps only the first windows of very long documents.
 * ``"truncate"``: keep the first window only.
@@ -45,11 +46,13 @@ class Contexts:
     """A tokenised corpus: one entry per model input (window).
 
     Attributes:
-        ids: N arrays ``(T_i,)`` of token ids, each ``[CLS] … [SEP]``.
+        ids: N arrays ``(T_i,)`` of token ids, each ``prefix … suffix`` (``[CLS] … [SEP]``).
         whole_word: N boolean arrays ``(T_i,)``: the token is a complete word (False on specials).
         doc: ``(N,)`` index of the document each context comes from.
         n_docs: number of documents read (including any that gave no tokens).
-        max_len: the window length used (including the two special tokens).
+        max_len: the window length used (including the special tokens).
+        n_prefix, n_suffix: special tokens before and after each context's text (1 and 1 for
+            ``[CLS] … [SEP]``).
     """
 
     ids: list[np.ndarray]
@@ -57,6 +60,8 @@ class Contexts:
     doc: np.ndarray
     n_docs: int
     max_len: int
+    n_prefix: int = 1
+    n_suffix: int = 1
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -139,12 +144,13 @@ def tokenize_corpus(
     """
     if long_text not in LONG_TEXT_POLICIES:
         raise AnalysisInputError(f"long_text must be one of {LONG_TEXT_POLICIES}, got {long_text!r}")
-    if max_len < 3:
-        raise AnalysisInputError(f"max_len must be at least 3 ([CLS] x [SEP]), got {max_len}")
     if len(texts) == 0:
         raise AnalysisInputError("the corpus is empty: no documents to analyse")
     tokenizer = tokenizer_view(tokenizer)
-    room = max_len - 2
+    if max_len < tokenizer.n_special + 1:
+        raise AnalysisInputError(f"max_len must be at least {tokenizer.n_special + 1} (the tokenizer's "
+                                 f"{tokenizer.n_special} special tokens and one token of text), got {max_len}")
+    room = max_len - tokenizer.n_special
     encoded = tokenizer.encode_words(texts)
     if long_text == "error":
         for d, (text, (pieces, _)) in enumerate(zip(texts, encoded)):
@@ -152,17 +158,19 @@ def tokenize_corpus(
                 preview = text[:40].replace("\n", " ")
                 raise AnalysisInputError(
                     f"text {d} ({preview!r}…) has {len(pieces)} word pieces, more than the window of "
-                    f"{max_len} tokens allows ({room} + [CLS] + [SEP]); shorten it, or use "
+                    f"{max_len} tokens allows ({room} + {tokenizer.n_special} special tokens); shorten it, or use "
                     f"long_text='truncate' or 'window'"
                 )
     wins = make_windows([pieces for pieces, _ in encoded], window=max_len, cover_end=False, skip_empty=True,
                         truncate=long_text == "truncate", max_windows=max_windows_per_doc,
-                        cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)
+                        prefix=tokenizer.prefix, suffix=tokenizer.suffix)
     if not wins.ids:
         raise AnalysisInputError(f"the corpus of {len(texts)} documents gives no tokens at all")
-    whole = [np.array([False, *encoded[d][1][a : a + room], False], dtype=bool)
+    head, tail = [False] * len(tokenizer.prefix), [False] * len(tokenizer.suffix)
+    whole = [np.array([*head, *encoded[d][1][a : a + room], *tail], dtype=bool)
              for d, a in zip(wins.doc, wins.start)]
-    return Contexts(wins.ids, whole, np.array(wins.doc, dtype=np.int64), len(texts), max_len)
+    return Contexts(wins.ids, whole, np.array(wins.doc, dtype=np.int64), len(texts), max_len,
+                    len(head), len(tail))
 
 
 def forward(

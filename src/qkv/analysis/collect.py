@@ -37,13 +37,13 @@ def plan_samples(contexts: Contexts, token_sample: int, min_contexts: int, max_c
                  max_word_types: int, seed: int) -> SamplePlan:
     """Draw the token sample and the self-similarity occurrences (seeded, deterministic)."""
     rng = np.random.default_rng(seed)
-    content = contexts.lengths - 2  # tokens between [CLS] and [SEP]
+    content = contexts.lengths - contexts.n_prefix - contexts.n_suffix  # tokens between [CLS] and [SEP]
     total = int(content.sum())
     pick = np.sort(rng.choice(total, size=min(token_sample, total), replace=False))
     ctx_of = np.repeat(np.arange(len(contexts)), content)  # (total,)
     first = np.concatenate([[0], np.cumsum(content)[:-1]])  # offset of each context's first token
     token_ctx = ctx_of[pick]
-    token_pos = pick - first[token_ctx] + 1  # +1: after [CLS]
+    token_pos = pick - first[token_ctx] + contexts.n_prefix  # after [CLS]
 
     seen: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for c, (ids, whole) in enumerate(zip(contexts.ids, contexts.whole_word)):

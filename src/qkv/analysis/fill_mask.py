@@ -1,4 +1,8 @@
-"""Fill in a masked word: a masked LM's top-k tokens for one ``[MASK]``, beside the unigram baseline.
+"""Fill in a masked word: a masked LM's top-k tokens for one mask token, beside the unigram baseline.
+
+The mask token is the tokenizer's own (``[MASK]`` for BERT, ``<mask>`` for RoBERTa; its ``mask`` role,
+:mod:`qkv.data.special_tokens`). Outputs in the shape of ``transformers``' fill-mask pipeline:
+:func:`qkv.pipelines.pipeline`.
 
     examples = fill_mask(model, tokenizer, ["thanks in [MASK] for any help"], k=5)
     examples[0].top      # [("advance", 0.83), ("anticipation", 0.04), …]
@@ -17,8 +21,9 @@ import torch
 
 from qkv.data.tokenizer import WordPieceTokenizer
 
-__all__ = ["MASK", "FillMask", "fill_mask", "masked_ids", "unigram_distribution"]
+__all__ = ["MASK", "FillMask", "fill_mask", "mask_token", "masked_ids", "unigram_distribution"]
 
+#: BERT's mask token (a tokenizer's own is :func:`mask_token`).
 MASK = "[MASK]"
 
 
@@ -63,18 +68,25 @@ def _answer(probs: np.ndarray, answer_id: int | None) -> tuple[float | None, int
     return p, int((probs > probs[answer_id]).sum()) + 1
 
 
+def mask_token(tokenizer: WordPieceTokenizer) -> str:
+    """The text of the tokenizer's mask token (``[MASK]``, ``<mask>``)."""
+    return tokenizer.specials.token("mask") or MASK
+
+
 def masked_ids(tokenizer: WordPieceTokenizer, text: str) -> tuple[list[int], int]:
-    """The model input of a text with one ``[MASK]``: ``[CLS] left [MASK] right [SEP]`` ids (each
-    side encoded on its own) and the position of the ``[MASK]``.
+    """The model input of a text with one mask token: ``[CLS] left [MASK] right [SEP]`` ids (each
+    side encoded on its own; the tokenizer's own template and mask token) and the position of the mask.
 
     Raises:
-        ValueError: the text has no ``[MASK]`` or more than one.
+        ValueError: the text has no mask token or more than one.
     """
-    if text.count(MASK) != 1:
-        raise ValueError(f"fill_mask needs exactly one {MASK} per text, got {text.count(MASK)} in {text!r}")
-    left, right = text.split(MASK)
-    ids = ([tokenizer.special.cls] + tokenizer.encode(left, add_special_tokens=False) + [tokenizer.special.mask]
-           + tokenizer.encode(right, add_special_tokens=False) + [tokenizer.special.sep])
+    mask = mask_token(tokenizer)
+    if text.count(mask) != 1:
+        raise ValueError(f"fill_mask needs exactly one {mask} per text, got {text.count(mask)} in {text!r}")
+    left, right = text.split(mask)
+    sp = tokenizer.specials
+    ids = ([*sp.prefix] + tokenizer.encode(left, add_special_tokens=False) + [tokenizer.special.mask]
+           + tokenizer.encode(right, add_special_tokens=False) + [*sp.suffix])
     return ids, ids.index(tokenizer.special.mask)
 
 

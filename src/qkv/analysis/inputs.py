@@ -11,8 +11,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.checkpoints.bundled import model_folder
 from qkv.checkpoints.io import Pretrained
+from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
+from qkv.errors import CheckpointError
 from qkv.data.corpus import open_corpus
 from qkv.data.errors import CorpusError
 
@@ -34,7 +36,8 @@ class AnalysisInputError(ValueError):
 
 
 def load_model(path: str | Path):
-    """Load a model folder with :func:`qkv.load` (a qkv folder or a Hugging Face BERT folder).
+    """Load a model folder with :func:`qkv.load` (a qkv folder, a Hugging Face folder, or a bundled
+    model's short name such as ``minilm``: :mod:`qkv.checkpoints.bundled`).
 
     Returns:
         The :class:`~qkv.checkpoints.io.Pretrained` ``(model, tokenizer)``, the model in eval mode.
@@ -42,7 +45,10 @@ def load_model(path: str | Path):
     Raises:
         AnalysisInputError: the folder is missing or ``qkv.load`` cannot load it (message names it).
     """
-    path = Path(path)
+    try:
+        path = model_folder(path)  # "minilm": the installed package's folder
+    except CheckpointError as exc:
+        raise AnalysisInputError(str(exc)) from None
     if not path.exists():
         raise AnalysisInputError(f"model folder {str(path)!r} does not exist")
     if not path.is_dir():
@@ -79,14 +85,13 @@ def model_and_tokenizer(model) -> tuple[object, TokenizerView, str]:
 
 
 def tokenizer_view(tokenizer, folder: str | Path | None = None) -> TokenizerView:
-    """The analysis' view of ``tokenizer`` (a ``tokenizers.Tokenizer``, a qkv
-    :class:`~qkv.data.tokenizer.WordPieceTokenizer` or a :class:`TokenizerView`, kept as it is):
-    no truncation or padding, ``[CLS]``/``[SEP]``/``[PAD]`` ids. ``folder``: the model folder it
-    came from, for messages.
+    """The analysis' view of ``tokenizer`` (a ``tokenizers.Tokenizer``, what :func:`qkv.load` gives,
+    a qkv :class:`~qkv.data.tokenizer.WordPieceTokenizer` or a :class:`TokenizerView`, kept as it
+    is): no truncation or padding, the special tokens by role, read from the tokenizer's own
+    configuration. ``folder``: the model folder it came from, for messages.
 
     Raises:
-        AnalysisInputError: no tokenizer (``None``), not a tokenizer, or one without
-            ``[CLS]``/``[SEP]``/``[PAD]``.
+        AnalysisInputError: no tokenizer (``None``) or not a tokenizer.
     """
     if isinstance(tokenizer, TokenizerView):
         return tokenizer
@@ -96,8 +101,7 @@ def tokenizer_view(tokenizer, folder: str | Path | None = None) -> TokenizerView
         raise no_tokenizer("the model", error=AnalysisInputError,
                            hint=", or pass its tokenizer (model, tokenizer = qkv.load(folder))")
     where = f"the tokenizer of {str(folder)!r}" if folder is not None else "the tokenizer"
-    return TokenizerView(tokenizer, error=AnalysisInputError, where=where,
-                         purpose="the analysis needs [CLS], [SEP] and [PAD]")
+    return TokenizerView(tokenizer, error=AnalysisInputError, where=where)
 
 
 # ---------------------------------------------------------------------------------------- corpus

@@ -78,9 +78,13 @@ class Inspection:
 
 
 def _encode(tokenizer: TokenizerView, text: str, text_b: str | None, max_len: int, long_text: str):
+    """``(ids, token types)`` of a text (or pair) in the tokenizer's template, cut to ``max_len`` with
+    ``long_text="truncate"``."""
     a = tokenizer.encode([text])[0].tolist()
     b = tokenizer.encode([text_b])[0].tolist() if text_b is not None else None
-    n_special = 3 if b is not None else 2
+    sp = tokenizer.specials
+    n_special = len(tokenizer.prefix) + (len(sp.pair_middle) + len(sp.pair_suffix) if b is not None
+                                         else len(tokenizer.suffix))
     total = len(a) + (len(b) if b is not None else 0) + n_special
     if not a and not b:
         raise AnalysisInputError("the text is empty: it gives no tokens")
@@ -96,11 +100,9 @@ def _encode(tokenizer: TokenizerView, text: str, text_b: str | None, max_len: in
             a = a[: room - len(b)]
         else:
             a = a[:room]
-    ids = [tokenizer.cls_id, *a, tokenizer.sep_id]
-    types = [0] * len(ids)
-    if b is not None:
-        ids += [*b, tokenizer.sep_id]
-        types += [1] * (len(b) + 1)
+    ids = tokenizer.frame(a, b)
+    first = len(tokenizer.prefix) + len(a) + (len(sp.pair_middle) if b is not None else len(tokenizer.suffix))
+    types = [0] * first + [sp.pair_type] * (len(ids) - first)
     return np.array(ids, dtype=np.int64), np.array(types, dtype=np.int64)
 
 
@@ -117,7 +119,8 @@ def inspect_text(
     flow_max_tokens: int = 48,
     importance: bool = False,
 ) -> Inspection:
-    """Run one text (or a text pair, as ``[CLS] a [SEP] b [SEP]``) and keep all attention maps.
+    """Run one text (or a text pair, as ``[CLS] a [SEP] b [SEP]`` — the tokenizer's own template, e.g.
+    RoBERTa's ``<s> a </s></s> b </s>``) and keep all attention maps.
 
     ``model`` and ``tokenizer`` as in :func:`qkv.analysis.analyze`.
 
@@ -144,7 +147,7 @@ def inspect_text(
     ids, types = _encode(tokenizer, text, text_b, max_len, long_text)
     ids_t = torch.from_numpy(ids)[None]  # (1,T)
     hidden, attn = forward(model, ids_t, torch.ones_like(ids_t, dtype=torch.bool), torch.from_numpy(types)[None])
-    special = [int(i) in (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id) for i in ids]
+    special = [int(i) in tokenizer.specials.all_ids for i in ids]
     ins = Inspection(
         text=text,
         text_b=text_b,

@@ -50,26 +50,39 @@ def _convert(args: argparse.Namespace) -> int:
 
 def add_export_parser(sub) -> None:
     """Add ``qkv export`` to ``sub`` (an argparse subparsers object)."""
-    e = sub.add_parser("export", help="the encoder of a model as an ONNX file (dynamic batch and length)",
-                       description="Export the encoder of MODEL (a qkv or Hugging Face folder) to --onnx OUT: "
-                       "inputs input_ids, attention_mask (and token_type_ids with segment embeddings), "
-                       "output last_hidden_state, dynamic batch and length up to the model's limit; "
-                       "then run OUT in ONNX Runtime and compare with qkv on another padded batch "
-                       "(max |diff| ≤ 1e-4, else no file is left). Relative, T5 and ALiBi position "
-                       "biases are refused. See docs/deployment.md.")
+    e = sub.add_parser("export", help="the encoder of a model, or a whole pipeline, as an ONNX file (dynamic "
+                       "batch and length)",
+                       description="Export MODEL (a qkv or Hugging Face folder) to --onnx OUT: inputs input_ids, "
+                       "attention_mask (and token_type_ids with segment embeddings), dynamic batch and length up "
+                       "to the model's limit; the output of --pipeline: encoder (last_hidden_state, the "
+                       "default), embeddings (sentence_embedding: pooled and normalised as qkv embed, the "
+                       "folder's settings unless --pooling/--no-normalize), classifier (logits of a fine-tuned "
+                       "model) or causal-lm (next-token logits). Then run OUT in ONNX Runtime and compare with "
+                       "qkv on another padded batch (max |diff| ≤ 1e-4, else no file is left). OUT's folder is "
+                       "created when missing. Relative, T5 and ALiBi position biases are refused. See "
+                       "docs/deployment.md.")
     e.add_argument("model", help="model folder")
     e.add_argument("--onnx", required=True, metavar="OUT", help="the .onnx file to write")
     e.add_argument("--opset", type=int, default=None, help="ONNX opset (default 18)")
     e.add_argument("--force", action="store_true", help="replace an existing OUT file")
     e.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime check")
+    e.add_argument("--pipeline", default="encoder", choices=("encoder", "embeddings", "classifier", "causal-lm"),
+                   help="what the graph computes (default encoder)")
+    e.add_argument("--pooling", default=None, help="embeddings: pooling mode(s), e.g. mean or cls+mean (default: "
+                   "the folder's, else mean)")
+    e.add_argument("--no-normalize", action="store_true", help="embeddings: leave the vectors unnormalised")
     e.set_defaults(func=_export)
 
 
 def _export(args: argparse.Namespace) -> int:
     from qkv.checkpoints.onnx import DEFAULT_OPSET, export_onnx
+    from qkv.embeddings.options import EmbedOptions
 
+    if args.pipeline != "embeddings" and (args.pooling is not None or args.no_normalize):
+        raise ValueError("--pooling and --no-normalize shape the embeddings pipeline: add --pipeline embeddings")
+    options = EmbedOptions(pooling=args.pooling, normalize=False if args.no_normalize else None)
     r = export_onnx(args.model, args.onnx, opset=args.opset if args.opset is not None else DEFAULT_OPSET,
-                    overwrite=args.force, check=not args.no_check)
+                    overwrite=args.force, check=not args.no_check, pipeline=args.pipeline, options=options)
     diff = "not checked" if r.max_diff is None else f"ONNX Runtime vs qkv max |diff| {r.max_diff:.2e}"
     print(f"wrote {r.path} ({r.size / 1e6:.1f} MB, opset {r.opset}; inputs {', '.join(r.inputs)}; "
           f"output {r.output}); {diff}")

@@ -18,7 +18,8 @@ Two folder formats:
   writes the model back as that family.
 
 Either may hold ``tokenizer.json`` and/or ``vocab.txt``; :func:`load` returns the model and that
-tokenizer (a ``tokenizers.Tokenizer``, read by :mod:`qkv.data.tokenizer_facade`) as a
+tokenizer (a :class:`~qkv.data.model_tokenizer.ModelTokenizer`: the ``tokenizers.Tokenizer`` with the
+special tokens the folder declares, callable on texts) as a
 :class:`Pretrained`, and :func:`save` / :func:`export_hf` write it back. Writes are atomic: files
 go to a temporary folder beside the target, which is then renamed into place. A target that is a model folder (only model and tokenizer files) is replaced as a
 whole (:func:`qkv._fs.replace_dir`): no file of the old model — an old tokenizer, the other
@@ -44,8 +45,10 @@ from qkv import plugins as plugin_registry
 from qkv._fs import write_folder
 from qkv.config import ModelConfig
 from qkv.data.errors import TokenizerError
-from qkv.data.tokenizer_facade import read_tokenizer, write_tokenizer
+from qkv.data.model_tokenizer import read_model_tokenizer
+from qkv.data.tokenizer_facade import write_tokenizer
 from qkv.checkpoints import families
+from qkv.checkpoints.bundled import model_folder
 from qkv.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 from qkv.models.kinds import KINDS, build_kind, kind_of, model_kind
@@ -69,7 +72,9 @@ class Pretrained(NamedTuple):
 
     Attributes:
         model: the model (see :func:`load`), in eval mode, with its ``.config``.
-        tokenizer: the folder's ``tokenizers.Tokenizer``, or ``None`` when the folder has none.
+        tokenizer: the folder's tokenizer (a :class:`~qkv.data.model_tokenizer.ModelTokenizer`: the
+            ``tokenizers.Tokenizer`` API, its special tokens by role, ``tokenizer(texts)`` → padded
+            tensors and the mask), or ``None`` when the folder has none.
     """
 
     model: nn.Module
@@ -145,7 +150,8 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
     folder: ``model, tokenizer = qkv.load(path)``.
 
     Args:
-        path: the folder.
+        path: the folder, or the short name of a model installed as a package (``"minilm"``:
+            all-MiniLM-L6-v2, :mod:`qkv.checkpoints.bundled`).
         plugins: plugin modules to import first (:func:`qkv.plugins.import_plugins`), for a model that
             uses parts registered outside qkv; the installed entry-point plugins load anyway.
         **overrides: :class:`ModelConfig` fields to change (e.g. ``attention_dropout=0.0`` for
@@ -160,7 +166,8 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
         when it has a masked-LM head, a :class:`qkv.models.discriminator.Discriminator` for
         ELECTRA's discriminator, a :class:`qkv.models.causal_lm.CausalLM` for a causal LM (GPT-2),
         else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
-        ``.config``. ``tokenizer``: the folder's ``tokenizers.Tokenizer``, ``None`` when it has none.
+        ``.config``. ``tokenizer``: the folder's :class:`~qkv.data.model_tokenizer.ModelTokenizer`
+        (``tokenizers.Tokenizer``'s methods, special tokens by role, callable), ``None`` when it has none.
 
     Raises:
         CheckpointError: not a checkpoint folder; missing, mis-shaped, unexpected or unknown
@@ -173,7 +180,7 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
                          "attach_task_head adds one where a task needs it")
     plugin_registry.load_plugins()
     plugin_registry.import_plugins(plugins)
-    folder = Path(path)
+    folder = model_folder(path)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a folder")
     if (folder / QKV_CONFIG).is_file():
@@ -226,7 +233,7 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
                               f"{HF_CONFIG}, found {sorted(p.name for p in folder.iterdir())}")
     model.load_state_dict(state, strict=True)
     try:
-        tokenizer = read_tokenizer(folder)
+        tokenizer = read_model_tokenizer(folder)
     except TokenizerError as e:
         raise CheckpointError(str(e)) from None
     if tokenizer is not None and tokenizer.get_vocab_size() > config.vocab_size:
@@ -281,7 +288,7 @@ def save(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokenizer=No
     def fill(tmp: Path) -> None:
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        write_tokenizer(tokenizer, tmp, hf_config=False, max_len=config.max_len)
+        write_tokenizer(tokenizer, tmp, max_len=config.max_len)
         (tmp / QKV_CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
     _write_folder(Path(path), QKV_CONFIG, fill)
@@ -314,7 +321,7 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     def fill(tmp: Path) -> None:
         hf_config, tensors = converter.write(model.state_dict(), config, kind, task)
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        write_tokenizer(tokenizer, tmp, hf_config=True, max_len=config.max_len)
+        write_tokenizer(tokenizer, tmp, max_len=config.max_len)
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2), encoding="utf-8")
 
     _write_folder(Path(path), HF_CONFIG, fill)

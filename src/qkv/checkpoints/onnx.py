@@ -1,17 +1,20 @@
-"""The encoder of a qkv model as an ONNX file, checked against qkv in ONNX Runtime.
+"""A qkv model as an ONNX file — its encoder, or a whole pipeline — checked against qkv in ONNX Runtime.
 
-What is exported is the padded forward of :class:`~qkv.nn.encoder.Encoder` with a padding mask:
+What is exported is a padded forward with a padding mask (:mod:`qkv.checkpoints.onnx_graphs`):
 
 * inputs ``input_ids`` (int64, B×T), ``attention_mask`` (int64, B×T, 1 = real token) and, only
   when the model has segment embeddings, ``token_type_ids`` (int64, B×T);
-* output ``last_hidden_state`` (float32, B×T×C); rows at padded positions are defined but
-  meaningless, as in qkv;
+* the output of the ``pipeline`` asked for: ``encoder`` (default) ``last_hidden_state`` (float32,
+  B×T×C; rows at padded positions are defined but meaningless, as in qkv); ``embeddings``
+  ``sentence_embedding`` (B×K·C: the folder's or the given pooling, layers and normalisation, as
+  :func:`qkv.embed` gives for a text within one window); ``classifier`` ``logits`` (B×L, or B×T×L
+  for token classification); ``causal-lm`` ``logits`` (B×T×V);
 * B and T are dynamic axes (T up to the model's ``max_len``).
 
 The graph is made by ``torch.onnx.export(..., dynamo=True)`` (torch.export, then onnxscript):
 it keeps B and T symbolic and converts grouped-query attention, which the TorchScript exporter
 cannot (``enable_gqa`` of ``scaled_dot_product_attention``). The module traced is a thin wrapper
-(:class:`_PaddedEncoder`) that skips :meth:`Encoder.forward`'s Python-level input checks (they
+(:mod:`qkv.checkpoints.onnx_graphs`) that skips :meth:`Encoder.forward`'s Python-level input checks (they
 read tensor values) and always passes the padding mask.
 
 Refused before exporting, by name: the offset score biases (``relative``, ``relative-alibi``,
@@ -20,7 +23,8 @@ Refused before exporting, by name: the offset score biases (``relative``, ``rela
 After the export the file is run in ONNX Runtime (CPUExecutionProvider) on a random batch of
 mixed lengths other than the export sample and compared with qkv at the real positions; a
 difference above ``atol`` raises :class:`ExportError` and no file is left. The file is written
-under a temporary name beside ``out`` and renamed into place (:func:`qkv._fs.atomic_file`).
+under a temporary name beside ``out`` (its folder created when missing) and renamed into place
+(:func:`qkv._fs.atomic_file`).
 """
 
 from __future__ import annotations
@@ -36,11 +40,20 @@ import torch
 from torch import Tensor, nn
 
 from qkv._fs import atomic_file
-from qkv.errors import QkvError
+from qkv.checkpoints.bundled import model_folder
 from qkv.checkpoints.io import Pretrained, load
+from qkv.checkpoints.onnx_graphs import PIPELINES, graph_of
+from qkv.embeddings.embedder import resolve_model
+from qkv.embeddings.errors import EmbeddingError
+from qkv.embeddings.options import as_options
+from qkv.embeddings.pooling import pool, select_layers
+from qkv.errors import QkvError
+from qkv.models.causal_lm import CausalLM
+from qkv.models.heads import TokenClassifier
 from qkv.models.kinds import encoder_of
 
-__all__ = ["export_onnx", "OnnxExport", "ExportError", "REFUSED_POSITIONS", "DEFAULT_OPSET", "INSTALL_HINT"]
+__all__ = ["export_onnx", "OnnxExport", "ExportError", "REFUSED_POSITIONS", "DEFAULT_OPSET", "INSTALL_HINT",
+           "PIPELINES"]
 
 #: The opset written unless asked otherwise (the dynamo exporter's native opset is 18).
 DEFAULT_OPSET = 18
@@ -53,7 +66,6 @@ REFUSED_POSITIONS = {
     "alibi": "an offset bias the exporters cannot trace",
 }
 INSTALL_HINT = "install with pip install 'qkv[onnx]'"
-OUTPUT = "last_hidden_state"
 
 
 class ExportError(QkvError):
@@ -68,7 +80,8 @@ class OnnxExport:
         path: the ONNX file.
         size: its size in bytes.
         inputs: the graph's input names, in order.
-        output: the output name (``last_hidden_state``).
+        output: the output name (``last_hidden_state``, ``sentence_embedding``, ``logits``).
+        pipeline: what the graph computes (a key of :data:`PIPELINES`).
         opset: the ONNX opset.
         max_diff: max |ONNX Runtime − qkv| at real positions of the check batch (``None`` without check).
     """
@@ -79,18 +92,7 @@ class OnnxExport:
     output: str
     opset: int
     max_diff: float | None
-
-
-class _PaddedEncoder(nn.Module):
-    """``(input_ids, attention_mask[, token_type_ids]) -> last_hidden_state``: the padded forward."""
-
-    def __init__(self, encoder: nn.Module):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        padding_mask = attention_mask != 0  # (B,T) True = real token
-        return self.encoder._stack(input_ids, token_type_ids, None, padding_mask, False, False).last_hidden_state
+    pipeline: str = "encoder"
 
 
 def _require_packages() -> None:
@@ -104,17 +106,40 @@ def _require_packages() -> None:
         raise ExportError(f"ONNX export needs the package(s) {', '.join(missing)}; {INSTALL_HINT}")
 
 
-def _encoder_of(model) -> nn.Module:
-    """The :class:`Encoder` of a folder, a :class:`~qkv.checkpoints.io.Pretrained`, a model with ``.encoder``."""
+def _model_of(model) -> nn.Module:
+    """The model of a folder (or a bundled model's short name) or a :class:`~qkv.checkpoints.io.Pretrained`."""
     if isinstance(model, (str, os.PathLike)):
-        model = load(model).model
-    if isinstance(model, Pretrained):
-        model = model.model
+        model = load(model_folder(model)).model
+    return model.model if isinstance(model, Pretrained) else model
+
+
+def _encoder_of(model) -> nn.Module:
+    """The :class:`Encoder` of a model (a causal LM's decoder stack)."""
+    if isinstance(model, CausalLM):
+        return model.decoder
     try:
         return encoder_of(model)
     except ValueError:
         raise ExportError(f"expected a qkv model folder, an Encoder or a model with one (.encoder: MaskedLM, "
                           f"classifiers, Discriminator), got {type(model).__name__}") from None
+
+
+def _embed_options(model_or_folder, encoder: nn.Module, options) -> dict:
+    """``pooling``, ``layers``, ``normalize`` of the embeddings pipeline: ``options`` over the folder's."""
+    options = as_options(options)
+    folder = {}
+    if isinstance(model_or_folder, (str, os.PathLike)):
+        try:
+            _, _, folder, _ = resolve_model(model_or_folder)
+        except EmbeddingError as e:
+            raise ExportError(str(e)) from None
+    limit = encoder.max_len
+    try:
+        o = options.with_folder_defaults(folder, max_positions=limit).resolved(n_layers=len(encoder.layers),
+                                                                                 max_positions=limit)
+    except EmbeddingError as e:
+        raise ExportError(str(e)) from None
+    return {"pooling": o.pooling, "layers": tuple(o.layers), "normalize": bool(o.normalize)}
 
 
 def _check_supported(encoder: nn.Module) -> None:
@@ -132,8 +157,8 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise ExportError(f"{out}: is a folder; give a file path ending in .onnx")
     if out.exists() and not overwrite:
         raise ExportError(f"{out}: exists; pass overwrite=True (--force) to replace it, or choose another path")
-    if not out.parent.is_dir():
-        raise ExportError(f"{out.parent}: no such folder; create it first")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise ExportError(f"{out.parent}: is a file, not a folder; choose another path")
 
 
 def _check_opset(opset) -> int:
@@ -158,21 +183,37 @@ def _batch(encoder: nn.Module, B: int, T: int, seed: int) -> dict[str, Tensor]:
     return feeds
 
 
-def _compare(path: Path, encoder: nn.Module, feeds: dict[str, Tensor]) -> float:
-    """max |ONNX Runtime − qkv| at the real positions of ``feeds``."""
+def _reference(model: nn.Module, pipeline: str, feeds: dict[str, Tensor], embed: dict) -> tuple[Tensor, bool]:
+    """qkv's own output for ``feeds`` through the model's ordinary forward, and whether it has a
+    length axis (compared at the real positions only)."""
+    ids, mask, types = feeds["input_ids"], feeds["attention_mask"], feeds.get("token_type_ids")
+    with torch.no_grad():
+        if pipeline == "causal-lm":
+            return model(ids, mask).logits, True  # (B,T,V)
+        if pipeline == "classifier":
+            return model(ids, mask, types).logits, isinstance(model, TokenClassifier)  # (B,L) | (B,T,L)
+        encoder = _encoder_of(model)
+        if pipeline == "embeddings":
+            out = encoder(ids, mask, types, output_hidden_states=True)
+            v = pool(select_layers(out.hidden_states, embed["layers"]), mask, embed["pooling"])  # (B,K·C)
+            return (torch.nn.functional.normalize(v, dim=-1) if embed["normalize"] else v), False
+        return encoder(ids, mask, types).last_hidden_state, True  # (B,T,C)
+
+
+def _compare(path: Path, output: str, want: Tensor, per_token: bool, feeds: dict[str, Tensor]) -> float:
+    """max |ONNX Runtime − qkv| (at the real positions of ``feeds`` for per-token outputs)."""
     import onnxruntime as ort  # lazy: an optional extra (qkv[onnx]); only the check needs it
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = torch.from_numpy(sess.run([OUTPUT], {k: v.numpy() for k, v in feeds.items()})[0])  # (B,T,C)
-    with torch.no_grad():
-        want = encoder(feeds["input_ids"], feeds["attention_mask"], feeds.get("token_type_ids")).last_hidden_state
-    real = feeds["attention_mask"].bool()  # (B,T)
+    got = torch.from_numpy(sess.run([output], {k: v.numpy() for k, v in feeds.items()})[0])
     if got.shape != want.shape:
         raise ExportError(f"the exported graph gives shape {tuple(got.shape)}, qkv {tuple(want.shape)}")
-    return float((got - want).abs()[real].max())
+    diff = (got - want).abs()
+    return float((diff[feeds["attention_mask"].bool()] if per_token else diff).max())
 
 
-def _export(wrapper: nn.Module, sample: dict[str, Tensor], path: Path, opset: int, max_len: int) -> None:
+def _export(wrapper: nn.Module, sample: dict[str, Tensor], path: Path, opset: int, max_len: int,
+            output: str) -> None:
     names = list(sample)
     batch = torch.export.Dim("batch")
     length = torch.export.Dim("length", max=max_len)
@@ -181,7 +222,7 @@ def _export(wrapper: nn.Module, sample: dict[str, Tensor], path: Path, opset: in
     try:
         with warnings.catch_warnings(), redirect_stdout(log), redirect_stderr(log):
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(wrapper, tuple(sample.values()), input_names=names, output_names=[OUTPUT],
+            program = torch.onnx.export(wrapper, tuple(sample.values()), input_names=names, output_names=[output],
                                         dynamic_shapes=shapes, dynamo=True, opset_version=opset,
                                         external_data=False, verbose=False)
             program.save(str(path))
@@ -192,14 +233,20 @@ def _export(wrapper: nn.Module, sample: dict[str, Tensor], path: Path, opset: in
 
 
 def export_onnx(model_or_folder, out: str | os.PathLike, *, opset: int = DEFAULT_OPSET, overwrite: bool = False,
-                check: bool = True, atol: float = 1e-4) -> OnnxExport:
-    """Export the encoder of a qkv model to an ONNX file with dynamic batch and length.
+                check: bool = True, atol: float = 1e-4, pipeline: str = "encoder", options=None) -> OnnxExport:
+    """Export the encoder of a qkv model, or a whole pipeline, to an ONNX file with dynamic batch and length.
 
     Args:
-        model_or_folder: a model folder (qkv or Hugging Face, as :func:`qkv.load` reads), a
-            :class:`~qkv.checkpoints.io.Pretrained`, an :class:`~qkv.nn.encoder.Encoder`, or a model with one
-            (``.encoder``: :class:`~qkv.models.mlm.MaskedLM`, the task models, the discriminator).
-        out: the ``.onnx`` file to write.
+        model_or_folder: a model folder (qkv or Hugging Face, as :func:`qkv.load` reads; or a bundled
+            model's short name), a :class:`~qkv.checkpoints.io.Pretrained`, an
+            :class:`~qkv.nn.encoder.Encoder`, or a model with one (``.encoder``:
+            :class:`~qkv.models.mlm.MaskedLM`, the task models, the discriminator; a causal LM).
+        out: the ``.onnx`` file to write (its folder is created when missing).
+        pipeline: ``"encoder"``, ``"embeddings"``, ``"classifier"`` or ``"causal-lm"`` (see the
+            module docstring).
+        options: for ``embeddings``: :class:`~qkv.embeddings.options.EmbedOptions` (``pooling``,
+            ``layers``, ``normalize``; unset ones from the folder's settings, else mean, last layer,
+            normalised).
         opset: ONNX opset (18 … the installed onnx's newest).
         overwrite: replace an existing file at ``out`` (never a folder).
         check: run the file in ONNX Runtime and compare with qkv (see the module docstring).
@@ -213,26 +260,41 @@ def export_onnx(model_or_folder, out: str | os.PathLike, *, opset: int = DEFAULT
             export or check (no file is left then).
     """
     _require_packages()
+    if pipeline not in PIPELINES:
+        raise ExportError(f"pipeline={pipeline!r} is not allowed; allowed: {', '.join(PIPELINES)}")
     out = Path(out)
     _check_out(out, overwrite)
     opset = _check_opset(opset)
-    encoder = _encoder_of(model_or_folder)
+    model = _model_of(model_or_folder)
+    encoder = _encoder_of(model)
     _check_supported(encoder)
-    was_training = encoder.training
-    encoder.eval()
+    embed = _embed_options(model_or_folder, encoder, options) if pipeline == "embeddings" else {}
+    try:
+        graph = graph_of(model, pipeline, **embed)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+    output = PIPELINES[pipeline]
+    was_training = model.training
+    model.eval()
     try:
         max_len = encoder.max_len
-        sample = _batch(encoder, 2, min(max_len, 8), seed=0)  # the export sample; B, T ≥ 2: not specialised
         if max_len < 2:
             raise ExportError(f"max_len={max_len}: a dynamic length needs max_len ≥ 2")
+        sample = _batch(encoder, 2, min(max_len, 8), seed=0)  # the export sample; B, T ≥ 2: not specialised
+        check_feeds = _batch(encoder, 3, min(max_len, 13), seed=1)  # another B and T, padded rows
+        if pipeline == "causal-lm":
+            sample.pop("token_type_ids", None)
+            check_feeds.pop("token_type_ids", None)
         max_diff = None
+        out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(out) as tmp:
-            _export(_PaddedEncoder(encoder).eval(), sample, tmp, opset, max_len)
-            if check:  # another B and T than the sample's, padded rows: the dynamic axes at work
-                max_diff = _compare(tmp, encoder, _batch(encoder, 3, min(max_len, 13), seed=1))
+            _export(graph.eval(), sample, tmp, opset, max_len, output)
+            if check:
+                want, per_token = _reference(model, pipeline, check_feeds, embed)
+                max_diff = _compare(tmp, output, want, per_token, check_feeds)
                 if not max_diff <= atol:
                     raise ExportError(f"check failed: ONNX Runtime and qkv differ by max |diff| {max_diff:.3g} > "
-                                      f"{atol:g} at real positions; no file was written")
-        return OnnxExport(out, out.stat().st_size, tuple(sample), OUTPUT, opset, max_diff)
+                                      f"{atol:g}; no file was written")
+        return OnnxExport(out, out.stat().st_size, tuple(sample), output, opset, max_diff, pipeline)
     finally:
-        encoder.train(was_training)
+        model.train(was_training)

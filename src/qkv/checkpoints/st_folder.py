@@ -26,6 +26,7 @@ from qkv.checkpoints import families
 from qkv.checkpoints.io import MODEL_FILES, export_hf, unpack
 from qkv.checkpoints.st_settings import (BERT_CONFIG, MODULES_JSON, NORMALIZE_DIR, POOLING_DIR, QKV_TO_ST, ST_CONFIG,
                                         ST_FILES)
+from qkv.data.model_tokenizer import ModelTokenizer
 from qkv.data.tokenizer_facade import TokenizerView
 from qkv.embeddings.embedder import resolve_model
 from qkv.embeddings.errors import EmbeddingError
@@ -89,7 +90,7 @@ def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None,
     if options.normalize:
         files[f"{NORMALIZE_DIR}/config.json"] = {"module_input_name": "sentence_embedding",
                                                   "module_output_name": "sentence_embedding"}
-    tokenizer = _bert_template(tokenizer)
+    tokenizer = _framed(tokenizer)
     with write_folder(dst, how="replace") as tmp:
         try:
             export_hf(encoder, tmp, tokenizer=tokenizer)
@@ -101,15 +102,20 @@ def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None,
     return dst
 
 
-def _bert_template(tokenizer):
-    """A copy of ``tokenizer`` that adds ``[CLS] … [SEP]`` itself, as qkv does to every window, and
-    neither truncates nor pads (sentence-transformers sets both)."""
-
-
+def _framed(tokenizer):
+    """A copy of ``tokenizer`` that adds the special tokens qkv puts around every window (its own
+    post-processor's; ``[CLS] … [SEP]`` for a BERT vocabulary without one) and neither truncates
+    nor pads (sentence-transformers sets both). The special tokens the folder declared travel with
+    it."""
     view = TokenizerView(tokenizer, error=EmbeddingError)
     out = view.backend
-    out.post_processor = processors.BertProcessing(("[SEP]", view.sep_id), ("[CLS]", view.cls_id))
-    return out
+    if out.post_processor is None and (view.prefix or view.suffix):
+        prefix = [(view.id_to_token(i), i) for i in view.prefix]
+        suffix = [(view.id_to_token(i), i) for i in view.suffix]
+        out.post_processor = processors.TemplateProcessing(
+            single=" ".join([t for t, _ in prefix] + ["$A"] + [t for t, _ in suffix]),
+            special_tokens=list(dict(prefix + suffix).items()))
+    return ModelTokenizer(out, dict(view.specials.declared))
 
 
 def _check_destination(dst: Path) -> Path:

@@ -26,16 +26,21 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from qkv._fs import atomic_write_text
 from qkv.data.errors import EmptyCorpusError, TokenizerError
-from qkv.data.tokenizer_facade import SPECIAL_TOKENS, read_tokenizer, special_ids
+from qkv.data.tokenizer_facade import SPECIAL_TOKENS, as_backend, read_tokenizer, specials_of
 
 __all__ = ["SPECIAL_TOKENS", "SpecialTokens", "WordPieceTokenizer", "train_tokenizer", "load_tokenizer"]
 
 _PIECE_CHARS = 1 << 16  # long documents are encoded in whitespace-cut pieces of at most this size
 
 
+#: The roles masked-LM pretraining needs, in the order of :class:`SpecialTokens`.
+PRETRAIN_ROLES = ("pad", "unk", "cls", "sep", "mask")
+
+
 @dataclass(frozen=True)
 class SpecialTokens:
-    """Ids of the BERT special tokens."""
+    """Ids of the special tokens masked-LM pretraining uses, by role (``[PAD] [UNK] [CLS] [SEP]
+    [MASK]`` in a BERT vocabulary, ``<pad> <unk> <s> </s> <mask>`` in a RoBERTa one)."""
 
     pad: int
     unk: int
@@ -50,11 +55,13 @@ class SpecialTokens:
 
 
 class WordPieceTokenizer:
-    """A ``tokenizers.Tokenizer`` with the BERT special tokens, plus what the pipeline needs.
+    """A ``tokenizers.Tokenizer`` with the special tokens masked-LM pretraining needs (read from the
+    tokenizer's own configuration, :mod:`qkv.data.special_tokens`; any model — WordPiece or
+    byte-level BPE — with pad, unk, cls, sep and mask tokens), plus what the pipeline needs.
 
     Attributes:
         backend: the wrapped ``tokenizers.Tokenizer``.
-        special: ids of ``[PAD] [UNK] [CLS] [SEP] [MASK]``.
+        special: ids of the pad, unk, cls, sep and mask tokens (``[PAD] [UNK] [CLS] [SEP] [MASK]``).
         vocab_size: size of the vocabulary (including special and added tokens).
         lowercase: whether the normalizer lower-cases (``None`` if unknown).
 
@@ -63,9 +70,14 @@ class WordPieceTokenizer:
     """
 
     def __init__(self, backend: Tokenizer):
-        self.backend = backend
-        ids = special_ids(backend, SPECIAL_TOKENS)
-        self.special = SpecialTokens(*(ids[t] for t in SPECIAL_TOKENS))
+        self.specials = specials_of(backend)
+        self.backend = backend = as_backend(backend)
+        missing = self.specials.missing(PRETRAIN_ROLES)
+        if missing:
+            raise TokenizerError(f"tokenizer lacks the special token(s) {', '.join(missing)} (it has "
+                                 f"{self.specials.describe()}); masked-LM pretraining needs pad, unk, cls, sep "
+                                 "and mask tokens ([PAD] [UNK] [CLS] [SEP] [MASK] or <pad> <unk> <s> </s> <mask>)")
+        self.special = SpecialTokens(*(self.specials.id(r) for r in PRETRAIN_ROLES))
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         norm = json.loads(backend.to_str()).get("normalizer") or {}
         self.lowercase: bool | None = norm.get("lowercase") if norm.get("type") == "BertNormalizer" else None
@@ -138,8 +150,10 @@ class WordPieceTokenizer:
         folder.mkdir(parents=True, exist_ok=True)
         vocab = sorted(self.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
         config = {"tokenizer_class": "BertTokenizerFast", "do_lower_case": bool(self.lowercase),
-                  "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-                  "cls_token": "[CLS]", "mask_token": "[MASK]"}
+                  **{f"{r}_token": self.specials.token(r) for r in ("unk", "sep", "pad", "cls", "mask")}}
+        if json.loads(self.to_str()).get("model", {}).get("type") != "WordPiece":
+            config = {"tokenizer_class": "PreTrainedTokenizerFast",
+                      **{f"{r}_token": t for r, t in self.specials.tokens.items()}}
         files = {"tokenizer.json": self.to_str(),
                  "vocab.txt": "".join(tok + "\n" for tok, _ in vocab),
                  "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}

@@ -8,10 +8,18 @@ Every package that tokenizes text for a model goes through here — model folder
 * **Load** (:func:`read_tokenizer`): a ``tokenizer.json`` file, a ``vocab.txt`` file, or a folder
   holding ``tokenizer.json`` (preferred) or a BERT WordPiece ``vocab.txt`` (lower-casing from the
   folder's ``tokenizer_config.json``); :func:`as_backend` accepts a loaded tokenizer instead.
+  :func:`qkv.data.model_tokenizer.read_model_tokenizer` gives a model folder's tokenizer as a
+  :class:`~qkv.data.model_tokenizer.ModelTokenizer` (what :func:`qkv.load` returns): the
+  ``tokenizers.Tokenizer`` with the special tokens the folder declares, callable on texts (padded
+  tensors and the mask).
+* **Special tokens by role** (:mod:`qkv.data.special_tokens`): ``cls``, ``sep``, ``pad``, ``mask``,
+  ``unk``, ``bos``, ``eos`` and the template put around a text, read from the tokenizer's own
+  configuration — BERT's ``[CLS] … [SEP]``, RoBERTa's ``<s> … </s>``, nothing for GPT-2 — never a
+  fixed list.
 * **View** (:class:`TokenizerView`): a copy without truncation or padding (the model's windows are
-  cut by :mod:`qkv.data.windows`, not by the tokenizer) with the special-token ids — content ids,
-  whole-word flags, pre-tokenized words.
-* **Check** (:func:`special_ids`): the special tokens a use needs are present.
+  cut by :mod:`qkv.data.windows`, not by the tokenizer) with the special tokens — content ids,
+  whole-word flags, pre-tokenized words, the template.
+* **Check** (:meth:`TokenizerView.require`, :func:`special_ids`): the special tokens a use needs are present.
 * **Save** (:func:`write_tokenizer`, :class:`TokenizerFile`): the files of a model folder.
 """
 
@@ -27,14 +35,15 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 
 from qkv.data.errors import TokenizerError
+from qkv.data.special_tokens import CONVENTIONS, Specials, resolve_specials
 
-__all__ = ["SPECIAL_TOKENS", "VIEW_SPECIALS", "as_backend", "special_ids", "read_tokenizer", "no_tokenizer",
+__all__ = ["SPECIAL_TOKENS", "ROLE_OF", "as_backend", "special_ids", "read_tokenizer", "no_tokenizer", "specials_of",
            "TokenizerView", "write_tokenizer", "TokenizerFile"]
 
 #: The BERT special tokens, in the order qkv numbers them when it trains a tokenizer.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-#: What a model input needs: ``[CLS] … [SEP]`` windows padded with ``[PAD]``.
-VIEW_SPECIALS = ("[CLS]", "[SEP]", "[PAD]")
+#: BERT's token names → the role each plays (``required=("[MASK]",)`` means the ``mask`` role).
+ROLE_OF = {"[PAD]": "pad", "[UNK]": "unk", "[CLS]": "cls", "[SEP]": "sep", "[MASK]": "mask"}
 # the order BertWordPieceTokenizer registers a vocab.txt's special tokens in (their JSON order)
 _REGISTER_ORDER = ("[UNK]", "[SEP]", "[CLS]", "[PAD]", "[MASK]")
 
@@ -148,39 +157,86 @@ def read_tokenizer(path: str | os.PathLike, *, lowercase: bool | None = None,
         raise TokenizerError(f"cannot load a tokenizer from {vocab}: {_first_line(e)}") from None
 
 
+def specials_of(tokenizer) -> Specials:
+    """The :class:`~qkv.data.special_tokens.Specials` of ``tokenizer``: a :class:`ModelTokenizer` or
+    :class:`TokenizerView` brings its own (with what its folder declared); a ``tokenizers.Tokenizer``
+    or qkv wrapper is read from its own configuration."""
+    own = getattr(tokenizer, "specials", None)
+    if isinstance(own, Specials):
+        return own
+    return resolve_specials(as_backend(tokenizer))
+
+
 class TokenizerView:
     """A tokenizer as a model's input needs it: a copy with truncation and padding switched off
-    (the caller's tokenizer stays as it was) and the ids of its special tokens.
+    (the caller's tokenizer stays as it was) and its special tokens by role
+    (:mod:`qkv.data.special_tokens`): the template put around a text and the ids of ``cls``,
+    ``sep``, ``pad``, ``mask``, ``unk``.
 
     Args:
-        tokenizer: a ``tokenizers.Tokenizer`` or a qkv wrapper holding one as ``.backend``.
-        required: special tokens that must be present (default ``[CLS]``, ``[SEP]``, ``[PAD]``).
+        tokenizer: a ``tokenizers.Tokenizer``, a :class:`ModelTokenizer` (``qkv.load``'s), or a qkv
+            wrapper holding one as ``.backend``.
+        required: roles that must be present (``"mask"``, …; BERT names such as ``"[MASK]"`` are
+            read as their roles); none by default — a tokenizer without a template gives windows
+            without special tokens, as it gives them to any model.
         error: the exception class raised (the calling package's).
         where: how messages name the tokenizer.
         purpose: why the special tokens are needed (for the message).
 
     Attributes:
         backend: the copy (``tokenizers.Tokenizer``).
-        cls_id, sep_id, pad_id: ids of ``[CLS]``, ``[SEP]``, ``[PAD]``.
-        unk_id, mask_id: ids of ``[UNK]``, ``[MASK]`` (``None`` when absent and not required).
+        specials: the :class:`~qkv.data.special_tokens.Specials`.
+        prefix, suffix: ids put before and after one text (``[CLS]`` / ``[SEP]``; ``<s>`` / ``</s>``).
+        cls_id, sep_id, unk_id, mask_id: ids of those roles (``None`` when absent).
+        pad_id: the padding id: the ``pad`` token's, else ``eos``'s, else 0 (padding is always
+            masked out, so its id never reaches a result).
 
     Raises:
-        error: not a tokenizer, or a required special token is missing.
+        error: not a tokenizer, or a required role is missing.
     """
 
-    def __init__(self, tokenizer, *, required: Sequence[str] = VIEW_SPECIALS,
-                 error: type[Exception] = TokenizerError, where: str = "the tokenizer", purpose: str | None = None):
+    def __init__(self, tokenizer, *, required: Sequence[str] = (), error: type[Exception] = TokenizerError,
+                 where: str = "the tokenizer", purpose: str | None = None):
         backend = as_backend(tokenizer, error=error)
         self.backend = Tokenizer.from_str(backend.to_str())
         self.backend.no_truncation()
         self.backend.no_padding()
-        special_ids(self.backend, required, error=error, where=where, purpose=purpose)
-        ids = {t: self.backend.token_to_id(t) for t in SPECIAL_TOKENS}
-        self.cls_id, self.sep_id, self.pad_id = ids["[CLS]"], ids["[SEP]"], ids["[PAD]"]
-        self.unk_id, self.mask_id = ids["[UNK]"], ids["[MASK]"]
+        self.specials = specials_of(tokenizer)
+        self.require(required, error=error, where=where, purpose=purpose)
+        sp = self.specials
+        self.prefix, self.suffix = sp.prefix, sp.suffix
+        self.cls_id, self.sep_id = sp.id("cls"), sp.id("sep")
+        self.unk_id, self.mask_id = sp.id("unk"), sp.id("mask")
+        pad = sp.id("pad")
+        self.pad_id = pad if pad is not None else sp.id("eos") if sp.id("eos") is not None else 0
+
+    def require(self, roles: Sequence[str], *, error: type[Exception] = TokenizerError,
+                where: str = "the tokenizer", purpose: str | None = None) -> None:
+        """Raise ``error`` naming every role of ``roles`` the tokenizer has no token for (and the
+        names looked for)."""
+        missing = self.specials.missing([ROLE_OF.get(r, r) for r in roles])
+        if missing:
+            names = "; ".join(f"{r}: none of its settings or {'/'.join(CONVENTIONS[r])}" for r in missing)
+            why = f"; {purpose}" if purpose else ""
+            raise error(f"{where} has no {', '.join(missing)} token ({names}; it has "
+                        f"{self.specials.describe()}){why}")
 
     def __repr__(self) -> str:
-        return f"TokenizerView(vocab_size={self.backend.get_vocab_size()}, cls={self.cls_id}, sep={self.sep_id})"
+        return f"TokenizerView(vocab_size={self.backend.get_vocab_size()}, {self.specials.describe()})"
+
+    @property
+    def n_special(self) -> int:
+        """Special tokens around one text (``len(prefix) + len(suffix)``)."""
+        return len(self.prefix) + len(self.suffix)
+
+    def frame(self, ids: Sequence[int], pair: Sequence[int] | None = None) -> list[int]:
+        """``ids`` inside the tokenizer's template (``[CLS] a [SEP]``; with ``pair``:
+        ``[CLS] a [SEP] b [SEP]``, RoBERTa's ``<s> a </s></s> b </s>``)."""
+        out = [*self.prefix, *map(int, ids), *self.suffix]
+        if pair is not None:
+            sp = self.specials
+            out = [*self.prefix, *map(int, ids), *sp.pair_middle, *map(int, pair), *sp.pair_suffix]
+        return out
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Content token ids (no special tokens) of each text: ``(n_i,)`` int64 arrays."""
@@ -223,39 +279,54 @@ class TokenizerView:
         return tok if tok is not None else f"<{i}>"
 
 
-#: ``tokenizer_config.json`` special-token keys and the token texts looked for (BERT's, then RoBERTa's).
-_SPECIAL_NAMES = {"unk_token": ("[UNK]", "<unk>"), "sep_token": ("[SEP]", "</s>"), "pad_token": ("[PAD]", "<pad>"),
-                  "cls_token": ("[CLS]", "<s>"), "mask_token": ("[MASK]", "<mask>")}
+def _tokenizer_class(state: dict, specials: Specials) -> str:
+    """The ``transformers`` tokenizer class of a tokenizer's ``tokenizer.json`` state."""
+    model = (state.get("model") or {}).get("type")
+    pre = (state.get("pre_tokenizer") or {}).get("type")
+    if model == "WordPiece":
+        return "BertTokenizer"
+    if model == "BPE" and pre == "ByteLevel":
+        return "RobertaTokenizer" if specials.token("cls") == "<s>" else "GPT2Tokenizer"
+    return "PreTrainedTokenizerFast"
 
 
-def write_tokenizer(tokenizer, folder: str | os.PathLike, *, hf_config: bool, max_len: int) -> None:
+def write_tokenizer(tokenizer, folder: str | os.PathLike, *, max_len: int) -> None:
     """Write a model folder's tokenizer files into ``folder`` (nothing for ``None``):
-    ``tokenizer.json``, ``vocab.txt`` for a WordPiece tokenizer, and with ``hf_config`` a
-    ``tokenizer_config.json`` for ``transformers`` (``BertTokenizer``, lower-casing, ``max_len``, the
-    special tokens the vocabulary has).
+    ``tokenizer.json``, ``vocab.txt`` for a WordPiece tokenizer, ``special_tokens_map.json`` when its
+    folder declared special tokens, and a ``tokenizer_config.json`` for ``transformers`` (the
+    tokenizer class — ``BertTokenizer``, ``RobertaTokenizer``, ``GPT2Tokenizer``, or
+    ``PreTrainedTokenizerFast`` — lower-casing, ``max_len``, the special tokens by role,
+    :mod:`qkv.data.special_tokens`): every folder qkv writes, qkv or Hugging Face, loads in
+    ``AutoTokenizer`` as the tokenizer it is (a byte-level BPE vocabulary never read as WordPiece).
     The caller makes the folder appear atomically."""
     if tokenizer is None:
         return
-    tokenizer = as_backend(tokenizer)
+    specials = specials_of(tokenizer)
+    backend = as_backend(tokenizer)
     folder = Path(folder)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    state = json.loads(tokenizer.to_str())
+    backend.save(str(folder / "tokenizer.json"))
+    state = json.loads(backend.to_str())
     if state.get("model", {}).get("type") == "WordPiece":
-        vocab = sorted(tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])
+        vocab = sorted(backend.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])
         (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
-    if hf_config:
-        lower = bool((state.get("normalizer") or {}).get("lowercase", True))
-        settings = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower, "model_max_length": max_len}
-        for key, candidates in _SPECIAL_NAMES.items():  # named, so no family's defaults are guessed
-            found = next((t for t in candidates if tokenizer.token_to_id(t) is not None), None)
-            if found is not None:
-                settings[key] = found
-        (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    if specials.declared:  # what the source folder said, kept for the next reader
+        declared = {f"{r}_token": t for r, t in specials.declared.items()}
+        (folder / "special_tokens_map.json").write_text(json.dumps(declared, indent=2), encoding="utf-8")
+    cls = _tokenizer_class(state, specials)
+    settings = {"tokenizer_class": cls}
+    if cls == "BertTokenizer":
+        settings["do_lower_case"] = bool((state.get("normalizer") or {}).get("lowercase", True))
+    settings["model_max_length"] = max_len
+    roles = ("unk", "sep", "pad", "cls", "mask") + (() if cls == "BertTokenizer" else ("bos", "eos"))
+    for role in roles:  # named, so no family's defaults are guessed
+        if specials.token(role) is not None:
+            settings[f"{role}_token"] = specials.token(role)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
 class TokenizerFile:
-    """A tokenizer that saves itself as ``tokenizer.json`` only (what a fine-tuning run folder holds
-    before its model is written).
+    """A tokenizer that saves itself as ``tokenizer.json`` (what a fine-tuning run folder holds
+    before its model is written), with the special tokens its folder declared.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer`` or a qkv wrapper holding one; saved as it is (with
@@ -264,6 +335,11 @@ class TokenizerFile:
 
     def __init__(self, tokenizer):
         self.backend = as_backend(tokenizer)
+        self.declared = dict(specials_of(tokenizer).declared)
 
     def save(self, folder: str | os.PathLike) -> None:
+        """``tokenizer.json`` (and ``special_tokens_map.json`` when its folder declared special tokens)."""
         self.backend.save(str(Path(folder) / "tokenizer.json"))
+        if self.declared:
+            (Path(folder) / "special_tokens_map.json").write_text(
+                json.dumps({f"{r}_token": t for r, t in self.declared.items()}, indent=2), encoding="utf-8")

@@ -1,11 +1,12 @@
 """Token sequences → model windows → length-grouped, padded batches: the one long-text windower of
 the embedder, the analysis, fine-tuning and contrastive training.
 
-Legend: B windows in a batch, T padded length, W window length (tokens incl. ``[CLS]``/``[SEP]``),
-S span = W − 2 content tokens per window, n content tokens of a document.
+Legend: B windows in a batch, T padded length, W window length (tokens incl. the special tokens),
+S span = W − (special tokens) content tokens per window, n content tokens of a document.
 
-A document of n content tokens (no special tokens) becomes windows ``[CLS] t[a:a+S] [SEP]`` with
-starts ``a = 0, stride, 2·stride, …``. Where the last window ends (:func:`window_starts`):
+A document of n content tokens (no special tokens) becomes windows ``prefix t[a:a+S] suffix`` — the
+tokenizer's own template, ``[CLS] … [SEP]`` for BERT, ``<s> … </s>`` for RoBERTa, nothing for a
+tokenizer without one (:mod:`qkv.data.special_tokens`) — with starts ``a = 0, stride, 2·stride, …``. Where the last window ends (:func:`window_starts`):
 
 * ``cover_end=True`` (embeddings, fine-tuning): starts while ``a + S < n``, plus a last window
   ending exactly at the document's end (``a = n − S``), so that every token is covered and every
@@ -48,7 +49,7 @@ class Windows:
     """The windows of a chunk of documents.
 
     Attributes:
-        ids: per window, its token ids with ``[CLS]``/``[SEP]``, ``(W_i,)`` int64.
+        ids: per window, its token ids with the special tokens, ``(W_i,)`` int64.
         doc: per window, the index of its document within the chunk.
         start: per window, the offset of its first content token in its document.
         long: documents longer than one window.
@@ -65,38 +66,39 @@ class Windows:
 
     @property
     def lengths(self) -> np.ndarray:
-        """``(windows,)`` int64: each window's length, ``[CLS]``/``[SEP]`` included."""
+        """``(windows,)`` int64: each window's length, the special tokens included."""
         return np.fromiter((len(w) for w in self.ids), dtype=np.int64, count=len(self.ids))
 
 
 def make_windows(token_ids: Sequence[np.ndarray], *, window: int, stride: int | None = None, truncate: bool = False,
                  max_windows: int | None = None, cover_end: bool = True, skip_empty: bool = False,
-                 cls_id: int, sep_id: int) -> Windows:
+                 prefix: Sequence[int] = (), suffix: Sequence[int] = ()) -> Windows:
     """Split each document's content ids into windows of at most ``window`` tokens.
 
     Args:
         token_ids: per document, its content token ids ``(n_i,)`` (no special tokens).
-        window: W, the window length including ``[CLS]`` and ``[SEP]`` (at least 3).
+        window: W, the window length including the special tokens (room for at least one more).
         stride: content tokens between window starts (default S: consecutive windows).
         truncate: keep only each document's first window.
         max_windows: keep only each document's first this-many windows (``None``: all).
         cover_end: the last window ends at the document's end (see the module docstring).
-        skip_empty: a document without tokens gives no window (else one ``[CLS] [SEP]``).
-        cls_id, sep_id: ids of ``[CLS]`` and ``[SEP]``.
+        skip_empty: a document without tokens gives no window (else one of the special tokens only).
+        prefix, suffix: the ids put before and after each window's text (``TokenizerView.prefix`` /
+            ``.suffix``: ``[CLS]`` and ``[SEP]`` for BERT).
 
     Raises:
         ValueError: a window without room for text, or a stride outside ``[1, S]``.
     """
-    span = window - 2
+    head, tail = np.asarray(prefix, np.int64).reshape(-1), np.asarray(suffix, np.int64).reshape(-1)
+    span = window - len(head) - len(tail)
     if span < 1:
-        raise ValueError(f"window length {window} leaves no room for text between [CLS] and [SEP]; "
-                         "use a window of at least 3 tokens")
+        raise ValueError(f"window length {window} leaves no room for text beside the {len(head) + len(tail)} "
+                         f"special tokens; use a window of at least {len(head) + len(tail) + 1} tokens")
     stride = span if stride is None else stride
     if not 1 <= stride <= span:
         raise ValueError(f"stride={stride} must be in [1, {span}] (the window holds {span} text tokens)")
     keep = 1 if truncate else max_windows
     out = Windows()
-    head, tail = np.array([cls_id], np.int64), np.array([sep_id], np.int64)
     for d, ids in enumerate(token_ids):
         n = len(ids)
         out.tokens += n

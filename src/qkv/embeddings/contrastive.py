@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from qkv._fs import atomic_write_text, write_folder
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
 from qkv.data.windows import make_windows, pad_batch
-from qkv.embeddings.embedder import EMBED_SPECIALS, EMBEDDING_JSON, folder_defaults
+from qkv.embeddings.embedder import EMBEDDING_JSON, folder_defaults
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import EmbedOptions
 from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
@@ -277,10 +277,10 @@ def train_embeddings(model_path: str | os.PathLike, texts: list[str], out: str |
             return _finished(run.out, meta)
         given = cfg  # stored and compared as given (its layers resolved below, once the model is known)
         encoder, tokenizer, cfg, declared = _load_encoder(model_path, cfg, folder_format)
-        tok = TokenizerView(tokenizer, error=EmbeddingError, purpose=EMBED_SPECIALS)
+        tok = TokenizerView(tokenizer, error=EmbeddingError)
         window = min(cfg.max_len, encoder.max_len)
-        ids = make_windows(tok.encode(texts), window=window, truncate=True, cls_id=tok.cls_id,
-                           sep_id=tok.sep_id).ids  # each text's first window
+        ids = make_windows(tok.encode(texts), window=window, truncate=True, prefix=tok.prefix,
+                           suffix=tok.suffix).ids  # each text's first window
         check_device(device)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         record = {"kind": "contrastive", "train_config": given.to_dict(), "model_config": encoder.config.to_dict(),

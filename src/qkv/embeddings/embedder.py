@@ -42,6 +42,7 @@ from qkv.errors import QkvError
 from qkv.inference import check_precision, for_inference_calibrated, inference_precision
 from qkv.nn.packed import PackedBatch
 from qkv.errors import CheckpointError
+from qkv.checkpoints.bundled import model_folder
 from qkv.checkpoints.io import Pretrained, load, unpack
 from qkv.models.mlm import MaskedLM
 from qkv.nn.encoder import Encoder
@@ -50,8 +51,6 @@ from tqdm.auto import tqdm
 __all__ = ["embed", "Embedder", "EmbedOptions", "EmbedStats", "EMPTY_MODES", "EMBEDDING_JSON",
            "folder_defaults", "resolve_model"]
 
-#: Why the tokenizer needs its special tokens (the message of a tokenizer without them).
-EMBED_SPECIALS = "qkv embeds with BERT-style tokenizers that have [CLS], [SEP] and [PAD]"
 _CHUNK_CHARS = 8 << 20  # a chunk also ends after this many characters: memory stays bounded
 
 
@@ -79,11 +78,12 @@ def resolve_model(model_or_path, tokenizer=None):
     defaults: dict[str, Any] = {}
     ref = None
     if isinstance(model_or_path, (str, os.PathLike)):
-        ref = str(Path(model_or_path).resolve())
         try:
+            model_or_path = model_folder(model_or_path)  # "minilm": the installed package's folder
             pretrained = load(model_or_path)
         except CheckpointError as e:
             raise EmbeddingError(f"cannot load the model: {e}") from e
+        ref = str(Path(model_or_path).resolve())
         try:
             defaults = folder_defaults(model_or_path)
         except (OSError, json.JSONDecodeError) as e:
@@ -101,7 +101,7 @@ def resolve_model(model_or_path, tokenizer=None):
     if tok is None:
         where = f"model folder {model_or_path}" if ref else "the model"
         raise no_tokenizer(where, error=EmbeddingError, hint=", or pass tokenizer=")
-    view = TokenizerView(tok, error=EmbeddingError, purpose=EMBED_SPECIALS)
+    view = TokenizerView(tok, error=EmbeddingError)
     return encoder, view, defaults, ref
 
 
@@ -261,7 +261,7 @@ class Embedder:
     def _embed_nonempty(self, texts: list[str]) -> np.ndarray:
         tok = self.tokenizer
         wins = make_windows(tok.encode(texts), window=self.window, stride=self.stride, truncate=self.truncate,
-                            cls_id=tok.cls_id, sep_id=tok.sep_id)
+                            prefix=tok.prefix, suffix=tok.suffix)
         lengths = wins.lengths
         owner = torch.as_tensor(np.asarray(wins.doc, dtype=np.int64), device=self.device)  # (windows,)
         total = torch.zeros(len(texts), self.dim, dtype=torch.float32, device=self.device)  # (N,C)

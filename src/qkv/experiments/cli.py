@@ -58,7 +58,7 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at once, each in its own process (default 1)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per run (default cores // jobs); equal numbers across different "
+                   help="torch threads per run (default cores // jobs, at most OMP_NUM_THREADS); equal numbers across different "
                    "--jobs need equal --threads")
     add_table_options(p, _OPTIONS)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

@@ -16,7 +16,7 @@ With ``reuse``, runs of other harness folders that are the same run (configurati
 text) are copied instead of trained (:mod:`qkv.experiments.reuse`).
 
 With ``jobs > 1`` runs train in separate processes, each with ``threads`` torch threads (default
-``cores // jobs``). Numbers depend only on the seed and the configuration — not on ``jobs`` — as
+``cores // jobs``, at most ``OMP_NUM_THREADS``). Numbers depend only on the seed and the configuration — not on ``jobs`` — as
 long as the thread count is the same (float summation order can depend on it).
 """
 
@@ -41,6 +41,7 @@ from qkv.experiments.plan import Job, merge_overrides, plan_jobs, validate_grid
 from qkv.experiments.report import write_report
 from qkv.experiments.reuse import check_sources, reuse_runs
 from qkv.experiments.worker import is_finished, read_result, run_job
+from qkv.hardware import threads_per_job
 from qkv._fs import atomic_write_text
 from qkv.training.config import TrainConfig
 from qkv.validation import check_int
@@ -59,7 +60,7 @@ class AblationConfig:
         out: the harness folder.
         seeds: runs per variant, with seeds ``0 … seeds-1``.
         jobs: runs trained at the same time, each in its own process when > 1.
-        threads: torch threads per run (default: cores // jobs).
+        threads: torch threads per run (default: cores // jobs, at most ``OMP_NUM_THREADS``).
         overrides: TrainConfig fields and ``model`` overrides applied to every variant (the
             command line's ``--steps``, ``--set``, …), below the variants' own settings.
         command: the command line, recorded in ``results.md``.
@@ -290,7 +291,7 @@ def run_ablation(cfg: AblationConfig, *, log: Callable[[str], None] = print) -> 
         {"grid": grid.to_dict(), "grid_source": grid.source, "corpus": list(cfg.corpus),
          "eval_corpus": list(cfg.eval_corpus) if cfg.eval_corpus else None, "seeds": cfg.seeds,
          "overrides": cfg.overrides, "variants": list(grid.variants), "command": cfg.command}, indent=2))
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs)
+    threads = cfg.threads or threads_per_job(cfg.jobs)
     log(f"grid {grid.name}: {len(grid.variants)} variants × {cfg.seeds} seeds = {len(jobs)} runs into {out} "
         f"({cfg.jobs} at a time, {threads} thread{'s' if threads > 1 else ''} each)")
     interrupted, errors = _execute(jobs, n_jobs=cfg.jobs, threads=threads, out=out, log=log)

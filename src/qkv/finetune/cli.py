@@ -38,10 +38,11 @@ _OPTIONS = [
     ("--tags-field", "tags_field", str, "JSONL field of the tag list (token-classification)"),
     ("--labels", "labels", _csv, "the label set in id order, comma-separated (default: sorted training labels, or "
      "the model's head labels)"),
-    ("--max-len", "max_len", int, "tokens per window, [CLS]/[SEP] included"),
+    ("--max-len", "max_len", int, "tokens per window, the tokenizer's special tokens included (default: 128, or "
+     "the model's shorter window or pretraining block)"),
     ("--stride", "stride", int, "text tokens between window starts of a long text (default ¾ of a window)"),
-    ("--pooling", "pooling", str, "sequence tasks: pooler (BERT's [CLS] -> dense -> tanh; needed for Hugging Face "
-     "export), cls or mean"),
+    ("--pooling", "pooling", str, "sequence tasks: pooler (BERT's [CLS] -> dense -> tanh), cls or mean (default: "
+     "the model's own head, else its family's, which converts back to Hugging Face)"),
     ("--classifier-dropout", "classifier_dropout", float, "dropout before the classifier"),
     ("--dropout", "dropout", float, "override the model's hidden dropout (default: keep it)"),
     ("--attention-dropout", "attention_dropout", float, "attention dropout (0 keeps the fused attention kernel)"),

@@ -44,8 +44,11 @@ class FinetuneConfig(RunConfig):
         stride: content tokens between window starts of a long document (default ¾ of a window).
         truncate: keep only the first window of a long document instead of all its windows
             (counted and reported; never silent).
-        pooling: how a sequence task reads the encoder: ``pooler`` (BERT's: ``[CLS]`` → dense → tanh;
-            needed for Hugging Face export), ``cls``, ``mean``.
+        pooling: how a sequence task reads the encoder: ``pooler`` (BERT's: ``[CLS]`` → dense → tanh),
+            ``cls``, ``mean``; ``None`` (default): the starting model's own head, else the head of its
+            family (BERT and qkv models: ``pooler``; RoBERTa: ``cls`` → dense → tanh; ELECTRA: → GELU;
+            DistilBERT: → ReLU; ModernBERT: → its activation → norm), so that the fine-tuned model
+            converts back to that family's Hugging Face classifier.
         classifier_dropout: dropout before the classifier.
         dropout, attention_dropout: override the model's dropout rates (``None``: keep them;
             ``attention_dropout`` defaults to 0 so attention runs on the fused kernel).
@@ -81,7 +84,7 @@ class FinetuneConfig(RunConfig):
     max_len: int | None = None
     stride: int | None = None
     truncate: bool = False
-    pooling: str = "pooler"
+    pooling: str | None = None
     classifier_dropout: float = 0.1
     dropout: float | None = None
     attention_dropout: float | None = 0.0
@@ -147,7 +150,8 @@ class FinetuneConfig(RunConfig):
         if self.steps is not None and self.time_budget is not None:
             raise ValueError("steps and time_budget are both set: give one (--steps or --time-budget)")
         check_choice("schedule", self.schedule, SCHEDULES)
-        check_choice("pooling", self.pooling, POOLINGS)
+        if self.pooling is not None:
+            check_choice("pooling", self.pooling, POOLINGS)
         for name in ("lr", "clip_norm"):
             check_range(name, getattr(self, name), 0, bounds="(")
         check_range("weight_decay", self.weight_decay, 0)

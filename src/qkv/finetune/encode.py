@@ -1,17 +1,18 @@
 """Examples → token windows → training and evaluation batches.
 
-Legend: B windows in a batch, T padded length, W window length (``max_len``, ``[CLS]``/``[SEP]``
-included), S = W − 2 content tokens per window.
+Legend: B windows in a batch, T padded length, W window length (``max_len``, the special tokens
+included), S = W − (special tokens: 2 for ``[CLS]``/``[SEP]`` or ``<s>``/``</s>``) content tokens per
+window.
 
 Sequence tasks: each text becomes windows exactly as in ``qkv embed``
-(:func:`qkv.data.windows.make_windows`): ``[CLS] t[a:a+S] [SEP]`` at starts 0, stride, … and a
+(:func:`qkv.data.windows.make_windows`): ``[CLS] t[a:a+S] [SEP]`` (the tokenizer's own template) at starts 0, stride, … and a
 last window ending at the text's end, so every token is seen; each window carries its example's
 target. At evaluation the class probabilities (or regression outputs) of an example's windows are
 averaged. With ``truncate`` only the first window is kept; how many examples were cut is counted.
 
 Token tasks: the words are tokenised as given (pre-tokenised); the label of a word sits on its
 first piece, the others get -100 (ignored). A word the tokenizer turns into no piece becomes
-``[UNK]``, so that every word has a prediction. A sentence longer than S pieces is cut at word
+the unknown token, so that every word has a prediction. A sentence longer than S pieces is cut at word
 boundaries into consecutive windows (counted); predictions are concatenated back.
 
 Batches: :class:`TaskBatches` orders the training windows per epoch by a permutation seeded from
@@ -69,20 +70,20 @@ class TaskBatch:
 def encode_sequences(tok: TokenizerView, texts, targets, *, max_len: int, stride: int, truncate: bool) -> Encoded:
     """Windows of each text; ``targets`` already numeric (class ids or floats)."""
     wins = make_windows(tok.encode(texts), window=max_len, stride=stride, truncate=truncate,
-                        cls_id=tok.cls_id, sep_id=tok.sep_id)
+                        prefix=tok.prefix, suffix=tok.suffix)
     doc = np.asarray(wins.doc, dtype=np.int64)
     return Encoded(wins.ids, doc, [targets[d] for d in wins.doc], len(texts), wins.long, wins.truncated)
 
 
 def _word_pieces(tok: TokenizerView, sentences) -> list[list[np.ndarray]]:
     """Per sentence, per word, its piece ids (``[UNK]`` for a word with none)."""
-    fill = np.asarray([tok.unk_id if tok.unk_id is not None else tok.sep_id], dtype=np.int64)
+    fill = np.asarray([next(i for i in (tok.unk_id, tok.sep_id, tok.pad_id) if i is not None)], dtype=np.int64)
     return [[p if len(p) else fill for p in words] for words in tok.encode_pretokenized(sentences)]
 
 
 def encode_tagged(tok: TokenizerView, sentences, tag_ids, *, max_len: int) -> Encoded:
     """Windows of word-aligned pieces; ``tag_ids`` per sentence, per word (ints)."""
-    span = max_len - 2
+    span = max_len - tok.n_special
     ids, example, targets, firsts, long, cut = [], [], [], [], 0, 0
     for s, words in enumerate(_word_pieces(tok, sentences)):
         chunks, cur, n = [], [], 0
@@ -97,16 +98,16 @@ def encode_tagged(tok: TokenizerView, sentences, tag_ids, *, max_len: int) -> En
         chunks.append(cur)
         long += len(chunks) > 1
         for chunk in chunks:
-            seq = [tok.cls_id]
-            lab = [IGNORE_INDEX]
+            seq = list(tok.prefix)
+            lab = [IGNORE_INDEX] * len(seq)
             first = []
             for w in chunk:
                 pieces = words[w][:span]
                 first.append(len(seq))
                 seq.extend(int(p) for p in pieces)
                 lab.extend([int(tag_ids[s][w])] + [IGNORE_INDEX] * (len(pieces) - 1))
-            seq.append(tok.sep_id)
-            lab.append(IGNORE_INDEX)
+            seq.extend(tok.suffix)
+            lab.extend([IGNORE_INDEX] * len(tok.suffix))
             ids.append(np.asarray(seq, dtype=np.int64))
             targets.append(np.asarray(lab, dtype=np.int64))
             firsts.append(np.asarray(first, dtype=np.int64))

@@ -16,10 +16,6 @@ from qkv.finetune.examples import read_conll
 
 __all__ = ["load_task_model", "read_inputs"]
 
-#: Why the tokenizer needs its special tokens (the message of a tokenizer without them).
-FINETUNE_SPECIALS = "qkv fine-tunes with BERT-style tokenizers that have [CLS], [SEP] and [PAD]"
-
-
 def load_task_model(folder):
     """``(model, tokenizer view, settings)`` of a fine-tuning run or any folder with a task head.
 
@@ -63,7 +59,7 @@ def load_task_model(folder):
         window = min(128, model.config.max_len)
         settings = {"task": task.task, "labels": list(task.labels), "label_kind": "str", "max_len": window,
                     "stride": max(1, 3 * (window - 2) // 4), "truncate": False}
-    return model.eval(), TokenizerView(tok, error=FinetuneDataError, purpose=FINETUNE_SPECIALS), settings
+    return model.eval(), TokenizerView(tok, error=FinetuneDataError), settings
 
 
 def read_inputs(spec: str, task: str, *, text_field: str = "text", tokens_field: str = "tokens",

@@ -2,13 +2,15 @@
 
 Writes (each atomically) ``report.json`` (every figure), ``report.md`` (the tables),
 ``confusion.png`` (classification) and ``eval_predictions.jsonl``; prints the tables; adds a summary
-to ``run.json``. Nothing here selects a model on the held-out data: the model scored is the one
+to ``run.json``; warns (stderr, ``report.json``'s ``warnings``) when the fine-tuned model scores
+below a baseline it was compared with. Nothing here selects a model on the held-out data: the model scored is the one
 at the end of training.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +23,29 @@ from qkv.finetune.metrics import plot_confusion
 from qkv.training.rundir import update_run
 from qkv.finetune.baselines import paired
 
-__all__ = ["final_report"]
+__all__ = ["final_report", "below_baselines"]
+
+#: task → (the headline figure compared with the baselines, whether higher is better)
+HEADLINE = {"sequence-classification": ("accuracy", True), "token-classification": ("entity_f1", True),
+            "regression": ("rmse", False)}
+
+
+def below_baselines(task: str, report: dict, baselines: dict[str, dict]) -> str | None:
+    """The warning for a fine-tuned model that scores below a baseline on the task's headline figure
+    (:data:`HEADLINE`), naming each such baseline and its figure; ``None`` when it is not below any."""
+    key, higher = HEADLINE[task]
+    mine = report.get(key)
+    if mine is None:
+        return None
+    worse = {n: b[key] for n, b in baselines.items() if b.get(key) is not None
+             and (b[key] > mine if higher else b[key] < mine)}
+    if not worse:
+        return None
+    which = "every baseline" if len(worse) == len(baselines) else "a baseline"
+    names = "; ".join(f"{n} {v:.4f}" for n, v in worse.items())
+    return (f"the fine-tuned model ({key} {mine:.4f}) scored below {which} it was compared with ({names}): it "
+            f"learned less than they did — train longer (--epochs, --steps or --time-budget), try another --lr, "
+            f"or start from a pretrained model")
 
 
 def _baselines(cfg, train, held, train_t, held_t, labels, stride: int) -> dict[str, dict]:
@@ -93,6 +117,9 @@ def final_report(cfg, objective, model, train, held, train_t, held_t, labels, ki
         mine = [int(np.argmax(ev["outputs"][e])) for e in range(len(held))]
         for b in baselines.values():
             b["paired"] = paired(held_t, mine, b.pop("predictions"))
+    warning = below_baselines(cfg.task, report, baselines)
+    if warning:
+        result["warnings"] = [warning]
     text = _format(cfg.task, report, baselines)
     for name, b in baselines.items():
         if "paired" in b:
@@ -114,4 +141,6 @@ def final_report(cfg, objective, model, train, held, train_t, held_t, labels, ki
     update_run(out, report=headline, baselines={n: {k: b[k] for k in headline if k in b}
                                                 for n, b in baselines.items()})
     print(text, flush=True)
+    if warning:
+        print(f"qkv: warning: {warning}", file=sys.stderr, flush=True)
     return result

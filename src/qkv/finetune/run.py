@@ -42,11 +42,12 @@ from qkv.training.objective import save_final_model
 from qkv.training.precision import resolve_precision
 from qkv.training.rundir import RunError
 from qkv.errors import CheckpointError
+from qkv.checkpoints.families import task_head
+from qkv.checkpoints.bundled import model_folder
 from qkv.checkpoints.io import load
 from qkv.embeddings.embedder import folder_defaults
 from qkv.finetune.metrics import classification_report, regression_report, token_report
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
-from qkv.finetune.inputs import FINETUNE_SPECIALS
 from qkv.models.task_builders import attach_task_head
 from qkv.models.heads import TaskConfig
 from qkv.finetune.report import final_report
@@ -114,7 +115,7 @@ def _fingerprint(*splits: Examples) -> str:
 
 
 def _starting_model(cfg: FinetuneConfig):
-    if not Path(cfg.model).is_dir():
+    if not model_folder(cfg.model).is_dir():
         raise FinetuneDataError(f"{cfg.model}: not a folder; give a qkv model or run folder, or a Hugging Face "
                                 "BERT folder")
     overrides = {k: getattr(cfg, k) for k in ("dropout", "attention_dropout") if getattr(cfg, k) is not None}
@@ -129,6 +130,19 @@ def _starting_model(cfg: FinetuneConfig):
                                 "encoder, masked-LM or task-model folder (e.g. one qkv pretrain wrote without "
                                 "--objective clm, or a BERT-family Hugging Face folder)")
     return loaded
+
+
+def _head_shape(cfg: FinetuneConfig, model, head: TaskConfig | None) -> dict:
+    """``pooling``, ``head``, ``head_norm`` of the task head: the starting model's own head for the same
+    task, else its family's (:func:`qkv.checkpoints.families.task_head`); ``--pooling`` replaces the
+    pooling (and the family's map before the classifier)."""
+    sequence = cfg.task != "token-classification"
+    own = head if head is not None and head.task == cfg.task and not cfg.reset_head else None
+    if own is not None and (cfg.pooling is None or cfg.pooling == own.pooling or not sequence):
+        return {"pooling": own.pooling, "head": own.head, "head_norm": own.head_norm}
+    if cfg.pooling is not None and sequence:
+        return {"pooling": cfg.pooling}
+    return {"pooling": "pooler", **task_head(model.config, sequence)}
 
 
 def _window(cfg: FinetuneConfig, model) -> FinetuneConfig:
@@ -249,12 +263,12 @@ def _run(cfg: FinetuneConfig, run: RunFolder, info, precision: str, clock, on_ba
         same = head is not None and head.task == cfg.task and not cfg.reset_head
         labels, kind = label_set(train, held, cfg.task, given=cfg.labels, head=head.labels if same else None)
     cfg = _window(cfg, model)
-    task = TaskConfig(task=cfg.task, labels=tuple(labels), pooling=cfg.pooling,
-                      classifier_dropout=cfg.classifier_dropout)
+    task = TaskConfig(task=cfg.task, labels=tuple(labels), classifier_dropout=cfg.classifier_dropout,
+                      **_head_shape(cfg, model, head))
     if tokenizer is None:
         raise no_tokenizer(f"model folder {cfg.model}", error=FinetuneDataError)
     model = attach_task_head(model, task, seed=cfg.seed, reset_head=cfg.reset_head)
-    tok = TokenizerView(tokenizer, error=FinetuneDataError, purpose=FINETUNE_SPECIALS)
+    tok = TokenizerView(tokenizer, error=FinetuneDataError)
     stride = cfg.stride or max(1, 3 * (cfg.max_len - 2) // 4)
     tag_labels = labels if cfg.task == "token-classification" else None
     train_t, held_t = _targets(train, cfg, tag_labels or labels), _targets(held, cfg, tag_labels or labels)

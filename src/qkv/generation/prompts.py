@@ -2,8 +2,10 @@
 
 A tokenizer from ``qkv pretrain`` is BERT-style (WordPiece, ``[CLS] … [SEP]`` added on encode);
 a prompt for generation must not end in ``[SEP]``. So prompts are encoded without special
-tokens, the tokenizer's beginning token (``[CLS]``, ``<s>``, ``<bos>``) is put in front when it
-has one, and generation stops at its end token (``[SEP]``, ``</s>``, ``<|endoftext|>``, ``<eos>``).
+tokens, the tokenizer's beginning token (its ``bos`` role: ``[CLS]``, ``<s>``, ``<bos>``) is put in
+front when it has one, and generation stops at its end token (``eos``: ``[SEP]``, ``</s>``,
+``<|endoftext|>``, ``<eos>``) — the roles read from the tokenizer's own configuration
+(:mod:`qkv.data.special_tokens`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,12 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from qkv.data.tokenizer_facade import as_backend, specials_of
 from qkv.generation.loop import generate
 from qkv.generation.streaming import continuation
 
 __all__ = ["pad_prompts", "prompt_ids", "special_ids", "generate_texts", "decode"]
-
-_BOS = ("[CLS]", "<s>", "<bos>", "[BOS]")
-_EOS = ("[SEP]", "</s>", "<|endoftext|>", "<eos>", "[EOS]")
-_PAD = ("[PAD]", "<pad>")
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]] | Sequence[Tensor] | Sequence[str], *, pad_token_id: int = 0,
@@ -57,15 +57,9 @@ def pad_prompts(prompts: Sequence[Sequence[int]] | Sequence[Tensor] | Sequence[s
 
 
 def special_ids(tokenizer) -> tuple[int | None, int | None, int | None]:
-    """``(bos, eos, pad)`` ids of a ``tokenizers.Tokenizer`` (``None`` where it has none)."""
-    def first(names):
-        for name in names:
-            i = tokenizer.token_to_id(name)
-            if i is not None:
-                return i
-        return None
-
-    return first(_BOS), first(_EOS), first(_PAD)
+    """``(bos, eos, pad)`` ids of a tokenizer (``None`` where it has none)."""
+    sp = specials_of(tokenizer)
+    return sp.id("bos"), sp.id("eos"), sp.id("pad")
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
@@ -73,7 +67,7 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"empty prompt: give some text to continue, got {text!r}")
     bos = special_ids(tokenizer)[0]
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    ids = as_backend(tokenizer).encode(text, add_special_tokens=False).ids
     ids = ([bos] if bos is not None else []) + list(ids)
     if not ids:
         raise ValueError(f"empty prompt: the tokenizer gives no tokens for {text!r}")

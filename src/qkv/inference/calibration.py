@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
+from qkv.data.tokenizer_facade import TokenizerView
 from qkv.data.windows import make_windows
 from qkv.nn.packed import PackedBatch
 from pydoc_data.topics import topics
@@ -40,9 +41,12 @@ def calibration_texts() -> list[str]:
 def calibration_sequences(tokenizer, max_len: int) -> list[np.ndarray]:
     """The calibration texts as ``[CLS] … [SEP]`` windows, the first window of each text, of at most
     ``min(max_len, 256)`` tokens (≈ 14,000 tokens: about a second of float32 compute for a MiniLM),
-    for a tokenizer with ``encode(texts)`` (content ids per text), ``cls_id`` and ``sep_id``."""
+    for a :class:`~qkv.data.tokenizer_facade.TokenizerView` or any tokenizer one is made of (what
+    :func:`qkv.load` returns, a ``tokenizers.Tokenizer``: its special tokens by role)."""
+    if not isinstance(tokenizer, TokenizerView):
+        tokenizer = TokenizerView(tokenizer)
     wins = make_windows(tokenizer.encode(calibration_texts()), window=min(int(max_len), _WINDOW),
-                        truncate=True, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, skip_empty=True)
+                        truncate=True, prefix=tokenizer.prefix, suffix=tokenizer.suffix, skip_empty=True)
     return [np.asarray(w, dtype=np.int64) for w in wins.ids]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from qkv._fs import atomic_write_text
 from qkv.lab.grid import DECISION_GAP, LabGrid, parse_metric
-from qkv.lab.verdict import Comparison, best_rate, compare, mean_std, with_holm
+from qkv.lab.verdict import MIN_SEEDS, Comparison, best_rate, compare, mean_std, with_holm
 from qkv.lab.maps import plot_attention_maps, plot_scores
 
 __all__ = ["write_report", "run_row", "metric_of", "CSV_COLUMNS"]
@@ -187,7 +187,8 @@ def write_report(grid: LabGrid, config, out: Path, done: dict) -> tuple[str, lis
            f"- shared settings: `{json.dumps(grid.base, sort_keys=True)}`"
            + (f"; overridden for this run: `{json.dumps(config.overrides, sort_keys=True)}`" if config.overrides else ""),
            f"- seeds: {config.seeds} (0 … {config.seeds - 1}); decided = every seed's difference has one sign and "
-           f"is ≥ {DECISION_GAP:.2f}, or one variant diverges in every seed and the other in none"]
+           f"is ≥ {DECISION_GAP:.2f}, or one variant diverges in every seed and the other in none (at least "
+           f"{MIN_SEEDS} seeds)"]
     if config.command:
         md.append(f"- reproduce: `{config.command}`")
     md += ["", table, ""]

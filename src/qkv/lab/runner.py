@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from qkv._fs import atomic_file, atomic_write_text
+from qkv.hardware import threads_per_job
 from qkv.lab.grid import Cell, LabGrid, load_lab_grid, run_fields
 from qkv.validation import check_int
 from qkv.lab.encoder_config import EncoderTaskConfig
@@ -42,7 +43,7 @@ class LabRunConfig:
     Attributes:
         grid: a lab grid name or file, or a :class:`LabGrid`.
         out: the harness folder. seeds: seeds 0 … seeds−1. jobs: runs trained at once.
-        threads: torch threads per run (default: cores // jobs).
+        threads: torch threads per run (default: cores // jobs, at most ``OMP_NUM_THREADS``).
         overrides: run fields over every cell (``--steps``, ``--set``; ``model`` merged).
         variants: only these variants (default: all).
         command: the command line, for the report.
@@ -71,7 +72,7 @@ class LabRunConfig:
         return grid.subset(self.variants) if self.variants else grid
 
     def per_run_threads(self) -> int:
-        return self.threads or max(1, (os.cpu_count() or 1) // self.jobs)
+        return self.threads or threads_per_job(self.jobs)
 
 
 @dataclass

@@ -8,6 +8,8 @@ same initialisation stream and the same training rows) and is **decided** when
 * one variant diverged (a non-finite loss or gradient) in every seed and the other in none — the
   winner is the one that trained.
 
+Both need at least :data:`MIN_SEEDS` common seeds: one seed cannot show that seeds agree, so a
+comparison over fewer is **too few seeds**, whatever its difference.
 Otherwise it is a **tie** (every seed within the gap) or **mixed** (the seeds disagree). The paired
 t-test's two-sided p-value is reported beside it, Holm-corrected over the grid's comparisons
 (:func:`holm`); with 3 seeds a t-test is weak, which is why the decision asks every seed to agree.
@@ -23,7 +25,10 @@ from dataclasses import dataclass, replace
 from qkv.experiments.ranking import paired_t_p
 from qkv.lab.grid import DECISION_GAP
 
-__all__ = ["Comparison", "compare", "with_holm", "holm", "best_rate", "mean_std"]
+__all__ = ["Comparison", "compare", "with_holm", "holm", "best_rate", "mean_std", "MIN_SEEDS"]
+
+#: The fewest common seeds a comparison is decided on (every seed must agree: one cannot).
+MIN_SEEDS = 2
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -57,7 +62,8 @@ class Comparison:
         diffs: seed → value(a) − value(b). mean, std: of the differences.
         p: the paired t-test's two-sided p-value; p_holm: Holm-corrected over the grid (NaN until set).
         diverged_a, diverged_b: seeds where each diverged.
-        outcome: ``"decided"``, ``"tie"`` or ``"mixed"``; winner: the decided winner, else ``None``;
+        outcome: ``"decided"``, ``"tie"``, ``"mixed"`` or ``"too few seeds"`` (fewer than
+            :data:`MIN_SEEDS`); winner: the decided winner, else ``None``;
         reason: ``"gap"`` or ``"divergence"`` when decided.
     """
 
@@ -81,6 +87,9 @@ class Comparison:
     def sentence(self, gap: float = DECISION_GAP) -> str:
         """The verdict in words."""
         n = len(self.diffs)
+        if self.outcome == "too few seeds":
+            return (f"not decided: {n} seed{'s' if n != 1 else ''} — a verdict needs ≥ {MIN_SEEDS} that agree "
+                    f"(--seeds {max(3, MIN_SEEDS)})")
         if self.reason == "divergence":
             loser = self.b if self.winner == self.a else self.a
             return f"decided: {loser} diverged in all {n} seeds, {self.winner} in none"
@@ -111,6 +120,8 @@ def compare(a: str, b: str, values: Mapping[str, Mapping[int, float]],
     div_b = tuple(s for s in seeds if div.get(b, {}).get(s, False))
     mean, std = mean_std(list(diffs.values()))
     p = paired_t_p(list(diffs.values()))
+    if len(seeds) < MIN_SEEDS:
+        return Comparison(a, b, diffs, mean, std, p, div_a, div_b, "too few seeds", None)
     if len(div_a) == len(seeds) and not div_b:
         return Comparison(a, b, diffs, mean, std, p, div_a, div_b, "decided", b, "divergence")
     if len(div_b) == len(seeds) and not div_a:

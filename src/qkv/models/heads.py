@@ -3,14 +3,21 @@
 Legend: B batch, T length, C model width, L labels (1 for regression).
 
 Sequence tasks (``sequence-classification``, ``regression``) pool each sequence into one vector
-and classify it, ``logits = linear(dropout(pooled))``; the pooling is one of :data:`POOLINGS`:
+and classify it, ``logits = linear(dropout(head(pooled)))``; the pooling is one of :data:`POOLINGS`:
 
 * ``pooler``: BERT's, the [CLS] state through the encoder's pooler (``tanh(dense(h[:, 0]))``).
   What Hugging Face's ``BertForSequenceClassification`` does, and the only pooling it expresses.
 * ``cls``: the [CLS] state itself, ``h[:, 0]``.
 * ``mean``: the mean of the real tokens' states (padding excluded through the attention mask).
 
-Token classification classifies every position, ``logits = linear(dropout(h))``.
+Token classification classifies every position, ``logits = linear(dropout(head(h)))``.
+
+``head`` is the identity unless the task names one (``TaskConfig.head``): a dense C → C map, an
+activation and, with ``head_norm``, the encoder's norm — :class:`TaskHead`, the shape of the other
+families' classification heads (RoBERTa's ``classifier.dense`` + tanh, ELECTRA's + GELU,
+DistilBERT's ``pre_classifier`` + ReLU, ModernBERT's ``head.dense`` + activation + ``head.norm``).
+transformers applies dropout before that map too (RoBERTa, ELECTRA); outputs in eval mode are the
+same.
 
 Losses: mean cross-entropy over the examples (sequence classification); mean cross-entropy over
 the labelled tokens, label -100 ignored (token classification; NaN when none is labelled, as
@@ -32,18 +39,21 @@ from torch import Tensor, nn
 from qkv.config import ModelConfig
 from qkv.nn.maps import linear_shape
 from qkv.models.mlm import IGNORE_INDEX
+from qkv.nn.activations import ACTIVATIONS
 from qkv.nn.encoder import Encoder
 from qkv.nn.packed import PackedBatch
 from qkv.validation import check_choice, check_range
 
-__all__ = ["TASKS", "POOLINGS", "TaskConfig", "TaskOutput", "TaskModel", "SequenceClassifier",
-           "TokenClassifier"]
+__all__ = ["TASKS", "POOLINGS", "HEAD_ACTIVATIONS", "TaskConfig", "TaskOutput", "TaskHead", "TaskModel",
+           "SequenceClassifier", "TokenClassifier"]
 
 #: The tasks a head is built for.
 TASKS = ("sequence-classification", "token-classification", "regression")
 #: How a sequence task turns ``(B,T,C)`` hidden states into ``(B,C)`` (see the module docstring).
 POOLINGS = ("pooler", "cls", "mean")
 _SEQUENCE_TASKS = ("sequence-classification", "regression")
+#: The activations a :class:`TaskHead` may apply after its dense map.
+HEAD_ACTIVATIONS = ("tanh", *ACTIVATIONS)
 
 
 @dataclass(frozen=True)
@@ -57,12 +67,17 @@ class TaskConfig:
         pooling: one of :data:`POOLINGS`; used by the sequence tasks, ignored (but still checked)
             by token classification.
         classifier_dropout: dropout on the classifier's input, a number in [0, 1).
+        head: the activation of a dense C → C map before the classifier (one of
+            :data:`HEAD_ACTIVATIONS`), or ``None`` for none (see the module docstring).
+        head_norm: the encoder's norm after that activation (ModernBERT's head); needs ``head``.
     """
 
     task: str
     labels: tuple[str, ...] = ()
     pooling: str = "pooler"
     classifier_dropout: float = 0.1
+    head: str | None = None
+    head_norm: bool = False
 
     def __post_init__(self) -> None:
         check_choice("task", self.task, TASKS)
@@ -85,6 +100,11 @@ class TaskConfig:
                              "(class names in id order)")
         check_choice("pooling", self.pooling, POOLINGS)
         check_range("classifier_dropout", self.classifier_dropout, 0, 1, number=True)
+        if self.head is not None:
+            check_choice("head", self.head, HEAD_ACTIVATIONS)
+        if not isinstance(self.head_norm, bool) or (self.head_norm and self.head is None):
+            raise ValueError(f"head_norm={self.head_norm!r} must be a bool, and True only with a head "
+                             "(head='gelu', …)")
 
     @property
     def num_labels(self) -> int:
@@ -102,19 +122,24 @@ class TaskConfig:
         out = f"{self.task}, num_labels={self.num_labels}"
         if self.labels:
             out += f", labels ({shown})"
-        return out + (f", pooling {self.pooling!r}" if self.is_sequence else "")
+        out += f", pooling {self.pooling!r}" if self.is_sequence else ""
+        return out + (f", head {self.head}{' + norm' if self.head_norm else ''}" if self.head else "")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain ``dict`` of every field (JSON-serialisable; labels as a list)."""
-        return {"task": self.task, "labels": list(self.labels), "pooling": self.pooling,
-                "classifier_dropout": self.classifier_dropout}
+        """Plain ``dict`` of every field (JSON-serialisable; labels as a list; ``head`` and ``head_norm``
+        only when a head is set, so folders without one read as before)."""
+        out = {"task": self.task, "labels": list(self.labels), "pooling": self.pooling,
+               "classifier_dropout": self.classifier_dropout}
+        if self.head is not None:
+            out.update(head=self.head, head_norm=self.head_norm)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskConfig:
         """Build from a ``dict``; unknown keys are an error naming them and the allowed ones."""
         if not isinstance(data, dict):
             raise ValueError(f"a TaskConfig needs a dict, got {type(data).__name__}")
-        names = ("task", "labels", "pooling", "classifier_dropout")
+        names = ("task", "labels", "pooling", "classifier_dropout", "head", "head_norm")
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown TaskConfig field(s) {unknown}; allowed: {', '.join(names)}")
@@ -141,8 +166,28 @@ class TaskOutput:
     attentions: tuple[Tensor, ...] | None = None
 
 
+class TaskHead(nn.Module):
+    """``norm(act(dense(x)))`` (``norm`` optional): what some families put before the classifier.
+
+    Args:
+        dense: the C → C map. activation: one of :data:`HEAD_ACTIVATIONS`. norm: a norm module or ``None``.
+    """
+
+    def __init__(self, dense: nn.Module, activation: str, norm: nn.Module | None = None):
+        super().__init__()
+        check_choice("activation", activation, HEAD_ACTIVATIONS)
+        self.dense, self.norm = dense, norm
+        self.act = torch.tanh if activation == "tanh" else ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(…,C)`` → ``(…,C)``."""
+        x = self.act(self.dense(x))  # (…,C) -> (…,C)
+        return x if self.norm is None else self.norm(x)
+
+
 class TaskModel(nn.Module):
-    """Encoder + dropout + linear classifier; the base of the two task models (not used alone).
+    """Encoder + (task head) + dropout + linear classifier; the base of the two task models (not used
+    alone).
 
     Args:
         encoder: a :class:`qkv.nn.encoder.Encoder`.
@@ -150,11 +195,13 @@ class TaskModel(nn.Module):
         classifier: ``nn.Linear(C, L)``.
         config: the encoder's :class:`~qkv.config.ModelConfig` (kept as ``.config``; saving and
             exporting read it).
+        head: the :class:`TaskHead` when ``task.head`` names one (else ``None``).
     """
 
     _tasks: tuple[str, ...] = ()
 
-    def __init__(self, encoder: Encoder, task: TaskConfig, classifier: nn.Linear, *, config: ModelConfig):
+    def __init__(self, encoder: Encoder, task: TaskConfig, classifier: nn.Linear, *, config: ModelConfig,
+                 head: TaskHead | None = None):
         super().__init__()
         name = type(self).__name__
         if not isinstance(task, TaskConfig):
@@ -176,11 +223,22 @@ class TaskModel(nn.Module):
             got = shape[::-1] if shape is not None else type(classifier).__name__
             raise ValueError(f"{name}: classifier must be nn.Linear(d_model={want[0]}, num_labels={want[1]}), "
                              f"got {got}")
+        if (head is not None) != (task.head is not None) or (head is not None and (head.norm is not None)
+                                                              != task.head_norm):
+            raise ValueError(f"{name}: task.head={task.head!r} (head_norm={task.head_norm}) but the head given is "
+                             f"{type(head).__name__}; build it with build_task_model")
         self.encoder = encoder
+        self.head = head
         self.dropout = nn.Dropout(task.classifier_dropout)
         self.classifier = classifier
         self.config = config
         self.task = task
+
+    def _classify(self, x: Tensor) -> Tensor:
+        """``(…,C)`` → ``(…,L)``: task head (if any), dropout, classifier."""
+        if self.head is not None:
+            x = self.head(x)  # (…,C) -> (…,C)
+        return self.classifier(self.dropout(x))  # (…,C) -> (…,L)
 
     def _encode(self, input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions):
         return self.encoder(input_ids, attention_mask, token_type_ids,
@@ -212,8 +270,9 @@ class SequenceClassifier(TaskModel):
 
     _tasks = _SEQUENCE_TASKS
 
-    def __init__(self, encoder: Encoder, task: TaskConfig, classifier: nn.Linear, *, config: ModelConfig):
-        super().__init__(encoder, task, classifier, config=config)
+    def __init__(self, encoder: Encoder, task: TaskConfig, classifier: nn.Linear, *, config: ModelConfig,
+                 head: TaskHead | None = None):
+        super().__init__(encoder, task, classifier, config=config, head=head)
         if task.pooling == "pooler" and encoder.pooler is None:
             raise ValueError("pooling='pooler' needs an encoder with a pooler (ModelConfig.from_flat(pooler=True)); "
                              "build the model with build_task_model or attach_task_head, or choose pooling "
@@ -258,7 +317,7 @@ class SequenceClassifier(TaskModel):
         enc = self._encode(input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         h = enc.last_hidden_state  # (B,T,C)
         pooled = self._pool(h, enc.pooler_output, attention_mask)  # (B,C)
-        logits = self.classifier(self.dropout(pooled))  # (B,C) -> (B,L)
+        logits = self._classify(pooled)  # (B,C) -> (B,L)
         loss = None
         if labels is not None:
             B = input_ids.shape[0]
@@ -297,11 +356,11 @@ class SequenceClassifier(TaskModel):
             lengths = torch.tensor(batch.lengths, dtype=h.dtype, device=h.device)[:, None]  # (B,1)
             total = h.new_zeros(len(batch.lengths), h.shape[1]).index_add_(0, batch.sequence_ids(), h)  # (B,C)
             pooled = total / lengths  # (B,C)
-        return TaskOutput(None, self.classifier(self.dropout(pooled)), h)  # (B,C) -> (B,L)
+        return TaskOutput(None, self._classify(pooled), h)  # (B,C) -> (B,L)
 
 
 class TokenClassifier(TaskModel):
-    """One prediction per token: dropout, ``nn.Linear(C, L)`` at every position."""
+    """One prediction per token: (task head), dropout, ``nn.Linear(C, L)`` at every position."""
 
     _tasks = ("token-classification",)
 
@@ -333,7 +392,7 @@ class TokenClassifier(TaskModel):
         """
         enc = self._encode(input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
         h = enc.last_hidden_state  # (B,T,C)
-        logits = self.classifier(self.dropout(h))  # (B,T,C) -> (B,T,L)
+        logits = self._classify(h)  # (B,T,C) -> (B,T,L)
         loss = None
         if labels is not None:
             ids = _class_ids(labels, tuple(input_ids.shape), self.task.num_labels, what="(B, T)", ignore=True)
@@ -351,4 +410,4 @@ class TokenClassifier(TaskModel):
             rounding).
         """
         h = self.encoder.forward_packed(batch).last_hidden_state  # (N,C)
-        return TaskOutput(None, self.classifier(self.dropout(h)), h)  # (N,C) -> (N,L)
+        return TaskOutput(None, self._classify(h), h)  # (N,C) -> (N,L)

@@ -14,9 +14,9 @@ from torch import nn
 
 from qkv.config import ModelConfig
 from qkv.nn.maps import TRAINING, LinearMaps
-from qkv.models.builders import build_encoder, init_weights
+from qkv.models.builders import build_encoder, build_norm_for, init_weights
 from qkv.errors import CheckpointError
-from qkv.models.heads import SequenceClassifier, TaskConfig, TaskModel, TokenClassifier
+from qkv.models.heads import SequenceClassifier, TaskConfig, TaskHead, TaskModel, TokenClassifier
 from qkv.nn.encoder import Encoder
 from qkv.models.discriminator import Discriminator
 from qkv.models.mlm import MaskedLM
@@ -33,7 +33,9 @@ def build_task_model(config: ModelConfig, task: TaskConfig, *, init: bool = True
     A sequence task that pools with ``"pooler"`` needs the encoder's pooler: the model is built
     from ``config.replace(pooler=True)``, and its ``.config`` says so. A pooler the task does not
     use (token classification, pooling ``"cls"`` / ``"mean"``) is kept but frozen
-    (``requires_grad=False``), as in :func:`build_masked_lm`.
+    (``requires_grad=False``), as in :func:`build_masked_lm`. A task that names a ``head`` gets a
+    :class:`~qkv.models.heads.TaskHead` (its dense map has a bias when ``config.head_bias``; its norm,
+    with ``head_norm``, is the encoder's kind of norm).
     """
     if not isinstance(task, TaskConfig):
         raise ValueError(f"task must be a TaskConfig, got {type(task).__name__}")
@@ -41,8 +43,12 @@ def build_task_model(config: ModelConfig, task: TaskConfig, *, init: bool = True
         config = config.replace(pooler=True)
     encoder = build_encoder(config, init=False, maps=maps)
     classifier = maps.linear(config.d_model, task.num_labels)
+    head = None
+    if task.head is not None:
+        head = TaskHead(maps.linear(config.d_model, config.d_model, bias=config.head_bias), task.head,
+                        build_norm_for(config) if task.head_norm else None)
     cls = SequenceClassifier if task.is_sequence else TokenClassifier
-    model = cls(encoder, task, classifier, config=config)
+    model = cls(encoder, task, classifier, config=config, head=head)
     if init:
         init_weights(model, config.initializer_range)
     if encoder.pooler is not None and not (task.is_sequence and task.pooling == "pooler"):
@@ -51,7 +57,7 @@ def build_task_model(config: ModelConfig, task: TaskConfig, *, init: bool = True
 
 
 def _same_head(old: TaskConfig, new: TaskConfig) -> bool:
-    return (old.task == new.task and old.labels == new.labels
+    return (old.task == new.task and old.labels == new.labels and (old.head, old.head_norm) == (new.head, new.head_norm)
             and (not new.is_sequence or old.pooling == new.pooling))
 
 
@@ -106,12 +112,17 @@ def attach_task_head(model: nn.Module, task: TaskConfig, *, seed: int = 0, reset
         fresh = [new.encoder.pooler.dense] if missing else []
         if keep:
             new.classifier.load_state_dict(model.classifier.state_dict())
+            if new.head is not None:
+                new.head.load_state_dict(model.head.state_dict())
         else:
             fresh.append(new.classifier)
+            if new.head is not None:
+                fresh.append(new.head.dense)
         g = torch.Generator().manual_seed(seed)
         for linear in fresh:
             linear.weight.copy_(torch.randn(linear.weight.shape, generator=g) * config.initializer_range)
-            linear.bias.zero_()
+            if linear.bias is not None:
+                linear.bias.zero_()
     ref = next(encoder.parameters())
     new.to(device=ref.device, dtype=ref.dtype)
     new.train(model.training)

@@ -20,9 +20,8 @@ import os
 
 import numpy as np
 
-from qkv.analysis.fill_mask import MASK, FillMask, fill_mask, masked_ids
+from qkv.analysis.fill_mask import FillMask, fill_mask, mask_token, masked_ids
 from qkv.data.tokenizer import WordPieceTokenizer
-from qkv.data.tokenizer_facade import as_backend
 from qkv.embeddings.embedder import Embedder
 from qkv.embeddings.options import EmbedOptions
 from qkv.finetune.predict import Predictor
@@ -63,8 +62,9 @@ class EmbedOperation:
         self.normalized = bool(self.embedder.normalize)
 
     def count(self, texts: list[str]) -> list[int]:
-        """Tokens of each text with ``[CLS]`` and ``[SEP]``."""
-        return [len(ids) + 2 for ids in self.embedder.tokenizer.encode(texts)]
+        """Tokens of each text with its special tokens (``[CLS]`` and ``[SEP]``)."""
+        tok = self.embedder.tokenizer
+        return [len(ids) + tok.n_special for ids in tok.encode(texts)]
 
     def warm_up(self) -> None:
         """Prepare the model for inference now rather than on the first request."""
@@ -91,7 +91,8 @@ class ClassifyOperation:
         self.task, self.labels = self.predictor.task, self.predictor.labels
 
     def count(self, texts: list[str]) -> list[int]:
-        return [len(ids) + 2 for ids in self.predictor.tokenizer.encode(texts)]
+        tok = self.predictor.tokenizer
+        return [len(ids) + tok.n_special for ids in tok.encode(texts)]
 
     def warm_up(self) -> None:
         self.run([["warm up"]])
@@ -110,7 +111,8 @@ class FillMaskOperation:
 
     Args:
         model: a :class:`~qkv.models.mlm.MaskedLM` (run as loaded, float32).
-        tokenizer: its tokenizer (it needs ``[PAD] [UNK] [CLS] [SEP] [MASK]``).
+        tokenizer: its tokenizer (it needs pad, unk, cls, sep and mask tokens: ``[PAD] [UNK] [CLS] [SEP]
+            [MASK]``, or RoBERTa's ``<pad> <unk> <s> </s> <mask>``).
 
     Raises:
         QkvError: the tokenizer lacks a special token fill-mask needs.
@@ -120,22 +122,23 @@ class FillMaskOperation:
 
     def __init__(self, model, tokenizer):
         self.model = model
-        self.tokenizer = WordPieceTokenizer(as_backend(tokenizer))
+        self.tokenizer = WordPieceTokenizer(tokenizer)
+        self.mask = mask_token(self.tokenizer)
         self.window = int(model.encoder.max_len)
 
     def count(self, texts: list[str], param: str = "input") -> list[int]:
-        """Tokens of each text's model input; 400 for a text without exactly one ``[MASK]`` or longer
-        than the model's window."""
-        counts = []
+        """Tokens of each text's model input; 400 for a text without exactly one mask token (``[MASK]``)
+        or longer than the model's window."""
+        counts, mask = [], self.mask
         for i, text in enumerate(texts):
             where = f"{param}[{i}]" if len(texts) > 1 else param
-            if text.count(MASK) != 1:
-                raise ApiError(400, f"{where} has {text.count(MASK)} {MASK} tokens; fill-mask needs exactly one per "
+            if text.count(mask) != 1:
+                raise ApiError(400, f"{where} has {text.count(mask)} {mask} tokens; fill-mask needs exactly one per "
                                "text", param=param, code="invalid_value")
             n = len(masked_ids(self.tokenizer, text)[0])
             if n > self.window:
-                raise ApiError(400, f"{where} has {n} tokens with [CLS] and [SEP], more than the model's window of "
-                               f"{self.window}; shorten it around the {MASK}", param=param,
+                raise ApiError(400, f"{where} has {n} tokens with its special tokens, more than the model's window "
+                               f"of {self.window}; shorten it around the {mask}", param=param,
                                code="context_length_exceeded")
             counts.append(n)
         return counts

@@ -301,7 +301,8 @@ def model_config_for(cfg: TrainConfig, vocab_size: int | None = None, *, hint: s
     Args:
         cfg: the run's configuration.
         vocab_size: the tokenizer's vocabulary size; ``None``: the preset's (or the overrides').
-        hint: appended to the message of a ``max_len`` beyond the position table (how to fix it).
+        hint: appended to the message of a ``max_len`` beyond the position table (how to fix it;
+            default: the ``--max-len`` that fits, or a preset with a longer table).
 
     Raises:
         ValueError: the overrides name another ``vocab_size`` than the tokenizer's, a field is bad
@@ -316,6 +317,8 @@ def model_config_for(cfg: TrainConfig, vocab_size: int | None = None, *, hint: s
                              f"{vocab_size}")
     mc = check_parts(ModelConfig.preset(cfg.preset, **overrides))
     if mc.max_len < cfg.max_len:
+        hint = hint or (f"; pass --max-len {mc.max_len} (or less), or a preset with a longer table "
+                        f"(--preset cpu-small: 512)")
         raise ValueError(f"max_len={cfg.max_len} exceeds the model's position table ({mc.max_len}){hint}")
     return mc
 

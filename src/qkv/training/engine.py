@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from qkv.training.config import LoopConfig
 from qkv.training.lifecycle import RunFolder
 from qkv.training.metrics import append_metrics, plot_curve, truncate_metrics
 from qkv.training.objective import Objective, move_batch
-from qkv.training.optim import build_optimizer, build_scheduler
+from qkv.training.optim import build_optimizer, build_scheduler, warmup_warning
 from qkv.training.precision import autocast
 from qkv.training.progress import RunBar, TokenRate
 from qkv.training.sharding import local_value
@@ -169,6 +170,8 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
     else:
         scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
                                     schedule=cfg.schedule)
+        if info.is_main and (warning := warmup_warning(cfg.warmup_steps, cfg.steps)):
+            print(f"qkv: warning: {warning}", file=sys.stderr, flush=True)
     start, elapsed, state, history = 0, 0.0, {}, []
     resume = run is not None and run.resume
     ckpt = latest_checkpoint(run.out) if resume else None

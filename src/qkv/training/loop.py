@@ -13,6 +13,7 @@ of a step is the mean over its masked tokens on all ranks and micro-batches.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -144,6 +145,8 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
     early gradient norms); it must leave the weights, gradients and training mode as it found them.
     ``clock``: the monotonic time source of a time-budgeted run (tests pass a fake one).
     """
+    if cfg.init_from is None and not resume:
+        model_config_for(cfg)  # a block longer than the position table is refused before anything is written
     with run_session(cfg.device, cfg.out, resume=resume) as (info, run):
         if resume and (meta := run.finished(cfg)) is not None:
             return TrainResult(run.out, int(meta.get("steps_done", cfg.steps)), "complete", meta["final_eval"], None)
@@ -153,6 +156,10 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
         precision, note = resolve_precision(cfg.precision, info.device)
         if note and info.is_main:
             print(f"qkv pretrain: {note}", flush=True)
+        if cfg.preset == "tiny" and cfg.init_from is None and not resume and info.is_main:
+            print("qkv: warning: --preset tiny is a test-size model (24 wide, a 19-token window): it learns "
+                  "little from real text; for a real run use --preset cpu-small (minutes on a CPU) or mini",
+                  file=sys.stderr, flush=True)
         data, model_config = _prepare(cfg, run, info)
         batch_size = _batch_size(cfg, run, info)
         run.update(precision=precision)

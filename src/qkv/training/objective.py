@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import torch
 
+from qkv.data.model_tokenizer import ModelTokenizer
+from qkv.data.special_tokens import read_declared
 from qkv.data.tokenizer_facade import read_tokenizer
 from qkv.checkpoints.io import save
 
@@ -46,7 +48,8 @@ class Objective(Protocol):
 def save_final_model(model: torch.nn.Module, out: Path) -> None:
     """Write the trained ``model`` into run folder ``out`` with the run's tokenizer, so that
     ``qkv.load(out)`` loads it (what an objective's ``save`` usually is)."""
-    save(model, out, tokenizer=read_tokenizer(Path(out) / "tokenizer.json"))
+    tokenizer = ModelTokenizer(read_tokenizer(Path(out) / "tokenizer.json"), read_declared(out))
+    save(model, out, tokenizer=tokenizer)
 
 
 def move_batch(batch: Any, device: torch.device) -> Any:

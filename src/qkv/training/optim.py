@@ -7,7 +7,8 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["SCHEDULES", "ADAMW_IMPLS", "param_groups", "build_optimizer", "lr_factor", "build_scheduler"]
+__all__ = ["SCHEDULES", "ADAMW_IMPLS", "param_groups", "build_optimizer", "lr_factor", "build_scheduler",
+           "warmup_warning"]
 
 SCHEDULES = ("linear", "cosine", "constant")
 
@@ -95,3 +96,15 @@ def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, tota
         optimizer,
         lambda s: lr_factor(s, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule),
     )
+
+
+def warmup_warning(warmup_steps: int, total_steps: int | None) -> str | None:
+    """The warning for a warm-up as long as the run or longer (the learning rate peaks at the last
+    step at best and never decays, so runs that differ in ``lr`` or schedule can look alike), else ``None``.
+    A time-budgeted run (``total_steps=None``) is not judged: its step count is unknown."""
+    if total_steps is None or warmup_steps < total_steps or warmup_steps == 0:
+        return None
+    peak = min(total_steps, warmup_steps) / warmup_steps
+    return (f"--warmup-steps {warmup_steps} ≥ --steps {total_steps}: the whole run is warm-up — the learning "
+            f"rate rises to {peak:.0%} of --lr at the last step and never decays; use --warmup-steps "
+            f"{max(1, total_steps // 10)} (10 % of the run) or more --steps")

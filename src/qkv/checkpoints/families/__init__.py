@@ -10,7 +10,10 @@ three things:
   checked for presence and shape and any other tensor refused;
 * ``config_to_hf(config, kind, task)`` — the ``config.json`` dict, or a
   :class:`~qkv.errors.CheckpointError` naming every field the family cannot express;
-* ``write(state, config, kind, task) -> (config.json dict, tensors)``.
+* ``write(state, config, kind, task) -> (config.json dict, tensors)``;
+* ``SEQUENCE_HEAD`` / ``TOKEN_HEAD`` (encoder families): the shape of the family's classification
+  heads in :class:`~qkv.models.heads.TaskConfig` fields (``pooling``, ``head``, ``head_norm``; a tuple
+  allows any of its values) — :func:`task_head` gives the one a fresh head gets.
 
 :data:`FAMILIES` maps ``model_type`` to the module; adding a family is one module and one entry.
 A model remembers the family it came from in ``ModelConfig.family`` (saved in ``qkv.json``), and
@@ -26,7 +29,7 @@ from typing import Any
 
 from qkv.errors import CheckpointError
 
-__all__ = ["FAMILIES", "for_checkpoint", "for_export", "get", "check_family"]
+__all__ = ["FAMILIES", "for_checkpoint", "for_export", "get", "check_family", "task_head"]
 
 #: ``config.json`` ``model_type`` → the converter module (imported on first use).
 FAMILIES: dict[str, str] = {
@@ -69,6 +72,23 @@ def for_checkpoint(hf_config: dict[str, Any], source: str) -> ModuleType:
                               "'bert') nor of another family qkv converts; supported model_type values: "
                               f"{', '.join(FAMILIES)}")
     return get(model_type)
+
+
+def task_head(config, sequence: bool) -> dict[str, Any]:
+    """The :class:`~qkv.models.heads.TaskConfig` fields (``pooling``, ``head``, ``head_norm``) of a fresh
+    task head in the shape of ``config``'s family (BERT's for a qkv model), so that the fine-tuned
+    model writes back as that family's ``…ForSequenceClassification`` / ``…ForTokenClassification``;
+    where the family allows several values, the model's own activation or the first."""
+    module = get(config.family if config.family in FAMILIES else DEFAULT)
+    shape = getattr(module, "SEQUENCE_HEAD" if sequence else "TOKEN_HEAD", None) or get(DEFAULT).SEQUENCE_HEAD
+    out = {}
+    for key, value in shape.items():
+        if isinstance(value, tuple):
+            value = config.ffn.activation if key == "head" and config.ffn.activation in value else value[0]
+        out[key] = value
+    if not sequence:
+        out.pop("pooling", None)
+    return out
 
 
 def for_export(config, family: str | None = None, kind: str | None = None) -> ModuleType:

@@ -186,6 +186,65 @@ def token_task(hf: dict[str, Any], source: str, dropout: float | None = None) ->
         raise CheckpointError(f"{source}: {e}") from e
 
 
+def sequence_task(hf: dict[str, Any], source: str, *, dropout: float | None = None, **head: Any) -> TaskConfig:
+    """The :class:`TaskConfig` of a ``…ForSequenceClassification`` checkpoint: classification, or
+    regression (``problem_type: regression``, or one label without a problem type); ``dropout``
+    default: ``classifier_dropout``, else ``hidden_dropout_prob``; ``head``: the family's head shape
+    (``pooling``, ``head``, ``head_norm``).
+
+    Raises:
+        CheckpointError: multi-label classification, an unknown problem type, regression of several
+            values, bad labels.
+    """
+    if dropout is None:
+        dropout = hf.get("classifier_dropout")
+        dropout = hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout
+    labels = labels_from_hf(hf, source)
+    problem = hf.get("problem_type")
+    if problem == "multi_label_classification":
+        raise CheckpointError(f"{source}: problem_type='multi_label_classification' is not supported "
+                              "(qkv classifies one label per sequence, or regresses one value)")
+    if problem not in (None, "single_label_classification", "regression"):
+        raise CheckpointError(f"{source}: problem_type={problem!r} is not supported; allowed: "
+                              "single_label_classification, regression")
+    try:
+        if problem == "regression" or (problem is None and len(labels) == 1):
+            if len(labels) != 1:
+                raise CheckpointError(f"{source}: regression with num_labels={len(labels)} (several outputs) "
+                                      "is not supported; qkv regresses one value")
+            return TaskConfig("regression", (), classifier_dropout=float(dropout), **head)
+        return TaskConfig("sequence-classification", labels, classifier_dropout=float(dropout), **head)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def task_fields(task: TaskConfig) -> dict[str, Any]:
+    """``config.json`` fields of a task head: labels, and for a sequence task its problem type."""
+    out = label_fields(task)
+    if task.is_sequence:
+        out["problem_type"] = "regression" if task.task == "regression" else "single_label_classification"
+    return out
+
+
+def head_reasons(task: TaskConfig | None, name: str, *, sequence: dict[str, Any] | None,
+                 token: dict[str, Any] | None = None) -> list[str]:
+    """Why a task head cannot be written as family ``name``'s: the family's head shape for sequence
+    tasks (``sequence``: ``pooling``, ``head``, ``head_norm`` it needs; ``None``: it has no sequence
+    head here) and token tasks (``token``; default: no head before the classifier)."""
+    if task is None:
+        return []
+    want = sequence if task.is_sequence else (token or {"head": None, "head_norm": False})
+    if want is None:
+        return [f"task {task.task!r} ({name} has no such head here)"]
+    have = {"pooling": task.pooling, "head": task.head, "head_norm": task.head_norm}
+    bad = [f"{k}={have[k]!r}" for k, v in want.items() if (have[k] not in v if isinstance(v, tuple) else have[k] != v)]
+    if not bad:
+        return []
+    shape = ", ".join(f"{k}={v!r}" for k, v in want.items())
+    return [f"the task head's {', '.join(bad)} ({name}'s {'sequence' if task.is_sequence else 'token'} "
+            f"classification head needs {shape}; qkv finetune gives a {name} model that head by default)"]
+
+
 def label_fields(task: TaskConfig) -> dict[str, Any]:
     """``id2label`` / ``label2id`` of a task head, for ``config.json``."""
     names = task.labels or ("LABEL_0",)  # regression: transformers' default name of its one output

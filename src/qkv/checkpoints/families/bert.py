@@ -30,13 +30,16 @@ from torch import Tensor
 from qkv.config import ModelConfig
 from qkv.errors import CheckpointError
 from qkv.checkpoints.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, architectures,
-                                         check_plan, check_tied, head_bias_reasons, kind_of, label_fields,
-                                         labels_from_hf, refuse_causal_lm, refuse_unexpressible,
-                                         state_from_plan, tensors_from_plan)
+                                              check_plan, check_tied, head_bias_reasons, kind_of, refuse_causal_lm,
+                                              refuse_unexpressible, sequence_task, state_from_plan, task_fields,
+                                              tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "bert"
 NAME = "BERT"
+#: BERT's classification heads in qkv's terms (TaskConfig fields): the pooler, then the classifier.
+SEQUENCE_HEAD = {"pooling": "pooler", "head": None, "head_norm": False}
+TOKEN_HEAD = {"head": None, "head_norm": False}
 ARCHITECTURES = {"masked_lm": "BertForMaskedLM", "encoder": "BertModel",
                  "sequence_classification": "BertForSequenceClassification",
                  "token_classification": "BertForTokenClassification"}
@@ -196,27 +199,9 @@ def head_from_hf(hf: dict[str, Any], names, *, source: str = "config.json") -> t
     if masked_lm:
         raise CheckpointError(f"{source}: {archs[0]} weights also hold a masked-LM head "
                               f"({_HEAD}*); a qkv model has one head")
-    labels = labels_from_hf(hf, source)
-    dropout = hf.get("classifier_dropout")
-    dropout = float(hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout)
-    try:
-        if archs[0] == _TOKEN:
-            return False, TaskConfig("token-classification", labels, classifier_dropout=dropout)
-        problem = hf.get("problem_type")
-        if problem == "multi_label_classification":
-            raise CheckpointError(f"{source}: problem_type='multi_label_classification' is not supported "
-                                  "(qkv classifies one label per sequence, or regresses one value)")
-        if problem not in (None, "single_label_classification", "regression"):
-            raise CheckpointError(f"{source}: problem_type={problem!r} is not supported; allowed: "
-                                  "single_label_classification, regression")
-        if problem == "regression" or (problem is None and len(labels) == 1):
-            if len(labels) != 1:
-                raise CheckpointError(f"{source}: regression with num_labels={len(labels)} (several outputs) "
-                                      "is not supported; qkv regresses one value")
-            return False, TaskConfig("regression", (), classifier_dropout=dropout)
-        return False, TaskConfig("sequence-classification", labels, classifier_dropout=dropout)
-    except ValueError as e:
-        raise CheckpointError(f"{source}: {e}") from e
+    if archs[0] == _TOKEN:
+        return False, token_task(hf, source)
+    return False, sequence_task(hf, source)
 
 
 def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str) -> Plan:
@@ -266,6 +251,9 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     if task is not None and task.is_sequence and task.pooling != "pooler":
         extra.append(f"pooling={task.pooling!r} ({_SEQUENCE} classifies the BERT pooler's output: "
                      "needs 'pooler')")
+    if task is not None and task.head is not None:
+        extra.append(f"the task head's head={task.head!r} (BERT's classifiers have no map before the classifier "
+                     "but the pooler; keep it in the qkv format, or export with the family it came from)")
     extra += head_bias_reasons(config, kind, NAME)
     if kind not in ARCHITECTURES:
         extra.append(f"kind {kind!r} (BERT has no such head; it has {', '.join(ARCHITECTURES)})")
@@ -274,9 +262,7 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
                                         "position_offset": 0}, extra)
     out = bert_like_hf_config(config, MODEL_TYPE, ARCHITECTURES[kind])
     if task is not None:
-        out.update(label_fields(task), classifier_dropout=task.classifier_dropout)
-        if task.is_sequence:
-            out["problem_type"] = "regression" if task.task == "regression" else "single_label_classification"
+        out.update(task_fields(task), classifier_dropout=task.classifier_dropout)
     return out
 
 

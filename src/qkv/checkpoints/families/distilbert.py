@@ -15,9 +15,11 @@ initialisation; transformers stores it in the weights like a learned table. qkv 
 its learned table (the values are the checkpoint's) and exports ``sinusoidal_pos_embds: false``
 with the same table, which gives the same outputs.
 
-Read: ``DistilBertModel``, ``DistilBertForMaskedLM``, ``DistilBertForTokenClassification``.
-Refused, naming the architecture: ``DistilBertForSequenceClassification`` (its two-layer head,
-``pre_classifier`` + ``classifier``), question answering, multiple choice.
+Read and written: ``DistilBertModel``, ``DistilBertForMaskedLM``,
+``DistilBertForSequenceClassification`` (its head ``pre_classifier`` + ReLU + ``classifier`` on the
+first token: qkv's task head with ``pooling="cls"``, ``head="relu"``; dropout
+``seq_classif_dropout``), ``DistilBertForTokenClassification``. Refused, naming the architecture:
+question answering, multiple choice.
 """
 
 from __future__ import annotations
@@ -29,20 +31,24 @@ from torch import Tensor
 from qkv.config import ModelConfig
 from qkv.errors import CheckpointError
 from qkv.checkpoints.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
-                                         check_tied, head_bias_reasons, kind_from_hf, label_fields,
-                                         refuse_causal_lm, refuse_unexpressible, state_from_plan,
-                                         tensors_from_plan, token_task)
+                                              check_tied, head_bias_reasons, head_reasons, kind_from_hf,
+                                              refuse_causal_lm, refuse_unexpressible, sequence_task,
+                                              state_from_plan, task_fields, tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "distilbert"
 NAME = "DistilBERT"
 ARCHITECTURES = {"encoder": "DistilBertModel", "masked_lm": "DistilBertForMaskedLM",
+                 "sequence_classification": "DistilBertForSequenceClassification",
                  "token_classification": "DistilBertForTokenClassification"}
-_REFUSED = {"DistilBertForSequenceClassification": "its two-layer classification head (pre_classifier, "
-                                                   "classifier)",
-            "DistilBertForQuestionAnswering": "a question-answering head (qa_outputs.*)",
+_REFUSED = {"DistilBertForQuestionAnswering": "a question-answering head (qa_outputs.*)",
             "DistilBertForMultipleChoice": "a multiple-choice head"}
-SUPPORTED = "DistilBertModel, DistilBertForMaskedLM and DistilBertForTokenClassification"
+SUPPORTED = ("DistilBertModel, DistilBertForMaskedLM, DistilBertForSequenceClassification and "
+             "DistilBertForTokenClassification")
+#: DistilBERT's sequence-classification head in qkv's terms (TaskConfig fields); its token head is
+#: the classifier alone.
+SEQUENCE_HEAD = {"pooling": "cls", "head": "relu", "head_norm": False}
+TOKEN_HEAD = {"head": None, "head_norm": False}
 _EPS = 1e-12
 _FIELDS = {"C": "dim", "F": "hidden_dim", "V": "vocab_size", "P": "max_position_embeddings",
            "L": "num_labels"}
@@ -68,6 +74,7 @@ _MLM = [("vocab_transform.weight", "head.dense.weight", "CC"),
         ("vocab_layer_norm.bias", "head.norm.bias", "C"),
         ("vocab_projector.bias", "head.bias", "V")]
 _CLASSIFIER = [("classifier.weight", "classifier.weight", "LC"), ("classifier.bias", "classifier.bias", "L")]
+_PRE_CLASSIFIER = [("pre_classifier.weight", "head.dense.weight", "CC"), ("pre_classifier.bias", "head.dense.bias", "C")]
 
 
 def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str) -> Plan:
@@ -85,7 +92,7 @@ def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str) 
     if kind == "masked_lm":
         plan.rows += _MLM
     if task is not None:
-        plan.rows += _CLASSIFIER
+        plan.rows += (_PRE_CLASSIFIER if task.is_sequence else []) + _CLASSIFIER
     return plan
 
 
@@ -111,13 +118,15 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
     kind = kind_from_hf(hf, tensors, config_source, architectures_=ARCHITECTURES, refused=_REFUSED,
                         supported=SUPPORTED, head_prefixes={"masked_lm": ("vocab_transform.",)},
                         classifier=("classifier.", "pre_classifier."))
-    task = token_task(hf, config_source, hf.get("dropout", 0.1)) if kind == "token_classification" else None
+    task = (token_task(hf, config_source, hf.get("dropout", 0.1)) if kind == "token_classification" else
+            sequence_task(hf, config_source, dropout=hf.get("seq_classif_dropout", 0.2), **SEQUENCE_HEAD)
+            if kind == "sequence_classification" else None)
     config = _config(hf, config_source)
     prefix = "distilbert." if any(n.startswith("distilbert.") for n in tensors) else ""
     plan = _plan(config, kind, task, prefix)
     check_plan(tensors, plan, weights_source,
                ignored=(prefix + "embeddings.position_ids", "vocab_projector.weight"),
-               owned=(prefix + "embeddings.", prefix + "transformer.", "vocab_", "classifier."),
+               owned=(prefix + "embeddings.", prefix + "transformer.", "vocab_", "classifier.", "pre_classifier."),
                layers_field="n_layers", n_layers=config.n_layers,
                unknown=f"a DistilBERT encoder or a head qkv supports ({SUPPORTED})")
     if kind == "masked_lm":
@@ -130,11 +139,10 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     """The Hugging Face DistilBERT ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option DistilBERT cannot express."""
     refuse_causal_lm(kind, NAME)
-    extra = []
+    extra = head_reasons(task, NAME, sequence=SEQUENCE_HEAD, token=TOKEN_HEAD)
     extra += head_bias_reasons(config, kind, NAME)
     if kind not in ARCHITECTURES:
-        extra.append(f"kind {kind!r} (qkv writes DistilBERT as {', '.join(ARCHITECTURES.values())}; "
-                     "DistilBertForSequenceClassification's head is two layers, qkv's one)")
+        extra.append(f"kind {kind!r} (qkv writes DistilBERT as {', '.join(ARCHITECTURES.values())})")
     refuse_unexpressible(config, NAME, {
         "type_vocab_size": 0, "pooler": False, "position_offset": 0, "layer_norm_eps": _EPS,
         "embedding_size": (lambda c: c.embedding_size in (None, c.d_model), f"{config.d_model} = dim")},
@@ -146,7 +154,9 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
            "initializer_range": config.initializer_range, "pad_token_id": config.pad_token_id,
            "sinusoidal_pos_embds": False, "tie_word_embeddings": True}
     if task is not None:
-        out.update(label_fields(task))
+        out.update(task_fields(task))
+        if task.is_sequence:
+            out["seq_classif_dropout"] = task.classifier_dropout
     return out
 
 

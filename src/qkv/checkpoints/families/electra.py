@@ -9,10 +9,11 @@ E = C gives ``embedding_size=None`` and no projection, as in transformers.
 
 Read: ``ElectraModel``, ``ElectraForPreTraining`` (the discriminator head
 ``discriminator_predictions.dense`` C → C, activation ``hidden_act``, ``dense_prediction`` C → 1:
-a qkv :class:`~qkv.models.discriminator.Discriminator`, kind ``"discriminator"``) and
-``ElectraForTokenClassification``. Refused, naming the architecture: ``ElectraForMaskedLM`` (the
-generator), ``ElectraForSequenceClassification`` (its two-layer head), question answering,
-multiple choice, causal LM.
+a qkv :class:`~qkv.models.discriminator.Discriminator`, kind ``"discriminator"``),
+``ElectraForSequenceClassification`` (its head ``classifier.dense`` + GELU + ``classifier.out_proj``
+on the first token: qkv's task head with ``pooling="cls"``, ``head="gelu"``) and
+``ElectraForTokenClassification``; each is written back the same way. Refused, naming the
+architecture: ``ElectraForMaskedLM`` (the generator), question answering, multiple choice, causal LM.
 """
 
 from __future__ import annotations
@@ -23,21 +24,29 @@ from torch import Tensor
 
 from qkv.config import ModelConfig
 from qkv.checkpoints.families import bert
-from qkv.checkpoints.families._common import (Imported, check_plan, kind_from_hf, label_fields, refuse_causal_lm,
-                                         refuse_unexpressible, state_from_plan, tensors_from_plan, token_task)
+from qkv.checkpoints.families._common import (Imported, check_plan, head_reasons, kind_from_hf, refuse_causal_lm,
+                                              refuse_unexpressible, sequence_task, state_from_plan, task_fields,
+                                              tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "electra"
 NAME = "ELECTRA"
 ARCHITECTURES = {"encoder": "ElectraModel", "discriminator": "ElectraForPreTraining",
+                 "sequence_classification": "ElectraForSequenceClassification",
                  "token_classification": "ElectraForTokenClassification"}
 _REFUSED = {"ElectraForMaskedLM": "the generator (a masked-LM head on E-wide embeddings)",
-            "ElectraForSequenceClassification": "its two-layer classification head (classifier.dense, "
-                                                "classifier.out_proj)",
             "ElectraForQuestionAnswering": "a question-answering head (qa_outputs.*)",
             "ElectraForMultipleChoice": "a multiple-choice head",
             "ElectraForCausalLM": "a causal language model (decoder)"}
-SUPPORTED = "ElectraModel, ElectraForPreTraining (the discriminator) and ElectraForTokenClassification"
+SUPPORTED = ("ElectraModel, ElectraForPreTraining (the discriminator), ElectraForSequenceClassification and "
+             "ElectraForTokenClassification")
+#: ELECTRA's sequence-classification head in qkv's terms (TaskConfig fields); its token head is the
+#: classifier alone.
+SEQUENCE_HEAD = {"pooling": "cls", "head": "gelu", "head_norm": False}
+TOKEN_HEAD = {"head": None, "head_norm": False}
+_SEQUENCE = [("classifier.dense.weight", "head.dense.weight", "CC"), ("classifier.dense.bias", "head.dense.bias", "C"),
+             ("classifier.out_proj.weight", "classifier.weight", "LC"),
+             ("classifier.out_proj.bias", "classifier.bias", "L")]
 _HEAD = "discriminator_predictions."
 _DISCRIMINATOR = [(_HEAD + "dense.weight", "head.dense.weight", "CC"),
                   (_HEAD + "dense.bias", "head.dense.bias", "C"),
@@ -56,7 +65,7 @@ def _plan(config: ModelConfig, kind: str, task: TaskConfig | None, prefix: str):
     if kind == "discriminator":
         plan.rows += _DISCRIMINATOR
     if task is not None:
-        plan.rows += bert.CLASSIFIER
+        plan.rows += _SEQUENCE if task.is_sequence else bert.CLASSIFIER
     return plan
 
 
@@ -65,7 +74,8 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
     """A Hugging Face ELECTRA checkpoint as qkv's config, kind, task and state dict."""
     kind = kind_from_hf(hf, tensors, config_source, architectures_=ARCHITECTURES, refused=_REFUSED,
                         supported=SUPPORTED, head_prefixes={"discriminator": (_HEAD,)})
-    task = token_task(hf, config_source) if kind == "token_classification" else None
+    task = (token_task(hf, config_source) if kind == "token_classification" else
+            sequence_task(hf, config_source, **SEQUENCE_HEAD) if kind == "sequence_classification" else None)
     width = hf.get("embedding_size", 128)
     config = bert.bert_like_config(hf, config_source, family=MODEL_TYPE, pooler=False,
                                    embedding_size=None if width == hf.get("hidden_size") else width)
@@ -83,7 +93,7 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     """The Hugging Face ELECTRA ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option ELECTRA cannot express."""
     refuse_causal_lm(kind, NAME)
-    extra = []
+    extra = head_reasons(task, NAME, sequence=SEQUENCE_HEAD, token=TOKEN_HEAD)
     if config.type_vocab_size < 1:
         extra.append("type_vocab_size=0 (ELECTRA needs ≥ 1)")
     if kind not in ARCHITECTURES:
@@ -92,7 +102,7 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     out = bert.bert_like_hf_config(config, MODEL_TYPE, ARCHITECTURES[kind])
     out["embedding_size"] = config.embedding_size or config.d_model
     if task is not None:
-        out.update(label_fields(task), classifier_dropout=task.classifier_dropout)
+        out.update(task_fields(task), classifier_dropout=task.classifier_dropout)
     return out
 
 

@@ -20,11 +20,14 @@ field:
 * the masked-LM head ``head.{dense, norm}`` (its dense bias: ``classifier_bias`` → ``head_bias``)
   and ``decoder`` tied to the token embeddings (``decoder_bias=False`` reads as a zero bias).
 
-Read and written: ``ModernBertModel`` and ``ModernBertForMaskedLM``. Refused, naming the
-architecture: sequence and token classification (their heads put ModernBERT's prediction head
-before the classifier, qkv's task heads are one linear map), question answering, multiple
-choice. Also refused: a ``layer_types`` that is not "global every k layers", a rotary type other
-than ``default``, a head activation other than the layers', ``mlp_dropout`` other than
+Read and written: ``ModernBertModel``, ``ModernBertForMaskedLM``,
+``ModernBertForSequenceClassification`` and ``ModernBertForTokenClassification`` (their prediction
+head ``head.dense`` + ``classifier_activation`` + ``head.norm`` before ``classifier``, after
+``classifier_pooling`` ``cls`` or ``mean`` for sequences: qkv's task head with ``head`` the
+activation and ``head_norm=True``, :class:`~qkv.models.heads.TaskHead`). Refused, naming the
+architecture: question answering, multiple choice. Also refused: a ``layer_types`` that is not
+"global every k layers", a rotary type other than ``default``, a masked-LM head activation
+other than the layers', ``mlp_dropout`` other than
 ``embedding_dropout`` (qkv has one dropout rate for the embeddings and the sublayer outputs).
 Dropout only acts in training, and sits where qkv puts it (after the embeddings and on each
 sublayer's output, ``dropout``; on the attention weights, ``attention_dropout``): ModernBERT's own
@@ -42,22 +45,25 @@ from torch import Tensor
 from qkv.config import ModelConfig, layer_period
 from qkv.errors import CheckpointError
 from qkv.checkpoints.families._common import (ACT_TO_HF, Imported, Plan, activation_from_hf, check_plan,
-                                         check_tied, kind_from_hf, refuse_causal_lm, refuse_unexpressible,
-                                         state_from_plan, tensors_from_plan)
+                                              check_tied, head_reasons, kind_from_hf, refuse_causal_lm,
+                                              refuse_unexpressible, sequence_task, state_from_plan, task_fields,
+                                              tensors_from_plan, token_task)
 from qkv.models.heads import TaskConfig
 
 MODEL_TYPE = "modernbert"
 NAME = "ModernBERT"
-ARCHITECTURES = {"encoder": "ModernBertModel", "masked_lm": "ModernBertForMaskedLM"}
-_REFUSED = {"ModernBertForSequenceClassification": "its classification head (the prediction head "
-                                                   "head.dense/head.norm before the classifier)",
-            "ModernBertForTokenClassification": "its token classification head (the prediction head "
-                                                "head.dense/head.norm before the classifier)",
-            "ModernBertForQuestionAnswering": "a question-answering head",
+ARCHITECTURES = {"encoder": "ModernBertModel", "masked_lm": "ModernBertForMaskedLM",
+                 "sequence_classification": "ModernBertForSequenceClassification",
+                 "token_classification": "ModernBertForTokenClassification"}
+_REFUSED = {"ModernBertForQuestionAnswering": "a question-answering head",
             "ModernBertForMultipleChoice": "a multiple-choice head"}
-SUPPORTED = "ModernBertModel and ModernBertForMaskedLM"
+SUPPORTED = ("ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification and "
+             "ModernBertForTokenClassification")
+#: ModernBERT's classification heads in qkv's terms (TaskConfig fields; a tuple: any of these).
+SEQUENCE_HEAD = {"pooling": ("cls", "mean"), "head": tuple(ACT_TO_HF), "head_norm": True}
+TOKEN_HEAD = {"head": tuple(ACT_TO_HF), "head_norm": True}
 FIELDS = {"C": "hidden_size", "G": "2 × intermediate_size", "F": "intermediate_size", "V": "vocab_size",
-          "Q": "3 × hidden_size"}
+          "Q": "3 × hidden_size", "L": "num_labels"}
 _DEFAULT_THETA = {"full_attention": 160_000.0, "sliding_attention": 10_000.0}
 _OLD_THETA = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
 
@@ -72,11 +78,12 @@ def _linear(hf_name: str, ours: str, sym: str, bias: bool) -> list[tuple[str, st
     return rows + ([(hf_name + ".bias", ours + ".bias", sym[0])] if bias else [])
 
 
-def _plan(config: ModelConfig, kind: str) -> Plan:
-    """The tensors of a ModernBERT checkpoint of ``kind`` (``"encoder"`` or ``"masked_lm"``)."""
+def _plan(config: ModelConfig, kind: str, n_labels: int = 0) -> Plan:
+    """The tensors of a ModernBERT checkpoint of ``kind`` (an encoder, a masked LM, a classifier of
+    ``n_labels``)."""
     prefix, enc = ("", "") if kind == "encoder" else ("model.", "encoder.")
     plan = Plan({"C": config.d_model, "G": 2 * config.ffn.d_ff, "F": config.ffn.d_ff, "V": config.vocab_size,
-                 "Q": 3 * config.d_model}, FIELDS)
+                 "Q": 3 * config.d_model, "L": n_labels}, FIELDS)
     rows = [(prefix + "embeddings.tok_embeddings.weight", enc + "embeddings.tokens.weight", "VC")]
     rows += _norm(prefix + "embeddings.norm", enc + "embeddings.norm", config)
     for i in range(config.n_layers):
@@ -89,9 +96,11 @@ def _plan(config: ModelConfig, kind: str) -> Plan:
         rows += _linear(hf + "mlp.Wi", ours + "feed_forward.linear1", "GC", config.ffn.bias)
         rows += _linear(hf + "mlp.Wo", ours + "feed_forward.linear2", "CF", config.ffn.bias)
     rows += _norm(prefix + "final_norm", enc + "final_norm", config)
-    if kind == "masked_lm":
+    if kind != "encoder":  # the masked-LM head, or the task head before the classifier
         rows += _linear("head.dense", "head.dense", "CC", config.head_bias)
         rows += _norm("head.norm", "head.norm", config)
+    if kind in ("sequence_classification", "token_classification"):
+        rows += _linear("classifier", "classifier", "LC", True)
     plan.rows = rows
     return plan
 
@@ -129,14 +138,14 @@ def _rope_bases(hf: dict[str, Any], source: str) -> dict[str, float]:
     return bases
 
 
-def _config(hf: dict[str, Any], source: str) -> ModelConfig:
+def _config(hf: dict[str, Any], source: str, kind: str) -> ModelConfig:
     missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                            "intermediate_size") if k not in hf]
     if missing:
         raise CheckpointError(f"{source}: missing field(s) {missing}")
     act = activation_from_hf(hf.get("hidden_activation", "gelu"), source, key="hidden_activation")
     head_act = hf.get("classifier_activation", "gelu")
-    if activation_from_hf(head_act, source, key="classifier_activation") != act:
+    if activation_from_hf(head_act, source, key="classifier_activation") != act and kind == "masked_lm":
         raise CheckpointError(f"{source}: classifier_activation={head_act!r} differs from hidden_activation="
                               f"{hf.get('hidden_activation', 'gelu')!r}; qkv's masked-LM head applies the "
                               "layers' activation")
@@ -173,11 +182,26 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
     """A Hugging Face ModernBERT checkpoint as qkv's config, kind, task and state dict."""
     kind = kind_from_hf(hf, tensors, config_source, architectures_=ARCHITECTURES, refused=_REFUSED,
                         supported=SUPPORTED, head_prefixes={"masked_lm": ("head.", "decoder.")})
-    config = _config(hf, config_source)
-    plan = _plan(config, kind)
+    config = _config(hf, config_source, kind)
+    task = None
+    if kind in ("sequence_classification", "token_classification"):
+        head = {"head": activation_from_hf(hf.get("classifier_activation", "gelu"), config_source,
+                                           key="classifier_activation"), "head_norm": True}
+        dropout = float(hf.get("classifier_dropout", 0.0))
+        if kind == "token_classification":
+            task = token_task(hf, config_source, dropout)
+            task = TaskConfig(task.task, task.labels, classifier_dropout=dropout, **head)
+        else:
+            pooling = hf.get("classifier_pooling", "cls")
+            if pooling not in ("cls", "mean"):
+                raise CheckpointError(f"{config_source}: classifier_pooling={pooling!r} is not supported; "
+                                      "allowed: cls, mean")
+            task = sequence_task(hf, config_source, dropout=dropout, pooling=pooling, **head)
+    plan = _plan(config, kind, task.num_labels if task is not None else 0)
     prefix = "" if kind == "encoder" else "model."
     check_plan(tensors, plan, weights_source, ignored=("decoder.weight", "decoder.bias"),
-               owned=(prefix + "embeddings.", prefix + "layers.", prefix + "final_norm.", "head.", "decoder."),
+               owned=(prefix + "embeddings.", prefix + "layers.", prefix + "final_norm.", "head.", "decoder.",
+                      "classifier."),
                layers_field="num_hidden_layers", n_layers=config.n_layers,
                unknown=f"a ModernBERT encoder or a head qkv supports ({SUPPORTED})")
     state = state_from_plan(tensors, plan)
@@ -189,15 +213,15 @@ def read(hf: dict[str, Any], tensors: dict[str, Tensor], *, config_source: str,
             raise CheckpointError(f"{weights_source}: tensor 'decoder.bias' has shape {tuple(bias.shape)}, "
                                   f"expected ({config.vocab_size},) from config.json (vocab_size)")
         state["head.bias"] = bias if bias is not None else torch.zeros(config.vocab_size)  # decoder_bias=False
-    return Imported(config, kind, None, state)
+    return Imported(config, kind, task, state)
 
 
 def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None) -> dict[str, Any]:
     """The Hugging Face ModernBERT ``config.json`` of a qkv model of ``kind``; raises
     :class:`CheckpointError` naming every option ModernBERT cannot express."""
     refuse_causal_lm(kind, NAME)
-    extra = []
-    if kind not in ARCHITECTURES or task is not None:
+    extra = head_reasons(task, NAME, sequence=SEQUENCE_HEAD, token=TOKEN_HEAD)
+    if kind not in ARCHITECTURES:
         extra.append(f"kind {kind!r} (qkv writes ModernBERT as {', '.join(ARCHITECTURES.values())})")
     refuse_unexpressible(config, NAME, {
         "norm": "pre", "first_attention_norm": False, "feed_forward": "glu", "position": "rope",
@@ -211,7 +235,13 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
         raise CheckpointError(f"layer_types={list(config.layer_types)} is not 'a global layer every k layers, the "
                               "first global', which is what ModernBERT expresses; keep it in the qkv format (qkv.save)")
     types = ["sliding_attention" if config.is_local(i) else "full_attention" for i in range(config.n_layers)]
-    return {
+    head_act = task.head if task is not None and task.head in ACT_TO_HF else config.ffn.activation
+    task_part = {}
+    if task is not None:
+        task_part = {**task_fields(task), "classifier_dropout": task.classifier_dropout}
+        if task.is_sequence:
+            task_part["classifier_pooling"] = task.pooling
+    return {**task_part,
         "architectures": [ARCHITECTURES[kind]] if kind in ARCHITECTURES else [],
         "model_type": MODEL_TYPE,
         "vocab_size": config.vocab_size,
@@ -220,7 +250,7 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
         "num_hidden_layers": config.n_layers,
         "num_attention_heads": config.attention.n_heads,
         "hidden_activation": ACT_TO_HF[config.ffn.activation],
-        "classifier_activation": ACT_TO_HF[config.ffn.activation],
+        "classifier_activation": ACT_TO_HF[head_act],
         "max_position_embeddings": config.max_len,
         "initializer_range": config.initializer_range,
         "norm_eps": config.norm.eps,
@@ -246,7 +276,7 @@ def write(state: dict[str, Tensor], config: ModelConfig, kind: str,
           task: TaskConfig | None = None) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """``(config.json dict, tensors)`` of the Hugging Face ModernBERT checkpoint of a qkv model."""
     hf = config_to_hf(config, kind, task)
-    tensors = tensors_from_plan(state, _plan(config, kind))
+    tensors = tensors_from_plan(state, _plan(config, kind, task.num_labels if task is not None else 0))
     if kind == "masked_lm":
         tensors["decoder.bias"] = state["head.bias"].detach().contiguous().clone()
     return hf, tensors
