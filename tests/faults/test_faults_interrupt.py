@@ -40,6 +40,7 @@ def _commands(tmp: Path, model: Path) -> dict[str, list[str]]:
         "serve": ["serve", str(model), "--port", "0"],
         "train-embeddings": ["train-embeddings", str(model), "--corpus", str(text), "--out", str(tmp / "out-te")],
         "eval-embeddings": ["eval-embeddings", str(model), "--dataset", str(text)],
+        "fill-mask": ["fill-mask", str(model), "a [MASK] document"],
         "findings": ["findings", "kobayashi", str(model), "--data", str(text), "--out", str(tmp / "out-findings")],
         "translate": ["translate", str(model), "hello", "--output", str(tmp / "out-translate.txt")],
     }
