@@ -1,7 +1,7 @@
 """Hugging Face model families ⇄ qkv: one converter module per family, chosen by ``model_type``.
 
 These modules are the only code that knows Hugging Face tensor and config names. Each family
-module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``, ``gpt2``) offers the same
+module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``, ``gpt2``, ``vit``) offers the same
 three things:
 
 * ``read(hf_config, tensors, *, config_source, weights_source) -> Imported`` — qkv's config
@@ -14,7 +14,7 @@ three things:
 :data:`FAMILIES` maps ``model_type`` to the module; adding a family is one module and one entry.
 A model remembers the family it came from in ``ModelConfig.family`` (saved in ``qkv.json``), and
 :func:`for_export` writes it back as that family; a qkv model (``family=None``) exports as BERT
-(a causal LM as GPT-2).
+(a causal LM as GPT-2, an image model as ViT).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ FAMILIES: dict[str, str] = {
     "electra": "qkv.checkpoints.families.electra",
     "modernbert": "qkv.checkpoints.families.modernbert",
     "gpt2": "qkv.checkpoints.families.gpt2",
+    "vit": "qkv.checkpoints.families.vit",
 }
 DEFAULT = "bert"
 
@@ -69,5 +70,6 @@ def for_checkpoint(hf_config: dict[str, Any], source: str) -> ModuleType:
 
 def for_export(config, family: str | None = None, kind: str | None = None) -> ModuleType:
     """The converter a qkv model exports with: ``family`` if given, else ``config.family``, else
-    GPT-2 for a causal LM (``kind="causal_lm"``) and BERT for the rest."""
-    return get(family or config.family or ("gpt2" if kind == "causal_lm" else DEFAULT))
+    GPT-2 for a causal LM (``kind="causal_lm"``), ViT for an image model and BERT for the rest."""
+    own = "gpt2" if kind == "causal_lm" else "vit" if getattr(config, "image", None) is not None else DEFAULT
+    return get(family or config.family or own)
