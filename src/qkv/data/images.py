@@ -68,6 +68,8 @@ class ImageSet:
 
 def pixel_values(pixels: np.ndarray | torch.Tensor) -> torch.Tensor:
     """``uint8`` pixels → float32 in ``[-1, 1]``; float signals as float32 (see the module docstring)."""
+    if isinstance(pixels, np.ndarray) and not pixels.flags.writeable:
+        pixels = pixels.copy()
     x = torch.as_tensor(pixels)
     if x.dtype == torch.uint8:
         return x.float().div_(127.5).sub_(1.0)
@@ -215,4 +217,4 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     if len(data) != start + n * dtype.itemsize:
         raise CorpusFormatError(f"{path}: IDX sizes {dims} need {start + n * dtype.itemsize} bytes, the file has "
                                 f"{len(data)}; the file is damaged (reinstall its package)")
-    return np.frombuffer(data, dtype=dtype, offset=start, count=n).reshape(dims)
+    return np.frombuffer(data, dtype=dtype, offset=start, count=n).reshape(dims).astype(dtype.newbyteorder("="))

@@ -102,13 +102,19 @@ class AxialRotary(nn.Module):
         inv_freq = base ** (-torch.arange(block // 2, dtype=torch.float64) * 2 / block)  # (D/2A,)
         angle = grid_coordinates(self.grid).to(torch.float64)[:, :, None] * inv_freq  # (N,A,1)*(D/2A,) -> (N,A,D/2A)
         angle = torch.cat([torch.zeros(prefix, axes, block // 2, dtype=torch.float64), angle])  # (T,A,D/2A)
-        angle = torch.stack([angle, angle], dim=2)  # (T,A,2,D/2A): both halves of a block turn alike
-        self.register_buffer("cos", angle.cos().float(), persistent=False)
-        self.register_buffer("sin", angle.sin().float(), persistent=False)
+        self._angle = torch.stack([angle, angle], dim=2)  # (T,A,2,D/2A) float64: both halves of a block alike
+        self._cache: tuple | None = None
 
     @property
     def length(self) -> int:
-        return self.cos.shape[0]
+        return self._angle.shape[0]
+
+    def _cos_sin(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Cosines and sines of the angles, computed in float64 and cast once per dtype and device."""
+        key = (like.dtype, like.device)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self._angle.cos().to(like), self._angle.sin().to(like))
+        return self._cache[1], self._cache[2]
 
     def rotate(self, x: Tensor) -> Tensor:
         """``x (…,T,D)`` rotated: block a of each vector by its token's coordinate on axis a."""
@@ -119,7 +125,7 @@ class AxialRotary(nn.Module):
         blocks = x.unflatten(-1, (axes, 2, self.d_head // axes // 2))  # (…,T,D) -> (…,T,A,2,D/2A)
         x1, x2 = blocks.unbind(-2)  # (…,T,A,D/2A) each
         half_turn = torch.stack([-x2, x1], dim=-2)  # rotate-half within each block
-        cos, sin = self.cos.to(x), self.sin.to(x)  # (T,A,2,D/2A)
+        cos, sin = self._cos_sin(x)  # (T,A,2,D/2A)
         return (blocks * cos + half_turn * sin).flatten(-3)  # (…,T,A,2,D/2A) -> (…,T,D)
 
     def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
