@@ -45,8 +45,9 @@ LOOP_OPTIONS = [
 
 # (flag, field, type, help) — defaults come from TrainConfig and are shown in --help
 _OPTIONS = [
-    ("--objective", "objective", str, "mlm (masked-LM: an encoder) or clm (next-token prediction: a causal LM, "
-     "GPT-style; continue it with qkv generate)"),
+    ("--objective", "objective", str, "mlm (masked-LM: an encoder), clm (next-token prediction: a causal LM, "
+     "GPT-style; continue it with qkv generate) or image (image classification: a Vision Transformer on --data; "
+     "see docs/vision.md)"),
     ("--preset", "preset", str, "model preset: tiny, cpu-small, cpu-small-clm, mini, small, base, modernbert, "
      "gpt2"),
     ("--eval-corpus", "eval_corpus", str, "held-out corpus spec(s), comma-separated (default: the "
@@ -86,7 +87,8 @@ def add_pretrain_parser(sub) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     p = sub.add_parser(
         "pretrain",
-        help="masked-LM (or, --objective clm, causal-LM) pretraining on a corpus",
+        help="masked-LM (or, --objective clm, causal-LM) pretraining on a corpus; --objective image: "
+        "a Vision Transformer on images",
         description="Pretrain a BERT-style masked-LM encoder, or with --objective clm a causal (GPT-style) "
         "language model scored on next-token prediction against unigram and bigram baselines. Trains a WordPiece tokenizer (or reuses "
         "one), tokenises the corpus once into a cached memory-mapped array, trains with dynamic masking, "
@@ -97,6 +99,9 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--corpus", action="append", default=None, metavar="SPEC",
                    help="training text: a file (.txt, .jsonl, .gz), a folder, or dataset:NAME[:SPLIT] "
                    "with NAME in 20newsgroups, reuters8, reuters52, pydoc, kjv; repeatable")
+    from qkv.vision.cli import add_image_options  # the image objectives' options (a command module)
+
+    add_image_options(p)
     add_run_arguments(p, "TrainConfig")
     p.add_argument("--model", metavar="JSON", help='ModelConfig overrides as JSON, e.g. \'{"norm": "pre"}\'')
     add_table_options(p, _OPTIONS, defaults)
@@ -182,7 +187,13 @@ def config_from_args(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace) -> int:
     from qkv.training.loop import pretrain
+    from qkv.vision.cli import IMAGE_OPTIONS, run_image_objective
 
+    if args.objective == "image":
+        return run_image_objective(args, _OPTIONS + IMAGE_OPTIONS)
+    given = [flag for flag, name, _, _ in IMAGE_OPTIONS if getattr(args, name) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: image option(s), used by --objective image only")
     cfg = config_from_args(args)  # errors: printed by qkv.cli.main
     result = pretrain(cfg, resume=args.resume)
     if result.status != "complete":
