@@ -76,8 +76,8 @@ def _fashion(split: str) -> ImageSet:
 
 
 def _digits(split: str) -> ImageSet:
-    try:  # scikit-learn's import takes 1.0–1.4 s: only when this dataset is read
-        from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits  # scikit-learn's import takes 1.0–1.4 s: only for this dataset
     except ImportError:
         raise DatasetNotInstalledError("dataset 'digits' ships with scikit-learn, which is not installed:  "
                                        "pip install scikit-learn") from None

@@ -187,10 +187,17 @@ def config_from_args(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace) -> int:
     from qkv.training.loop import pretrain
-    from qkv.vision.cli import IMAGE_OPTIONS, run_image_objective
+    from qkv.vision.cli import IMAGE_OPTIONS, image_config, image_rows, report_image_run
 
     if args.objective == "image":
-        return run_image_objective(args, _OPTIONS + IMAGE_OPTIONS)
+        from qkv.vision.classify import train_images
+
+        cfg = image_config(args, given_options(args, image_rows(_OPTIONS + IMAGE_OPTIONS), ("progress",)))
+        result = train_images(cfg, resume=args.resume)
+        if result.status != "complete":
+            return report_interrupted(result, "qkv pretrain --objective image")
+        report_image_run(result)
+        return 0
     given = [flag for flag, name, _, _ in IMAGE_OPTIONS if getattr(args, name) is not None]
     if given:
         raise ValueError(f"{', '.join(given)}: image option(s), used by --objective image only")

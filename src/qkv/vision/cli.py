@@ -1,4 +1,5 @@
-"""The image objective of ``qkv pretrain`` (``--objective image``): its options and its run.
+"""The image objective of ``qkv pretrain`` (``--objective image``): its options, its configuration
+from the command line, its closing lines. :mod:`qkv.training.cli` runs it.
 
 Library modules are imported inside the command functions, not at the top: ``qkv COMMAND`` builds
 only that command's parsers (:data:`qkv.cli._GROUPS`), so a command imports no other command's
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["IMAGE_OPTIONS", "add_image_options", "run_image_objective"]
+__all__ = ["IMAGE_OPTIONS", "add_image_options", "image_rows", "image_config", "report_image_run"]
 
 #: (flag, field, type, help) of the image objectives' own options.
 IMAGE_OPTIONS = [
@@ -37,8 +38,17 @@ def add_image_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, dest=name, type=typ, default=None, help=text)
 
 
-def _image_config(args: argparse.Namespace, options):
-    from qkv.training.cli import given_options
+def image_rows(options) -> list:
+    """The rows of the training command's option table (flag, field, type, help) an image run reads."""
+    own = {f for _, f, _, _ in IMAGE_OPTIONS}
+    loop = ("time_budget", "grad_accum", "lr", "weight_decay", "schedule", "clip_norm", "device", "precision",
+            "threads", "log_every")
+    return [r for r in options if r[1] in _SHARED or r[1] in own or r[1] in loop]
+
+
+def image_config(args: argparse.Namespace, given: dict):
+    """The :class:`~qkv.vision.config.ImageTrainConfig` of the command line; ``given`` holds the options
+    the user set (of :func:`image_rows`)."""
     from qkv.training.config import parse_json_object
     from qkv.vision.config import ImageTrainConfig
 
@@ -46,10 +56,7 @@ def _image_config(args: argparse.Namespace, options):
     if text:
         flags = ", ".join("--" + n.replace("_", "-") for n in text)
         raise ValueError(f"{flags}: text option(s), not used by --objective {args.objective} (images come from --data)")
-    rows = [r for r in options if r[1] in _SHARED or r[1] in {f for _, f, _, _ in IMAGE_OPTIONS}
-            or r[1] in ("time_budget", "grad_accum", "lr", "weight_decay", "schedule", "clip_norm", "device",
-                        "precision", "threads", "log_every")]
-    data = given_options(args, rows, ("progress",))
+    data = dict(given)
     data.pop("eval_batch_size", None)
     if args.model:
         data["model"] = parse_json_object(args.model, "--model")
@@ -57,18 +64,10 @@ def _image_config(args: argparse.Namespace, options):
     return ImageTrainConfig.from_dict(data)
 
 
-def run_image_objective(args: argparse.Namespace, options) -> int:
-    """``qkv pretrain --objective image``: parse, train, print where it went."""
-    from qkv.training.cli import report_interrupted
-    from qkv.vision.classify import train_images
-
-    cfg = _image_config(args, options)
-    result = train_images(cfg, resume=args.resume)
-    if result.status != "complete":
-        return report_interrupted(result, f"qkv pretrain --objective {cfg.objective}")
+def report_image_run(result) -> None:
+    """Print a finished image run's held-out accuracy and where it went."""
     r = result.report
     print(f"held-out accuracy {r['accuracy']:.4f} on {r['eval_images']} images ({r['held_out']}; majority "
           f"baseline {r['majority_baseline']:.4f}) after {r['train_minutes']:g} min of training")
     print(f"run folder: {result.out}  (report: {result.out / 'report.json'}, curve: {result.out / 'curve.png'}; "
           f"model: qkv.load('{result.out}'))")
-    return 0
