@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qkv.config_image import ImageConfig
 from qkv.config_migrate import FLAT, SECTIONS, layer_types_for, nest
 from qkv.validation import check_bool, check_choice, check_heads, check_int, check_positive, check_range
 
@@ -289,6 +290,10 @@ class ModelConfig:
         layer_types: each layer's attention, ``"global"`` or ``"local"`` (a sliding window of
             ``attention.window``), as Hugging Face's ``layer_types``; ``None`` = every layer global.
         decoder: :class:`DecoderConfig` of an encoder–decoder, or ``None``.
+        image: an image model's input and patch embedding (:class:`~qkv.config_image.ImageConfig`);
+            ``None`` = a text model. Its encoder reads patches, not tokens: ``vocab_size`` and
+            ``max_len`` then describe a captioner's text decoder (1 and the patch count for a
+            classifier), and ``positions.scheme`` is the text side's (the patches': ``image.position``).
     """
 
     vocab_size: int = _BERT_VOCAB
@@ -310,6 +315,7 @@ class ModelConfig:
     norm: NormConfig = field(default_factory=NormConfig)
     layer_types: tuple[str, ...] | None = None
     decoder: DecoderConfig | None = None
+    image: ImageConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "max_len"):
@@ -338,6 +344,8 @@ class ModelConfig:
             if value is not None and value >= limit:
                 raise ValueError(f"decoder.{name}={value} must be < the target vocabulary size {limit}")
         check_heads(self.d_model, self.attention.n_heads, self.attention.n_kv_heads, prefix="attention.")
+        if self.image is not None and not isinstance(self.image, ImageConfig):
+            raise ValueError(f"image must be an ImageConfig or None, got {type(self.image).__name__}")
         self._check_layer_types()
 
     def _check_layer_types(self) -> None:
@@ -389,6 +397,7 @@ class ModelConfig:
         out = dataclasses.asdict(self)
         out["attention"]["similarity_kwargs"] = dict(self.attention.similarity_kwargs)
         out["layer_types"] = None if self.layer_types is None else list(self.layer_types)
+        out["image"] = None if self.image is None else self.image.to_dict()
         return out
 
     @classmethod
@@ -414,6 +423,8 @@ class ModelConfig:
                 kwargs[section] = _section(section, value)
         if isinstance(kwargs.get("layer_types"), list):
             kwargs["layer_types"] = tuple(kwargs["layer_types"])
+        if isinstance(kwargs.get("image"), dict):
+            kwargs["image"] = ImageConfig.from_dict(kwargs["image"])
         return cls(**kwargs)
 
     def to_json(self) -> str:
@@ -444,10 +455,12 @@ def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     for key, value in changes.items():
         if key in _OPTIONAL and isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = {**out[key], **value}
-        elif key in SECTIONS and isinstance(value, dict) and isinstance(out.get(key), dict):
+        elif key in (*SECTIONS, "image") and isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = {**out[key], **value}
         elif key in SECTIONS and isinstance(value, dict) and out.get(key) is not None:
             out[key] = {**dataclasses.asdict(out[key]), **value}
+        elif key == "image" and isinstance(value, dict) and isinstance(out.get(key), ImageConfig):
+            out[key] = {**out[key].to_dict(), **value}
         else:
             out[key] = value
     window_off = isinstance(changes.get("attention"), dict) and "window" in changes["attention"] \

@@ -9,7 +9,7 @@ Two folder formats:
   whose task says so; plus ``"plugins": [{"kind", "name", "module"}]`` when the config uses parts
   registered outside qkv, :func:`qkv.plugins.plugins_needed`) and ``model.safetensors`` with qkv
   tensor names.
-* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2, Marian, BART, T5): ``config.json`` with its
+* **Hugging Face** (BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2, Marian, BART, T5, ViT): ``config.json`` with its
   ``model_type`` and ``model.safetensors`` or ``pytorch_model.bin``; the latter is read only with
   ``torch.load(weights_only=True)``, which refuses any pickle that would run code. The family's
   converter in :mod:`qkv.checkpoints.families` maps the names and says what is kept (the encoder, a
@@ -146,7 +146,7 @@ _kind = kind_of
 
 def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
          **overrides: Any) -> Pretrained:
-    """Load a qkv model folder or a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT or GPT-2
+    """Load a qkv model folder or a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT, GPT-2 or ViT
     folder: ``model, tokenizer = qkv.load(path)``.
 
     Args:
@@ -165,7 +165,8 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
         ``.task`` a :class:`~qkv.models.heads.TaskConfig`), a :class:`qkv.models.mlm.MaskedLM`
         when it has a masked-LM head, a :class:`qkv.models.discriminator.Discriminator` for
         ELECTRA's discriminator, a :class:`qkv.models.causal_lm.CausalLM` for a causal LM (GPT-2),
-        else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
+        an image model (:mod:`qkv.models.vision`: ``ImageClassifier``, ``ImageCaptioner``, or a
+        ``VisionEncoder`` — ViT's ``ViTModel``), else a :class:`qkv.nn.encoder.Encoder`; in eval mode, with
         ``.config``. ``tokenizer``: the folder's :class:`~qkv.data.model_tokenizer.ModelTokenizer`
         (``tokenizers.Tokenizer``'s methods, special tokens by role, callable), ``None`` when it has none.
 
@@ -202,12 +203,12 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{folder / QKV_CONFIG}: {e}") from e
         kind, task = meta["kind"], None
-        if meta["kind"] in ("sequence_classification", "token_classification"):
+        if meta["kind"] in ("sequence_classification", "token_classification", "image_classification"):
             try:
                 task = TaskConfig.from_dict(meta.get("task"))
             except (ValueError, TypeError) as e:
                 raise CheckpointError(f"{folder / QKV_CONFIG}: task: {e}") from e
-            if _kind(False, task) != meta["kind"]:
+            if meta["kind"] != "image_classification" and _kind(False, task) != meta["kind"]:
                 raise CheckpointError(f"{folder / QKV_CONFIG}: kind {meta['kind']!r} disagrees with task "
                                       f"{task.task!r}")
         source = folder / WEIGHTS
@@ -315,6 +316,9 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     """
     model, tokenizer = unpack(model, tokenizer)
     config, kind, task = model_kind(model)
+    if kind == "image_captioning":
+        raise CheckpointError(f"kind {kind!r} has no Hugging Face family here (the families are encoders, GPT-2, ViT and "
+                              "Marian, BART, T5); keep it in the qkv format (qkv.save)")
     converter = families.for_export(config, family, kind)
     converter.config_to_hf(config, kind, task)  # raises before anything is written
 

@@ -20,6 +20,7 @@ __all__ = [
     "DatasetNotInstalledError",
     "TokenizerError",
     "CacheError",
+    "ImageDataError",
 ]
 
 
@@ -61,3 +62,7 @@ class TokenizerError(CorpusError):
 
 class CacheError(CorpusError):
     """A token cache folder that is incomplete or of another format version."""
+
+
+class ImageDataError(CorpusError):
+    """Images qkv cannot use: unreadable or empty files, a class folder without images, mixed sizes."""

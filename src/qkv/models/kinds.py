@@ -2,7 +2,8 @@
 
 A qkv model folder names its kind (``qkv.json`` ``kind``): ``encoder``, ``masked_lm``,
 ``sequence_classification``, ``token_classification``, ``discriminator``, ``causal_lm``,
-``encoder_decoder``. Loading builds that kind from the config, and a model prepared for inference
+``encoder_decoder``, and the image kinds ``image_encoder``, ``image_classification``,
+``image_captioning`` (a config with an ``image`` section; :mod:`qkv.models.vision_builders`). Loading builds that kind from the config, and a model prepared for inference
 is the same kind built again with other linear maps (:class:`~qkv.nn.maps.LinearMaps`).
 """
 
@@ -19,15 +20,23 @@ from qkv.models.heads import TaskConfig, TaskModel
 from qkv.models.mlm import MaskedLM
 from qkv.models.seq2seq import EncoderDecoder
 from qkv.models.task_builders import build_task_model
+from qkv.models.vision import ImageCaptioner, ImageClassifier
+from qkv.models.vision_builders import build_image_captioner, build_image_classifier, build_vision_encoder
 from qkv.nn.encoder import Encoder
 from qkv.nn.maps import TRAINING, LinearMaps
+from qkv.nn.vision_encoder import VisionEncoder
 
-__all__ = ["KINDS", "kind_of", "model_kind", "build_kind", "encoder_of"]
+__all__ = ["KINDS", "IMAGE_KINDS", "kind_of", "model_kind", "build_kind", "encoder_of"]
 
 #: The kinds (``qkv.json`` ``kind``), as the Hugging Face converters name them too.
+#: The kinds whose input is an image (their config has an ``image`` section).
+IMAGE_KINDS = ("image_encoder", "image_classification", "image_captioning")
 KINDS = ("masked_lm", "encoder", "sequence_classification", "token_classification", "discriminator", "causal_lm",
-         "encoder_decoder")
-_MODELS = (MaskedLM, Encoder, TaskModel, Discriminator, CausalLM, EncoderDecoder)
+         "encoder_decoder") + IMAGE_KINDS
+_MODELS = (MaskedLM, Encoder, TaskModel, Discriminator, CausalLM, EncoderDecoder, VisionEncoder, ImageClassifier,
+           ImageCaptioner)
+_IMAGE_MODELS = {VisionEncoder: "image_encoder", ImageClassifier: "image_classification",
+                 ImageCaptioner: "image_captioning"}
 
 
 def kind_of(masked_lm: bool, task: TaskConfig | None) -> str:
@@ -38,12 +47,15 @@ def kind_of(masked_lm: bool, task: TaskConfig | None) -> str:
 
 
 def model_kind(model: nn.Module) -> tuple[ModelConfig, str, TaskConfig | None]:
-    """``(config, kind, task)`` of a qkv model (``task`` for the two task kinds, else ``None``)."""
+    """``(config, kind, task)`` of a qkv model (``task`` for the task kinds and image classification,
+    else ``None``)."""
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig) or not isinstance(model, _MODELS):
         raise ValueError("expected a qkv MaskedLM, CausalLM, Encoder, SequenceClassifier, TokenClassifier, "
                          "Discriminator or EncoderDecoder with a .config (build it with qkv.models.builders or "
                          f"qkv.load), got {type(model).__name__}")
+    if type(model) in _IMAGE_MODELS:
+        return config, _IMAGE_MODELS[type(model)], getattr(model, "task", None)
     if isinstance(model, Discriminator):
         return config, "discriminator", None
     if isinstance(model, CausalLM):
@@ -58,6 +70,8 @@ def build_kind(config: ModelConfig, kind: str, task: TaskConfig | None = None, *
                maps: LinearMaps = TRAINING, causal: bool = False) -> nn.Module:
     """A model of ``kind`` (one of :data:`KINDS`) from ``config`` (and ``task`` for the task kinds);
     ``causal``: an ``encoder`` that is a decoder's stack."""
+    if kind in IMAGE_KINDS:
+        return _build_image(config, kind, task, init=init, maps=maps)
     if task is not None:
         return build_task_model(config, task, init=init, maps=maps)
     if kind == "discriminator":
@@ -71,6 +85,16 @@ def build_kind(config: ModelConfig, kind: str, task: TaskConfig | None = None, *
     if kind == "encoder":
         return build_encoder(config, init=init, maps=maps, causal=causal)
     return build_model(config, masked_lm=True, init=init, maps=maps)
+
+
+def _build_image(config: ModelConfig, kind: str, task: TaskConfig | None, *, init: bool, maps: LinearMaps):
+    if kind == "image_classification":
+        if task is None:
+            raise ValueError("kind 'image_classification' needs its task (labels, pooling)")
+        return build_image_classifier(config, task, init=init, maps=maps)
+    if kind == "image_captioning":
+        return build_image_captioner(config, init=init, maps=maps)
+    return build_vision_encoder(config, init=init, maps=maps)
 
 
 def encoder_of(model: nn.Module) -> Encoder:

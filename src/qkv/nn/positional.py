@@ -36,9 +36,11 @@ from torch import Tensor, nn
 from qkv import plugins
 from qkv.nn.position_bias import (ALiBiBias, RelativePositionBias, T5RelativeBias, alibi_slopes, check_sizes,
                                   offsets, t5_buckets)
+from qkv.nn.positional_2d import AxialRotary, SinCos2DPositions
 
 __all__ = [
     "POSITIONS",
+    "GRID_POSITIONS",
     "POSITION_SCHEMES",
     "SLOTS",
     "PositionScheme",
@@ -234,6 +236,8 @@ class PositionSizes:
         max_distance: relative clip distance / end of T5's log buckets. num_buckets: T5's buckets.
         rope_base: the rotary angle base. offset: first row of the learned table used
         (RoBERTa's pad id + 1; only ``learned`` takes one).
+        grid: an image model's patches per axis (``()`` for text): what the 2-D schemes place
+        tokens on (:mod:`qkv.nn.positional_2d`). prefix: tokens before the patches ([CLS]).
     """
 
     d_model: int
@@ -244,6 +248,8 @@ class PositionSizes:
     num_buckets: int = 32
     rope_base: float = 10000.0
     offset: int = 0
+    grid: tuple[int, ...] = ()
+    prefix: int = 0
 
 
 #: The slots a position scheme fills (see :class:`PositionSlots`).
@@ -300,6 +306,8 @@ def build_positions(
     num_buckets: int = 32,
     rope_base: float = 10000.0,
     offset: int = 0,
+    grid: tuple[int, ...] = (),
+    prefix: int = 0,
 ) -> PositionSlots:
     """The slots of position scheme ``name`` (one of :data:`POSITION_SCHEMES`).
 
@@ -311,6 +319,9 @@ def build_positions(
         max_distance: clip distance of ``relative``; end of the log buckets of ``t5``.
         num_buckets: buckets of ``t5``. rope_base: the angle base of ``rope``.
         offset: ``learned`` only: first table row used (the table has ``max_len + offset`` rows).
+        grid: an image model's patches per axis; prefix: tokens before them ([CLS]). The 2-D
+            schemes (``sinusoidal-2d``, ``rope-2d``) need a grid; the others read the patches in
+            reading order as a 1-D sequence.
 
     Raises:
         ValueError: an unknown name, ``qk_only`` with a non-absolute encoding, bad sizes.
@@ -332,7 +343,7 @@ def build_positions(
     if offset and name != "learned":
         raise ValueError(f"a position offset ({offset}) needs the learned table; position={name!r} has none")
     sizes = PositionSizes(d_model, n_heads, d_model // n_heads, max_len, max_distance, num_buckets, rope_base,
-                          offset)
+                          offset, tuple(grid), prefix)
     if scheme.slot is None:
         return PositionSlots(None, False)
     if scheme.slot == "input":
@@ -357,7 +368,22 @@ register_position("relative-alibi", slot="score_bias")(
 register_position("t5", slot="score_bias")(lambda s: T5RelativeBias(s.n_heads, s.num_buckets, s.max_distance))
 register_position("alibi", slot="score_bias")(lambda s: ALiBiBias(s.n_heads))
 register_position("rope", slot="qk_transform")(lambda s: RotaryEmbedding(s.d_head, s.rope_base))
-#: The built-in position schemes' names.
+#: The built-in position schemes' names (of any sequence; the grid's: :data:`GRID_POSITIONS`).
 POSITIONS = tuple(POSITION_SCHEMES)
 # a layout of `sinusoidal` (Marian's checkpoints), registered beside the schemes above, not among them
 register_position("sinusoidal-halves", slot="input")(lambda s: SinusoidalPositions(s.max_len, s.d_model, halves=True))
+
+
+def _grid(sizes: PositionSizes, name: str) -> tuple[int, ...]:
+    if not sizes.grid:
+        raise ValueError(f"position {name!r} places patches on an image's grid; a text model has none: use "
+                         "sinusoidal or rope (or build an image model, ModelConfig.image)")
+    return sizes.grid
+
+
+register_position("sinusoidal-2d", slot="input")(
+    lambda s: SinCos2DPositions(_grid(s, "sinusoidal-2d"), s.d_model, prefix=s.prefix))
+register_position("rope-2d", slot="qk_transform")(
+    lambda s: AxialRotary(s.d_head, _grid(s, "rope-2d"), prefix=s.prefix, base=s.rope_base))
+#: The built-in position schemes of an image model's patch grid (the 1-D ones read patches in order).
+GRID_POSITIONS = ("sinusoidal-2d", "rope-2d")

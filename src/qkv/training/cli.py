@@ -48,9 +48,10 @@ LOOP_OPTIONS = [
 
 # (flag, field, type, help) — defaults come from TrainConfig and are shown in --help
 _OPTIONS = [
-    ("--objective", "objective", str, "mlm (masked-LM: an encoder) or clm (next-token prediction: a causal LM, "
-     "GPT-style; continue it with qkv generate), or translation (an encoder-decoder on --corpus "
-     "dataset:bible-en-es or dataset:bible-es-en; continue it with qkv translate)"),
+    ("--objective", "objective", str, "mlm (masked-LM: an encoder), clm (next-token prediction: a causal LM, "
+     "GPT-style; continue it with qkv generate), translation (an encoder-decoder on --corpus "
+     "dataset:bible-en-es or dataset:bible-es-en; continue it with qkv translate) or image (image "
+     "classification: a Vision Transformer on --data; see docs/vision.md)"),
     ("--preset", "preset", str, "model preset: tiny, cpu-small, cpu-small-clm, mini, small, base, modernbert, "
      "gpt2"),
     ("--eval-corpus", "eval_corpus", str, "held-out corpus spec(s), comma-separated (default: the "
@@ -90,7 +91,8 @@ def add_pretrain_parser(sub) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     p = sub.add_parser(
         "pretrain",
-        help="masked-LM (or, --objective clm, causal-LM) pretraining on a corpus",
+        help="masked-LM (or, --objective clm, causal-LM) pretraining on a corpus; --objective image: "
+        "a Vision Transformer on images",
         description="Pretrain a BERT-style masked-LM encoder, or with --objective clm a causal (GPT-style) "
         "language model scored on next-token prediction against unigram and bigram baselines. Trains a WordPiece tokenizer (or reuses "
         "one), tokenises the corpus once into a cached memory-mapped array, trains with dynamic masking, "
@@ -101,6 +103,9 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--corpus", action="append", default=None, metavar="SPEC",
                    help="training text: a file (.txt, .jsonl, .gz), a folder, or dataset:NAME[:SPLIT] "
                    "with NAME in 20newsgroups, reuters8, reuters52, pydoc, kjv; repeatable")
+    from qkv.vision.cli import add_image_options  # the image objectives' options (a command module)
+
+    add_image_options(p)
     add_run_arguments(p, "TrainConfig")
     p.add_argument("--model", metavar="JSON", help='ModelConfig overrides as JSON, e.g. \'{"norm": "pre"}\'')
     add_table_options(p, _OPTIONS, defaults)
@@ -251,7 +256,20 @@ def _run_translation(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from qkv.training.loop import pretrain
+    from qkv.vision.cli import IMAGE_OPTIONS, image_config, image_rows, report_image_run
 
+    if args.objective == "image":
+        from qkv.vision.classify import train_images
+
+        cfg = image_config(args, given_options(args, image_rows(_OPTIONS + IMAGE_OPTIONS), ("progress",)))
+        result = train_images(cfg, resume=args.resume)
+        if result.status != "complete":
+            return report_interrupted(result, "qkv pretrain --objective image")
+        report_image_run(result)
+        return 0
+    given = [flag for flag, name, _, _ in IMAGE_OPTIONS if getattr(args, name) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: image option(s), used by --objective image only")
     if _translation_run(args):
         return _run_translation(args)
     cfg = config_from_args(args)  # errors: printed by qkv.cli.main

@@ -1,7 +1,7 @@
 """Hugging Face model families ⇄ qkv: one converter module per family, chosen by ``model_type``.
 
 These modules are the only code that knows Hugging Face tensor and config names. Each family
-module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``, ``gpt2``; the
+module (``bert``, ``roberta``, ``distilbert``, ``electra``, ``modernbert``, ``gpt2``, ``vit``; the
 encoder–decoders ``marian``, ``bart``, ``t5``) offers the same
 three things:
 
@@ -18,7 +18,7 @@ three things:
 :data:`FAMILIES` maps ``model_type`` to the module; adding a family is one module and one entry.
 A model remembers the family it came from in ``ModelConfig.family`` (saved in ``qkv.json``), and
 :func:`for_export` writes it back as that family; a qkv model (``family=None``) exports as BERT
-(a causal LM as GPT-2, an encoder–decoder as Marian).
+(a causal LM as GPT-2, an encoder–decoder as Marian, an image model as ViT).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ FAMILIES: dict[str, str] = {
     "marian": "qkv.checkpoints.families.marian",
     "bart": "qkv.checkpoints.families.bart",
     "t5": "qkv.checkpoints.families.t5",
+    "vit": "qkv.checkpoints.families.vit",
 }
 DEFAULT = "bert"
 
@@ -93,6 +94,9 @@ def task_head(config, sequence: bool) -> dict[str, Any]:
 
 def for_export(config, family: str | None = None, kind: str | None = None) -> ModuleType:
     """The converter a qkv model exports with: ``family`` if given, else ``config.family``, else
-    GPT-2 for a causal LM (``kind="causal_lm"``), Marian for an encoder–decoder and BERT for the rest."""
-    fallback = {"causal_lm": "gpt2", "encoder_decoder": "marian"}.get(kind, DEFAULT)
-    return get(family or config.family or fallback)
+    GPT-2 for a causal LM (``kind="causal_lm"``), Marian for an encoder–decoder, ViT for an image model and
+    BERT for the rest."""
+    own = {"causal_lm": "gpt2", "encoder_decoder": "marian"}.get(kind)
+    if own is None:
+        own = "vit" if getattr(config, "image", None) is not None else DEFAULT
+    return get(family or config.family or own)
