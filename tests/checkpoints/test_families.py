@@ -17,7 +17,7 @@ from qkv.errors import CheckpointError
 def test_unsupported_model_type_is_refused_with_the_supported_ones(tmp_path, model_type):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(CheckpointError, match=rf"config.json: not a BERT checkpoint \(model_type is {model_type!r}, "
-                                              r".*supported model_type values: bert, roberta, distilbert, electra, modernbert, gpt2, marian, bart, t5$"):
+                                              r".*supported model_type values: bert, roberta, distilbert, electra, modernbert, gpt2, marian, bart, t5, vit$"):
         qkv.load(tmp_path)
 
 

@@ -118,7 +118,7 @@ class RunConfig:
         ``time_budget``) — the fields of the shared training loop."""
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
-        check_choice("strategy", self.strategy, STRATEGIES)
+        check_choice("strategy", getattr(self, "strategy", "ddp"), STRATEGIES)  # (runs without the field: ddp)
         if self.threads is not None:
             t = self.threads
             if t != "adaptive" and (not is_int(t) or t < 1):
