@@ -229,7 +229,7 @@ def test_ctrl_c_during_embed_or_tokenisation_is_one_line(tmp_path, model_folder,
     assert not list(tmp_path.glob(".x.npy*")) and not (tmp_path / "x.npy").exists()
     monkeypatch.setattr(cache_mod, "_tokenise_into", interrupt)
     code = main(["pretrain", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "r"), "--preset", "tiny",
-                 "--vocab-size", "200", "--no-progress"])
+                 "--max-len", "19", "--vocab-size", "200", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 130 and "interrupted" in err and "Traceback" not in err and not (tmp_path / "r").exists()
 

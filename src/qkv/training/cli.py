@@ -103,7 +103,7 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--corpus", action="append", default=None, metavar="SPEC",
                    help="training text: a file (.txt, .jsonl, .gz), a folder, or dataset:NAME[:SPLIT] "
                    "with NAME in 20newsgroups, reuters8, reuters52, pydoc, kjv; repeatable")
-    from qkv.vision.cli import add_image_options  # the image objectives' options (a command module)
+    from qkv.vision.pretrain_options import add_image_options  # the image objectives' options (part of this command)
 
     add_image_options(p)
     add_run_arguments(p, "TrainConfig")
@@ -256,7 +256,7 @@ def _run_translation(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from qkv.training.loop import pretrain
-    from qkv.vision.cli import IMAGE_OPTIONS, image_config, image_rows, report_image_run
+    from qkv.vision.pretrain_options import IMAGE_OPTIONS, image_config, image_rows, report_image_run
 
     if args.objective == "image":
         from qkv.vision.classify import train_images

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 
+from qkv.training.config import parse_json_object
+from qkv.vision.config import ImageTrainConfig
+
 __all__ = ["IMAGE_OPTIONS", "add_image_options", "image_rows", "image_config", "report_image_run"]
 
 #: (flag, field, type, help) of the image objectives' own options.
@@ -49,9 +52,6 @@ def image_rows(options) -> list:
 def image_config(args: argparse.Namespace, given: dict):
     """The :class:`~qkv.vision.config.ImageTrainConfig` of the command line; ``given`` holds the options
     the user set (of :func:`image_rows`)."""
-    from qkv.training.config import parse_json_object
-    from qkv.vision.config import ImageTrainConfig
-
     text = [n for n in _TEXT_ONLY if getattr(args, n, None) not in (None, [])]
     if text:
         flags = ", ".join("--" + n.replace("_", "-") for n in text)
