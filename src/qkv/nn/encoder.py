@@ -71,6 +71,35 @@ class PackedEncoderOutput:
     attentions: tuple[Tensor, ...] | None = None
 
 
+def run_layers(stack: nn.Module, x: Tensor, padding_mask: Tensor | None, qk_pos: Tensor | None,
+               output_hidden_states: bool, output_attentions: bool, *, causal: bool = False,
+               cache: KVCache | None = None) -> EncoderOutput:
+    """Layers → final norm → pooler of ``stack`` (its ``layers``, ``final_norm``, ``pooler``) on embedded
+    ``x`` ``(B,T,C)``: the one loop of the text encoder and the vision encoder (``cache``: each layer its
+    own :class:`~qkv.nn.kv_cache.LayerCache`)."""
+    hidden = [x] if output_hidden_states else None
+    attentions = [] if output_attentions else None
+    for i, layer in enumerate(stack.layers):
+        kw = {"need_weights": output_attentions} if cache is None else {"cache": cache.layer(i)}
+        out = layer(x, padding_mask, qk_pos=qk_pos, causal=causal, **kw)
+        x = out.output
+        if hidden is not None:
+            hidden.append(x)
+        if attentions is not None:
+            attentions.append(out.attention_weights)
+    if stack.final_norm is not None:
+        x = stack.final_norm(x)
+        if hidden is not None:
+            hidden[-1] = x
+    return EncoderOutput(
+        last_hidden_state=x,
+        hidden_states=tuple(hidden) if hidden is not None else None,
+        attentions=tuple(attentions) if attentions is not None else None,
+        pooler_output=stack.pooler(x) if stack.pooler is not None else None,  # (B,T,C) -> (B,C)
+        cache=cache,
+    )
+
+
 class Encoder(nn.Module):
     """Embeddings, ``n_layers`` transformer layers, an optional final norm (pre-LN), an optional
     pooler.
@@ -215,27 +244,8 @@ class Encoder(nn.Module):
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B,T,E)
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (B,T,E) -> (B,T,C)
-        hidden = [x] if output_hidden_states else None
-        attentions = [] if output_attentions else None
-        for i, layer in enumerate(self.layers):
-            kw = {"need_weights": output_attentions} if cache is None else {"cache": cache.layer(i)}
-            out = layer(x, padding_mask, qk_pos=qk_pos, causal=self.causal, **kw)
-            x = out.output
-            if hidden is not None:
-                hidden.append(x)
-            if attentions is not None:
-                attentions.append(out.attention_weights)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-            if hidden is not None:
-                hidden[-1] = x
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden) if hidden is not None else None,
-            attentions=tuple(attentions) if attentions is not None else None,
-            pooler_output=self.pooler(x) if self.pooler is not None else None,  # (B,T,C) -> (B,C)
-            cache=cache,
-        )
+        return run_layers(self, x, padding_mask, qk_pos, output_hidden_states, output_attentions,
+                          causal=self.causal, cache=cache)
 
     def _forward_cached(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
                         position_ids: Tensor | None, cache: KVCache, output_hidden_states: bool,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from qkv.nn.encoder import EncoderOutput
+from qkv.nn.encoder import EncoderOutput, run_layers
 from qkv.nn.patches import ImageEmbeddings
 
 __all__ = ["VisionEncoder"]
@@ -64,22 +64,4 @@ class VisionEncoder(nn.Module):
         """
         x = self.embeddings(pixel_values)  # (B,K,…) -> (B,T,C)
         qk_pos = self.qk_positions(x.shape[1]) if self.qk_positions is not None else None  # (T,C)
-        hidden = [x] if output_hidden_states else None
-        attentions = [] if output_attentions else None
-        for layer in self.layers:
-            out = layer(x, None, qk_pos=qk_pos, need_weights=output_attentions)
-            x = out.output
-            if hidden is not None:
-                hidden.append(x)
-            if attentions is not None:
-                attentions.append(out.attention_weights)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-            if hidden is not None:
-                hidden[-1] = x
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden) if hidden is not None else None,
-            attentions=tuple(attentions) if attentions is not None else None,
-            pooler_output=self.pooler(x) if self.pooler is not None else None,  # (B,T,C) -> (B,C)
-        )
+        return run_layers(self, x, None, qk_pos, output_hidden_states, output_attentions)

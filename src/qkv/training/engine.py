@@ -36,6 +36,7 @@ from qkv.training import distributed as qdist
 from qkv.training.budget import BudgetClock, TimedScheduler
 from qkv.training.checkpoint import latest_checkpoint
 from qkv.training.config import LoopConfig
+from qkv.training.health import unhealthy
 from qkv.training.lifecycle import RunFolder
 from qkv.training.metrics import append_metrics, plot_curve, truncate_metrics
 from qkv.training.objective import Objective, move_batch
@@ -388,43 +389,16 @@ def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar: RunBar, govern
 def _checkpoint(r: _Run, p: _Progress) -> None:
     if r.writes or (r.run is not None and r.strategy.collective_save):
         t0 = time.perf_counter()
-        if r.divergence != "report":
-            _check_healthy(r, p)
+        what = unhealthy(r.model, p.final_eval, r.strategy.collective_save) if r.divergence != "report" else None
+        if what is not None:
+            raise TrainingError(f"{what} after step {p.done}; stopped without saving. Last good checkpoint: "
+                                f"{latest_checkpoint(r.run.out) or 'none'}. Lower --lr or raise --warmup-steps.")
         state = {"seed": r.cfg.seed, "data_position": p.done * r.cfg.grad_accum, "elapsed_s": r.clock.elapsed_s,
                  "run_id": r.run.meta().get("run_id"), "last_eval": p.final_eval, "train_loss": p.loss,
                  "strategy": r.strategy.name} if r.writes else None
         r.strategy.save(r.run.out, step=p.done, model=r.model, optimizer=r.optimizer, scheduler=r.scheduler,
                         trainer_state=state)
         p.aside_s += time.perf_counter() - t0
-
-
-def _non_finite_weights(model: torch.nn.Module, collective: bool) -> bool:
-    """Whether any weight is NaN/inf. ``collective`` (every process saves, each its shard): each checks its
-    own shard (``to_local``) and all agree through one sum, on the weights' device as the process group
-    needs; else the weights are whole (one process, or DDP's replicas: only rank 0 saves) and checked here."""
-    local = [getattr(t, "to_local", lambda t=t: t)() for t in model.parameters()]  # a DTensor's shard
-    bad = float(not all(bool(t.isfinite().all()) for t in local))
-    if not collective:
-        return bad > 0
-    device = local[0].device if local else torch.device("cpu")
-    return qdist.all_sum(torch.tensor(bad, device=device)).item() > 0
-
-
-def _check_healthy(r: _Run, p: _Progress) -> None:
-    """A finite training loss can still take an update that overflows (say ``--lr 1e30``): weights that
-    are not finite, or whose held-out loss is not, are no checkpoint to resume from and no model to
-    finish with. Raises :class:`TrainingError` naming the last good checkpoint."""
-    ev = p.final_eval or {}
-    eval_loss, counted = ev.get("eval_loss"), all(ev.get(k) != 0 for k in ("masked_tokens", "examples", "tokens"))
-    if isinstance(eval_loss, float) and not math.isfinite(eval_loss) and counted:  # (0/0 when nothing counted)
-        what = f"held-out loss {eval_loss}"
-    elif _non_finite_weights(r.model, r.strategy.collective_save):
-        what = "non-finite weights"
-    else:
-        return
-    last = latest_checkpoint(r.run.out)
-    raise TrainingError(f"{what} after step {p.done}; stopped without saving. Last good checkpoint: "
-                        f"{last or 'none'}. Lower --lr or raise --warmup-steps.")
 
 
 def _evaluate(r: _Run, p: _Progress, bar) -> dict:
