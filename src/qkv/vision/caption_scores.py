@@ -33,7 +33,8 @@ from qkv.data.caption_grammar import names_of_caption
 from qkv.translation.metrics import bleu
 from qkv.vision.caption import Captions
 
-__all__ = ["exact_match", "text_scores", "cell_masks", "attention_in_cell", "baselines", "report_markdown", "report_json"]
+__all__ = ["exact_match", "text_scores", "cell_masks", "named_attention", "cell_rates", "attention_in_cell",
+           "baselines", "report_markdown", "report_json"]
 
 
 def exact_match(hypotheses: Sequence[str], references: Sequence[str]) -> float:
@@ -73,50 +74,68 @@ def cell_masks(image: ImageConfig, cell: int) -> np.ndarray:
     return out
 
 
-def attention_in_cell(written: Captions, data: CaptionSet, image: ImageConfig) -> dict:
-    """The attention-in-cell rates of ``written`` (with ``cross_attentions``) on ``data`` (same order)."""
+def named_attention(written: Captions, items: np.ndarray, names: Sequence[str],
+                    masks: np.ndarray) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """The counted item names of ``written`` (see the module docstring): ``(weights (P,L,H,T) of the
+    queries that wrote them, inside (P,T) bool: the named item's cell, correct (P,) bool)``.
+
+    Args:
+        written: captions with ``cross_attentions``. items: ``(B,k,3)`` the canvases' items.
+        names: one word per class. masks: :func:`cell_masks`.
+    """
     if written.cross_attentions is None:
         raise ValueError("attention-in-cell needs the cross-attention weights: caption with attention=True")
-    masks = cell_masks(image, data.cell)  # (rows,cols,T)
-    att = written.cross_attentions  # (B,L,H,n,T)
-    names = {n: i for i, n in enumerate(data.names)}
-    picks, truth, correct = [], [], []
+    ids = {n: i for i, n in enumerate(names)}
+    picks, inside, correct = [], [], []
     for b, words in enumerate(written.words):
-        items = data.items[b][data.items[b][:, 0] >= 0]  # (k,3) reading order
+        real = items[b][items[b][:, 0] >= 0]  # (k,3) reading order
         m = 0
         for j, w in enumerate(words):
-            if w not in names:
+            if w not in ids:
                 continue
-            if m < len(items):
+            if m < len(real):
                 picks.append((b, j))
-                truth.append(masks[items[m, 1], items[m, 2]])
-                correct.append(names[w] == items[m, 0])
+                inside.append(masks[real[m, 1], real[m, 2]])
+                correct.append(ids[w] == real[m, 0])
             m += 1
-    L, H = att.shape[1], att.shape[2]
+    att = written.cross_attentions  # (B,L,H,n,T)
     if not picks:
-        return {"names_counted": 0, "note": "the captions name no item: nothing to count"}
+        return att.new_zeros((0, *att.shape[1:3], att.shape[-1])), np.zeros((0, att.shape[-1]), bool), np.zeros(0, bool)
     b_idx, j_idx = (torch.tensor(x) for x in zip(*picks))
-    a = att[b_idx, :, :, j_idx]  # (P,L,H,T)
-    inside = torch.from_numpy(np.stack(truth))  # (P,T)
-    ok = torch.from_numpy(np.array(correct))
+    return att[b_idx, :, :, j_idx], np.stack(inside), np.array(correct)  # (P,L,H,T), (P,T), (P,)
 
-    def hit(weights: torch.Tensor) -> torch.Tensor:  # (P,…,T) -> (P,…) argmax inside the cell
-        arg = weights.argmax(-1)
-        return torch.gather(inside.view(inside.shape[0], *([1] * (arg.dim() - 1)), -1).expand(*arg.shape, -1),
-                            -1, arg[..., None])[..., 0]
+
+def cell_rates(weights: torch.Tensor, inside: np.ndarray, correct: np.ndarray) -> dict:
+    """The attention-in-cell rates of :func:`named_attention`'s result (see the module docstring)."""
+    if len(weights) == 0:
+        return {"names_counted": 0, "note": "the captions name no item: nothing to count"}
+    cell = torch.from_numpy(inside)  # (P,T)
+
+    def hit(w: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # (P',…,T) -> (P',…): argmax inside the cell
+        arg = w.argmax(-1)
+        where = rows.view(rows.shape[0], *([1] * (arg.dim() - 1)), -1).expand(*arg.shape, -1)  # (P',…,T)
+        return torch.gather(where, -1, arg[..., None])[..., 0]
 
     def rates(sel: torch.Tensor) -> dict:
         if not bool(sel.any()):
             return {"names": 0}
-        heads, layers, overall = hit(a[sel]).float(), hit(a[sel].mean(2)).float(), hit(a[sel].mean((1, 2))).float()
-        return {"names": int(sel.sum()), "all_layers_heads_mean": round(float(overall.mean()), 4),
-                "per_layer_heads_mean": [round(float(x), 4) for x in layers.mean(0)],
-                "per_layer_head": [[round(float(x), 4) for x in row] for row in heads.mean(0)],
-                "best": _best(heads.mean(0))}
+        w, rows = weights[sel], cell[sel]  # (P',L,H,T), (P',T)
+        heads = hit(w, rows).float().mean(0)  # (L,H)
+        layers = hit(w.mean(2), rows).float().mean(0)  # (L,)
+        overall = hit(w.mean((1, 2)), rows).float().mean()
+        return {"names": int(sel.sum()), "all_layers_heads_mean": round(float(overall), 4),
+                "per_layer_heads_mean": [round(float(x), 4) for x in layers],
+                "per_layer_head": [[round(float(x), 4) for x in row] for row in heads], "best": _best(heads)}
 
-    sel_all = torch.ones(len(picks), dtype=torch.bool)
-    return {"names_counted": len(picks), "chance": round(float(inside.float().mean()), 4), "layers": L, "heads": H,
-            "all_names": rates(sel_all), "correct_names": rates(ok)}
+    return {"names_counted": len(weights), "chance": round(float(cell.float().mean()), 4),
+            "layers": weights.shape[1], "heads": weights.shape[2],
+            "all_names": rates(torch.ones(len(weights), dtype=torch.bool)),
+            "correct_names": rates(torch.from_numpy(correct))}
+
+
+def attention_in_cell(written: Captions, data: CaptionSet, image: ImageConfig) -> dict:
+    """The attention-in-cell rates of ``written`` (with ``cross_attentions``) on ``data`` (same order)."""
+    return cell_rates(*named_attention(written, data.items, data.names, cell_masks(image, data.cell)))
 
 
 def _best(per_head: torch.Tensor) -> dict:
