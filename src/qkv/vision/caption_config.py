@@ -24,7 +24,8 @@ _TEXT_SIDE = dict(type_vocab_size=0, pad_token_id=0, norm="pre", dropout=0.0, po
 
 #: name → {model, training settings}. ``caption-fashion`` is a starting point for
 #: ``dataset:fashion-captions`` (56×56 canvases: 64 patches of 7 pixels, 16 to a cell), not chosen by
-#: a sweep; ``caption-tiny`` is a seconds-long run for tests on small canvases given in code.
+#: a sweep; ``caption-tiny`` is a seconds-long run for tests on canvases of 8-pixel cells given in code
+#: (one 8-pixel patch to a cell).
 CAPTION_RECIPES: dict[str, dict[str, Any]] = {
     "caption-fashion": dict(
         model=dict(_TEXT_SIDE, d_model=64, n_heads=4, d_ff=128, n_layers=3, max_len=24,
@@ -33,8 +34,8 @@ CAPTION_RECIPES: dict[str, dict[str, Any]] = {
         schedule="cosine", label_smoothing=0.0, time_budget=12.0),
     "caption-tiny": dict(
         model=dict(_TEXT_SIDE, d_model=32, n_heads=2, d_ff=64, n_layers=2, max_len=24,
-                   image=dict(size=[16, 16], channels=1, patch=4, position="learned")),
-        data="dataset:fashion-captions", batch_size=32, lr=3e-3, weight_decay=0.01, warmup_steps=20,
+                   image=dict(size=[16, 16], channels=1, patch=8, position="learned")),
+        data="dataset:fashion-captions", batch_size=32, lr=5e-3, weight_decay=0.01, warmup_steps=20,
         schedule="cosine", label_smoothing=0.0, steps=300),
 }
 
