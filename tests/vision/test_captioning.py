@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from caption_support import tiny_canvases, train_tiny
+from caption_support import tiny_canvases
 
 from qkv.checkpoints.io import load
 from qkv.config_image import ImageConfig
@@ -19,12 +19,6 @@ from qkv.vision.caption import Captions, caption_with_attention
 from qkv.vision.caption_config import CaptionTrainConfig, caption_model_config
 from qkv.vision.caption_scores import attention_in_cell, baselines, cell_masks, exact_match, text_scores
 from qkv.vision.captioning import train_captions
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    torch.set_num_threads(1)
-    return train_tiny(tmp_path_factory.mktemp("cap") / "run", eval_every=150)
 
 
 def test_the_captioning_model_learns_a_tiny_canvas_set(tiny_run):
