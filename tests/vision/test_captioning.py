@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from caption_support import tiny_canvases
+from caption_support import tiny_canvases, train_tiny
 
 from qkv.checkpoints.io import load
 from qkv.config_image import ImageConfig
@@ -118,3 +118,26 @@ def test_model_settings_follow_the_data_and_the_grammar():
         caption_model_config("caption-tiny", 20, (16, 16), 1, {"image": {"size": [32, 32]}})
     with pytest.raises(ValueError, match="unknown caption recipe"):
         CaptionTrainConfig(out="x", preset="vit-digits")
+
+
+def test_an_interrupted_run_resumes_bit_for_bit(tmp_path):
+    def crash_at_15(step, model):
+        if step == 15:
+            raise RuntimeError("the machine went away")
+
+    whole = train_tiny(tmp_path / "whole", steps=24, save_every=10, eval_every=24)
+    with pytest.raises(RuntimeError, match="went away"):
+        cfg = CaptionTrainConfig(out=str(tmp_path / "cut"), preset="caption-tiny", progress=False, eval_sample=60,
+                                 steps=24, save_every=10, eval_every=24)
+        train_captions(cfg, data=tiny_canvases(), on_backward=crash_at_15)
+    resumed = train_captions(cfg, data=tiny_canvases(), resume=True)
+    assert resumed.status == "complete" and resumed.steps_done == 24
+    a, b = load(whole.out).model.state_dict(), load(resumed.out).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.report["model"] == whole.report["model"]
+
+
+def test_a_bf16_run_trains_and_scores(tmp_path):
+    result = train_tiny(tmp_path / "bf16", steps=6, precision="bf16")
+    assert result.status == "complete" and result.report["precision"] in ("bf16", "fp32")
+    assert 0 <= result.report["model"]["bleu"] <= 100
