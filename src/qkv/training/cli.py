@@ -54,7 +54,8 @@ _OPTIONS = [
      "classification: a Vision Transformer on --data; see docs/vision.md) or caption (image captioning: a "
      "ViT encoder and a text decoder on dataset:fashion-captions; continue it with qkv caption)"),
     ("--preset", "preset", str, "model preset: tiny, cpu-small, cpu-small-clm, mini, small, base, modernbert, "
-     "gpt2"),
+     "gpt2; --objective image: vit-fashion, vit-mnist1d, vit-digits; --objective caption: caption-fashion "
+     "(its default), caption-tiny"),
     ("--eval-corpus", "eval_corpus", str, "held-out corpus spec(s), comma-separated (default: the "
      "named test split, else a deterministic --eval-fraction of the documents)"),
     ("--eval-fraction", "eval_fraction", float, "share of documents held out when no split is named"),
