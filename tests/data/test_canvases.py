@@ -7,8 +7,16 @@ import pytest
 
 from qkv.data import canvases, image_datasets
 from qkv.data.canvases import CanvasSpec, build_canvases, open_captions
-from qkv.data.caption_grammar import (FASHION_NAMES, all_links, caption_of, caption_tokenizer, held_out_links,
-                                      links_of, names_of_caption, relation)
+from qkv.data.caption_grammar import (
+    FASHION_NAMES,
+    all_links,
+    caption_of,
+    caption_tokenizer,
+    held_out_links,
+    links_of,
+    names_of_caption,
+    relation,
+)
 from qkv.data.errors import DatasetNotInstalledError, ImageDataError, UnknownDatasetError
 from qkv.data.images import ImageSet
 

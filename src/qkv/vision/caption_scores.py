@@ -141,7 +141,7 @@ def attention_in_cell(written: Captions, data: CaptionSet, image: ImageConfig) -
 def _best(per_head: torch.Tensor) -> dict:
     """The layer and head (1-based) with the highest rate."""
     flat = int(per_head.argmax())
-    L, H = per_head.shape
+    H = per_head.shape[1]
     return {"layer": flat // H + 1, "head": flat % H + 1, "rate": round(float(per_head.view(-1)[flat]), 4)}
 
 

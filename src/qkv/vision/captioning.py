@@ -42,8 +42,15 @@ from qkv.training.lifecycle import resume_eval, run_session
 from qkv.training.precision import resolve_precision
 from qkv.vision.caption import caption_with_attention
 from qkv.vision.caption_config import CaptionTrainConfig, caption_model_config
-from qkv.vision.caption_scores import (baselines, cell_masks, cell_rates, named_attention, report_json,
-                                       report_markdown, text_scores)
+from qkv.vision.caption_scores import (
+    baselines,
+    cell_masks,
+    cell_rates,
+    named_attention,
+    report_json,
+    report_markdown,
+    text_scores,
+)
 
 __all__ = ["CaptionBatch", "CaptionObjective", "CaptionResult", "train_captions", "encode_captions", "score_captions"]
 
