@@ -1,6 +1,9 @@
-"""Captioned canvases: the grammar written out by hand, canvases built from pictures the test makes (each
+"""Captioned canvases: the grammar written out by hand, canvases built from pictures the test makes (in memory,
+and as Fashion-MNIST IDX files for dataset:fashion-captions; each
 class a picture of one grey level, so every cell can be read back), the held-out links only in test,
 determinism, one-line errors; the installed Fashion-MNIST set when it is there."""
+
+import gzip
 
 import numpy as np
 import pytest
@@ -118,12 +121,26 @@ def test_open_captions_names_and_errors(monkeypatch, tmp_path):
         open_captions("dataset:fashion-captions")
 
 
-def test_open_captions_reads_the_fixture_split(monkeypatch):
-    spec = CanvasSpec(train=30, test=10)
-    monkeypatch.setattr(canvases, "FASHION_CAPTIONS", spec)
-    monkeypatch.setattr(canvases, "open_images", lambda s: _pictures(cell=28, name=s))
+def _idx(path, array):
+    """An IDX file as Fashion-MNIST's (gzip; magic ``0 0 0x08 ndim``, big-endian sizes, the bytes)."""
+    head = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(head + array.astype(np.uint8).tobytes())
+
+
+def test_open_captions_reads_fashion_mnist_files_the_test_writes(monkeypatch, tmp_path):
+    pics = _pictures(per_class=2, cell=28)
+    _idx(tmp_path / "t10k-images-idx3-ubyte.gz", pics.pixels[:, 0])
+    _idx(tmp_path / "t10k-labels-idx1-ubyte.gz", pics.labels)
+    monkeypatch.setattr(image_datasets, "FASHION_MNIST_DIR", tmp_path)
+    monkeypatch.setattr(canvases, "FASHION_CAPTIONS", CanvasSpec(train=30, test=12))
     data = open_captions("dataset:fashion-captions:test")
-    assert len(data) == 10 and data.size == (56, 56) and data.name == "dataset:fashion-captions:test"
+    assert len(data) == 12 and data.size == (56, 56) and data.name == "dataset:fashion-captions:test"
+    for i in range(len(data)):  # every item's cell holds a picture of its class: grey level 20·(class+1)
+        for c, r, q in data.items[i][data.items[i][:, 0] >= 0]:
+            assert (data.pixels[i, 0, r * 28:(r + 1) * 28, q * 28:(q + 1) * 28] == 20 * (c + 1)).all()
+    with pytest.raises(DatasetNotInstalledError, match="make data"):  # no train files written
+        open_captions("dataset:fashion-captions:train")
 
 
 def test_fashion_captions_when_installed():
