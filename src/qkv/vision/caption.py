@@ -42,7 +42,8 @@ class Captions:
         words: the written tokens of each picture before ``[EOS]`` (word-level: one word each).
         ids: ``(B, 1 + n)`` the start token, the written ids, ``[PAD]`` after a row's ``[EOS]``.
         cross_attentions: ``(B,L,H,n,T)`` float32 — the weights of the query that wrote token ``j`` over
-            the image's tokens (``None`` when not asked for).
+            the image's tokens (``None`` when not asked for). Row ``b``'s words are its first
+            ``len(words[b])`` positions; the next is its ``[EOS]``, the rest padding.
         prefix: image tokens before the patches (1 with a [CLS] vector). grid: the patches'
             ``(rows, cols)``: ``cross_attentions[..., prefix:].reshape(..., *grid)`` is the map
             over the picture.
