@@ -36,7 +36,7 @@ def test_the_captioning_model_learns_a_tiny_canvas_set(tiny_run):
 def test_the_run_folder_holds_the_model_its_tokenizer_and_the_report(tiny_run):
     out = tiny_run.out
     saved = json.loads((out / "report.json").read_text())
-    assert saved["model"] == tiny_run.report["model"]
+    assert saved["model"] == tiny_run.report["model"] and saved["bleu_signature"].startswith("nrefs:1|")
     md = (out / "report.md").read_text()
     assert "most frequent training caption" in md and "Attention in the named item's cell" in md
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -40,6 +40,7 @@ from qkv.training.distributed import refuse_world
 from qkv.training.engine import run_training
 from qkv.training.lifecycle import resume_eval, run_session
 from qkv.training.precision import resolve_precision
+from qkv.translation.metrics import score
 from qkv.vision.caption import caption_with_attention
 from qkv.vision.caption_config import CaptionTrainConfig, caption_model_config
 from qkv.vision.caption_scores import (
@@ -171,7 +172,7 @@ def score_captions(model, tokenizer, train: CaptionSet, held: CaptionSet, *, bat
     refs = list(held.captions)
     cell = cell_rates(torch.cat(weights), np.concatenate(inside), np.concatenate(correct))
     return {"model": text_scores(hyps, refs), "baselines": baselines(train, held), "attention_in_cell": cell,
-            "eval_canvases": len(refs),
+            "eval_canvases": len(refs), "bleu_signature": score(hyps, refs).bleu_signature,
             "examples": [{"caption": h, "reference": r} for h, r in zip(hyps[:examples], refs[:examples])]}
 
 
