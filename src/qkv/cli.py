@@ -41,6 +41,7 @@ _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("ablate",), "qkv.experiments.cli:add_ablate_parser"),
     (("generate",), "qkv.generation.cli:add_generate_parser"),
     (("translate",), "qkv.translation.cli:add_translate_parser"),
+    (("caption",), "qkv.vision.cli:add_caption_parser"),
     (("fill-mask",), "qkv.pipelines.cli:add_fill_mask_parser"),
     (("lab",), "qkv.lab.cli:add_lab_parser"),
     (("export",), "qkv.checkpoints.cli:add_export_parser"),

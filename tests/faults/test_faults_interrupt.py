@@ -43,6 +43,7 @@ def _commands(tmp: Path, model: Path) -> dict[str, list[str]]:
         "fill-mask": ["fill-mask", str(model), "a [MASK] document"],
         "findings": ["findings", "kobayashi", str(model), "--data", str(text), "--out", str(tmp / "out-findings")],
         "translate": ["translate", str(model), "hello", "--output", str(tmp / "out-translate.txt")],
+        "caption": ["caption", str(model), str(text)],
     }
 
 

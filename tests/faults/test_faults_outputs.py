@@ -15,6 +15,7 @@ from qkv.cli import build_parser, main
 WRITES_NOTHING = {
     "search": "prints results",
     "generate": "prints text",
+    "caption": "prints captions",
     "fill-mask": "prints predictions",
     "serve": "answers requests",
     "ablate": "--out is its harness folder: a rerun continues it (finished runs kept), by design",

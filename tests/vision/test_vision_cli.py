@@ -21,4 +21,4 @@ def test_text_and_image_options_do_not_mix(tmp_path, capsys):
     assert main(["pretrain", "--objective", "image", "--corpus", "dataset:pydoc", "--out", str(tmp_path / "a")]) == 2
     assert "--corpus: text option(s), not used by --objective image" in capsys.readouterr().err
     assert main(["pretrain", "--corpus", "dataset:pydoc", "--pooling", "cls", "--out", str(tmp_path / "b")]) == 2
-    assert "--pooling: image option(s), used by --objective image only" in capsys.readouterr().err
+    assert "--pooling: image option(s), used by --objective image or caption only" in capsys.readouterr().err

@@ -50,10 +50,12 @@ LOOP_OPTIONS = [
 _OPTIONS = [
     ("--objective", "objective", str, "mlm (masked-LM: an encoder), clm (next-token prediction: a causal LM, "
      "GPT-style; continue it with qkv generate), translation (an encoder-decoder on --corpus "
-     "dataset:bible-en-es or dataset:bible-es-en; continue it with qkv translate) or image (image "
-     "classification: a Vision Transformer on --data; see docs/vision.md)"),
+     "dataset:bible-en-es or dataset:bible-es-en; continue it with qkv translate), image (image "
+     "classification: a Vision Transformer on --data; see docs/vision.md) or caption (image captioning: a "
+     "ViT encoder and a text decoder on dataset:fashion-captions; continue it with qkv caption)"),
     ("--preset", "preset", str, "model preset: tiny, cpu-small, cpu-small-clm, mini, small, base, modernbert, "
-     "gpt2"),
+     "gpt2; --objective image: vit-fashion, vit-mnist1d, vit-digits; --objective caption: caption-fashion "
+     "(its default), caption-tiny"),
     ("--eval-corpus", "eval_corpus", str, "held-out corpus spec(s), comma-separated (default: the "
      "named test split, else a deterministic --eval-fraction of the documents)"),
     ("--eval-fraction", "eval_fraction", float, "share of documents held out when no split is named"),
@@ -92,7 +94,7 @@ def add_pretrain_parser(sub) -> None:
     p = sub.add_parser(
         "pretrain",
         help="masked-LM (or, --objective clm, causal-LM) pretraining on a corpus; --objective image: "
-        "a Vision Transformer on images",
+        "a Vision Transformer on images; --objective caption: an image captioner",
         description="Pretrain a BERT-style masked-LM encoder, or with --objective clm a causal (GPT-style) "
         "language model scored on next-token prediction against unigram and bigram baselines. Trains a WordPiece tokenizer (or reuses "
         "one), tokenises the corpus once into a cached memory-mapped array, trains with dynamic masking, "
@@ -196,18 +198,24 @@ _TRANSLATION = {"corpus": None, "preset": "preset", "vocab_size": "vocab_size", 
                 "threads": "threads"}
 
 
+def _run_kind(args: argparse.Namespace) -> str | None:
+    """The ``kind`` in ``run.json`` of the run ``--resume`` continues (``None``: not resuming, or not a
+    run folder — the ordinary path says so)."""
+    if not args.resume:
+        return None
+    from qkv.training.rundir import read_run
+
+    try:
+        return read_run(Path(args.out)).get("kind")
+    except (OSError, ValueError):
+        return None
+
+
 def _translation_run(args: argparse.Namespace) -> bool:
     """Whether the command line asks for (or resumes) a translation run."""
     if args.objective == "translation":
         return True
-    if args.resume and args.objective is None:
-        from qkv.training.rundir import read_run
-
-        try:
-            return read_run(Path(args.out)).get("kind") == "translation"
-        except (OSError, ValueError):  # not a run folder: the ordinary path says so
-            return False
-    return False
+    return args.objective is None and _run_kind(args) == "translation"
 
 
 def _run_translation(args: argparse.Namespace) -> int:
@@ -258,6 +266,16 @@ def _run(args: argparse.Namespace) -> int:
     from qkv.training.loop import pretrain
     from qkv.vision.pretrain_options import IMAGE_OPTIONS, image_config, image_rows, report_image_run
 
+    if args.objective == "caption" or (args.objective is None and _run_kind(args) == "caption"):
+        from qkv.vision.captioning import train_captions
+        from qkv.vision.pretrain_options import caption_config, report_caption_run
+
+        cfg = caption_config(args, given_options(args, image_rows(_OPTIONS + IMAGE_OPTIONS, "caption"), ("progress",)))
+        result = train_captions(cfg, resume=args.resume)
+        if result.status != "complete":
+            return report_interrupted(result, "qkv pretrain --objective caption")
+        report_caption_run(result)
+        return 0
     if args.objective == "image":
         from qkv.vision.classify import train_images
 
@@ -269,7 +287,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     given = [flag for flag, name, _, _ in IMAGE_OPTIONS if getattr(args, name) is not None]
     if given:
-        raise ValueError(f"{', '.join(given)}: image option(s), used by --objective image only")
+        raise ValueError(f"{', '.join(given)}: image option(s), used by --objective image or caption only")
     if _translation_run(args):
         return _run_translation(args)
     cfg = config_from_args(args)  # errors: printed by qkv.cli.main

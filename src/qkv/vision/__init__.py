@@ -1,8 +1,13 @@
-"""Self-attention on images: image classification on the training engine, augmentation, attention
-over a picture (rollout, mean attention distance). See docs/vision.md.
+"""Self-attention on images: image classification and image captioning on the training engine,
+augmentation, attention over a picture (rollout, mean attention distance), captions with their
+cross-attention. See docs/vision.md.
 
 Modules: :mod:`~qkv.vision.config` (the run configuration and the recipes), :mod:`~qkv.vision.augment`,
 :mod:`~qkv.vision.classify` (the classification objective and run), :mod:`~qkv.vision.attention_maps`
-(attention over the image, rollout, mean attention distance), :mod:`~qkv.vision.pretrain_options`.
+(attention over the image, rollout, mean attention distance), :mod:`~qkv.vision.pretrain_options`;
+captioning: :mod:`~qkv.vision.caption_config` (its run configuration and recipes),
+:mod:`~qkv.vision.captioning` (the objective and run), :mod:`~qkv.vision.caption` (greedy captions and
+each written word's cross-attention), :mod:`~qkv.vision.caption_scores` (exact match, BLEU, baselines,
+attention in cell), :mod:`~qkv.vision.cli` (``qkv caption``).
 
 Import each name from the module that defines it."""
