@@ -59,10 +59,18 @@ def add_analysis_parsers(sub) -> None:
         "and/or SVG — and viewer.html (one file, works offline: method switch, layer and head, head view, "
         "matrix view usable at 512 tokens, model view, ablation beside the maps, SVG/PNG export of every view). "
         "For a Hugging Face folder it also says how far qkv's numbers are from transformers' own. With "
-        "--similar-to, instead explain the embedding similarity of TEXT and that text token pair by token pair.",
+        "--similar-to, instead explain the embedding similarity of TEXT and that text token pair by token pair. "
+        "For an image model (qkv pretrain --objective image, a converted ViT, an image captioner) give a PNG/JPEG "
+        "picture of the model's size instead of TEXT: image_attention_layer_K (each head's attention of the [CLS] "
+        "token, or of --patch ROW,COL, over the picture), image_rollout, for a captioner cross_attention_layer_K "
+        "(per written word of its greedy caption) and viewer.html (the picture with the selected token's attention "
+        "over it, beside the patch-token views).",
     )
     i.add_argument("model", help="model folder")
-    i.add_argument("text", help="the text")
+    i.add_argument("text", help="the text (for an image model: the picture file)")
+    i.add_argument("--patch", default=None, metavar="ROW,COL",
+                   help="image models: draw this patch's attention (row and column on the patch grid, from 0) "
+                   "instead of the [CLS] token's")
     i.add_argument("--pair", default=None, metavar="TEXT_B", help="a second segment: [CLS] a [SEP] b [SEP]")
     i.add_argument("--out", required=True, help="output folder (created)")
     i.add_argument("--truncate", action="store_true",
@@ -188,6 +196,8 @@ def _inspect(args: argparse.Namespace) -> int:
         raise ValueError(f"--flow-max-tokens {args.flow_max_tokens} must be ≥ 1")
     if args.similar_to is not None:
         return _similarity(args, formats)
+    if _image_model_or_picture(args):
+        return _inspect_picture(args, formats)
     ins, paths = run_inspect(args.model, args.text, args.out, text_b=args.pair,
                              long_text="truncate" if args.truncate else "error", methods=methods,
                              ablation=args.ablation, flow_max_tokens=args.flow_max_tokens, formats=formats,
@@ -212,6 +222,49 @@ def _inspect(args: argparse.Namespace) -> int:
               + ", ".join(f"{ins.tokens[i]} {blank[i]:+.3f}" for i in top))
     extra = [paths[k].name for k in ("overview", "methods", "ablation", "importance") if k in paths]
     print(f"viewer: {paths['viewer']}  (also {', '.join(extra)} and attention_layer_*.{ext})")
+    return 0
+
+
+def _image_model_or_picture(args: argparse.Namespace) -> bool:
+    """Whether the model is an image model (True); a picture given to a text model, or --patch for it, is an
+    error."""
+    from qkv.errors import QkvError
+    from qkv.vision.pictures import is_image_model_folder, is_picture_spec
+
+    if is_image_model_folder(args.model):
+        return True
+    if Path(args.model).exists() and is_picture_spec(args.text):
+        raise QkvError(f"{args.model} is a text model; it reads text, not pictures ({args.text}): give it a text, or "
+                       "give the picture to an image model (qkv pretrain --objective image)")
+    if args.patch is not None:
+        raise QkvError("--patch is for image models; this model reads text")
+    return False
+
+
+def _patch(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--patch {text!r}: give ROW,COL, two whole numbers from 0 (e.g. --patch 3,4)")
+    return int(parts[0]), int(parts[1])
+
+
+def _inspect_picture(args: argparse.Namespace, formats: tuple[str, ...]) -> int:
+    from qkv.vision.inspect_image import run_inspect_picture
+
+    ins, paths = run_inspect_picture(args.model, args.text, args.out, patch=_patch(args.patch), formats=formats)
+    n_layers, n_heads, t, _ = ins.attentions.shape
+    print(f"{t} tokens ([CLS] and patches), {n_layers} layers × {n_heads} heads; drawn: the attention of "
+          f"{ins.tokens[ins.query]}")
+    for note in ins.notes:
+        print(f"note: {note}")
+    if ins.prediction:
+        print(f"predicted {ins.prediction['label']} (probability {ins.prediction['probability']:.3f})")
+    if ins.words:
+        print(f"caption: {' '.join(ins.words)}  (cross-attention: {paths['cross_0']})")
+    ext = formats[0]
+    print(f"viewer: {paths['viewer']}  (also {paths['rollout'].name} and image_attention_layer_*.{ext})")
     return 0
 
 
