@@ -22,11 +22,19 @@ def add_analysis_parsers(sub) -> None:
         "(self-contained), report.md, PNG figures and analysis.json into --out: per-layer anisotropy, "
         "self- and intra-context similarity (Ethayarajh 2019), CKA between layers, linear probes, and "
         "per-head attention entropy, distance and [CLS]/[SEP]/self/previous/next shares (Clark et al. "
-        "2019). See docs/analysis.md.",
+        "2019). See docs/analysis.md. For an image model (qkv pretrain --objective image, a converted ViT): each "
+        "head's mean attention distance per layer (the ViT paper's Figure 7) on --images held-out images of the "
+        "model's training run (or --data), as attention_distance.md/.json/.png. See docs/vision.md.",
     )
     a.add_argument("model", help="model folder")
-    a.add_argument("--corpus", action="append", required=True, metavar="SPEC",
-                   help="file, folder or dataset:NAME[:SPLIT] (repeatable), e.g. dataset:20newsgroups:test")
+    a.add_argument("--corpus", action="append", default=None, metavar="SPEC",
+                   help="text models (required for them): file, folder or dataset:NAME[:SPLIT] (repeatable), e.g. "
+                   "dataset:20newsgroups:test")
+    a.add_argument("--data", default=None, metavar="SPEC",
+                   help="image models: dataset:NAME[:SPLIT] or a folder of pictures of the model's size (default: the "
+                   "held-out images of the run the model was trained in)")
+    a.add_argument("--images", type=int, default=500, metavar="N",
+                   help="image models: a seeded sample of N images (default 500)")
     a.add_argument("--out", required=True, help="report folder (created)")
     a.add_argument("--max-docs", type=int, default=None, help="seeded random sample of this many documents")
     a.add_argument("--max-len", type=int, default=128,
@@ -128,6 +136,18 @@ def add_analysis_parsers(sub) -> None:
 
 def _analyze(args: argparse.Namespace) -> int:
     from qkv.analysis.analyze import AnalyzeOptions, run_analyze
+    from qkv.errors import QkvError
+    from qkv.vision.pictures import is_image_model_folder
+
+    if is_image_model_folder(args.model):
+        if args.corpus:
+            raise QkvError(f"{args.model} is an image model; give its images with --data (or none: the held-out "
+                           "images of its run), not --corpus")
+        return _analyze_images(args)
+    if args.data is not None:
+        raise QkvError(f"--data is for image models; {args.model} reads text: give the texts with --corpus")
+    if not args.corpus:
+        raise QkvError("--corpus is required for a text model (e.g. --corpus dataset:20newsgroups:test)")
 
     opts = AnalyzeOptions(
         max_len=args.max_len or None, long_text=args.long_text, max_windows_per_doc=args.max_windows,
@@ -143,6 +163,18 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"parity with {p['reference']}: max |Δ| {p['output']} {p['output_diff']:.1e}, "
               f"attention weights {p['attention_diff']:.1e}")
     print(f"report: {paths['html']}  (also {paths['md'].name}, {paths['json'].name}, figures *.png)")
+    return 0
+
+
+def _analyze_images(args: argparse.Namespace) -> int:
+    from qkv.vision.analyze_image import run_analyze_images
+
+    report, paths = run_analyze_images(args.model, args.out, data=args.data, images=args.images, seed=args.seed,
+                                       batch_size=args.batch_size)
+    print(f"mean attention distance in pixels, {report.images} images ({report.source}); uniform attention "
+          f"gives {report.uniform:.2f}:")
+    print(report.table())
+    print(f"written: {paths['md']}, {paths['json'].name}, {paths['png'].name}")
     return 0
 
 
