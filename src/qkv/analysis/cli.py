@@ -169,6 +169,7 @@ def _analyze(args: argparse.Namespace) -> int:
 def _analyze_images(args: argparse.Namespace) -> int:
     from qkv.vision.analyze_image import run_analyze_images
 
+    _check_out_folder(Path(args.out), ("attention_distance.json", "analysis.json"), "analyze")
     report, paths = run_analyze_images(args.model, args.out, data=args.data, images=args.images, seed=args.seed,
                                        batch_size=args.batch_size)
     print(f"mean attention distance in pixels, {report.images} images ({report.source}); uniform attention "

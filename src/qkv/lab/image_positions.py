@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,22 @@ def _markdown(base: ImageTrainConfig, acc: dict, comparisons: list[Comparison]) 
     return "\n".join(lines + ["", "Verdicts:", "", *_verdict_lines(comparisons), ""])
 
 
+_RUN_NAME = re.compile(r"^(" + "|".join(VARIANTS) + r")-s[0-9]+$")
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an ``--out`` that is a file, or a folder holding anything this command did not write (a rerun
+    continues a folder it made)."""
+    if out.is_file():
+        raise QkvError(f"--out {out} is a file, not a folder; choose another --out")
+    if out.is_dir():
+        foreign = [p.name for p in out.iterdir() if not p.name.startswith(".") and not _RUN_NAME.match(p.name)
+                   and p.name not in ("verdict.json", "verdict.md")]
+        if foreign:
+            raise QkvError(f"--out {out} holds files qkv lab image-positions did not write ({foreign[0]}); choose a new "
+                           "or empty --out (a folder it made is continued)")
+
+
 def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 
@@ -132,8 +149,7 @@ def run_image_positions(out: str | Path, *, preset: str = "vit-digits", data: st
     if seeds < 1:
         raise QkvError(f"--seeds {seeds} must be ≥ 1")
     out = Path(out)
-    if out.is_file():
-        raise QkvError(f"--out {out} is a file, not a folder; choose another --out")
+    _check_out(out)
     model = dict(model or {})
     acc: dict[str, dict[int, float]] = {}
     for variant in variants:
