@@ -73,7 +73,6 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         "lab image-positions --model bad": ["lab", "image-positions", "--out", str(tmp / "l"), "--model", "{oops"],
         "lab image-positions --steps 0": ["lab", "image-positions", "--out", str(tmp / "l"), "--steps", "0"],
         "lab image-positions --out user files": ["lab", "image-positions", "--out", str(user)],
-        "lab image-positions --preset bad": ["lab", "image-positions", "--out", str(tmp / "l"), "--preset", "vit-x"],
         "demo --minutes nan": ["demo", "--minutes", "nan", "--out", str(tmp / "d")],
         "demo --minutes -1": ["demo", "--minutes", "-1", "--out", str(tmp / "d")],
         "demo --out a file": ["demo", "--out", str(afile)],

@@ -30,7 +30,8 @@ from qkv._fs import atomic_write_text
 from qkv.analysis import plots
 from qkv.analysis.seq2seq_inspect import output_folder
 from qkv.analysis.viewer_html import render_viewer
-from qkv.data.images import read_image
+from qkv.data.errors import CorpusNotFoundError
+from qkv.data.images import IMAGE_SUFFIXES, read_image
 from qkv.errors import QkvError
 from qkv.models.vision import ImageCaptioner, ImageClassifier
 from qkv.vision.attention_maps import image_attentions, rollout, to_grid
@@ -213,6 +214,8 @@ def run_inspect_picture(model_path, picture: str, out_dir: str | Path, *, patch:
                         formats: tuple[str, ...] = ("png",)) -> tuple[ImageInspection, dict[str, Path]]:
     """Load the image model in ``model_path``, inspect ``picture`` and write the files into ``out_dir``."""
     model, tokenizer = load_image_model(model_path, command="qkv inspect")
+    if Path(picture).suffix.lower() in IMAGE_SUFFIXES and not Path(picture).exists():
+        raise CorpusNotFoundError(f"{picture}: no such picture file")
     if not is_picture_spec(picture) or Path(picture).is_dir():
         raise QkvError(f"{model_path} is an image model; give it one picture file (PNG or JPEG), not {picture!r}")
     if len(model.config.image.size) != 2:

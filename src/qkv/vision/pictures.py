@@ -7,7 +7,7 @@ Legend: N pictures, K channels, R × W pixels.
 * :func:`is_image_model_folder` — a qkv folder of an image kind, or a Hugging Face ViT folder, told
   from its config file alone (nothing is loaded), so that a command can choose its path before it
   loads anything.
-* :func:`is_picture_spec` — a PNG/JPEG file, or a folder holding some (at any depth).
+* :func:`is_picture_spec` — an existing PNG/JPEG file, or a folder holding some (at any depth).
 * :func:`load_image_model` — :func:`qkv.load` of an image model; a text model is one line saying so.
 * :func:`picture_files` — the files behind the arguments (a folder: its images at any depth, in
   path order).
@@ -60,12 +60,12 @@ def _is_picture_file(path: Path) -> bool:
 
 
 def is_picture_spec(spec: str | os.PathLike) -> bool:
-    """Whether ``spec`` names a picture (a ``.png``/``.jpg``/``.jpeg`` path, existing or not) or a
-    folder holding at least one."""
+    """Whether ``spec`` names an existing picture file (``.png``/``.jpg``/``.jpeg``) or a folder
+    holding at least one."""
     path = Path(spec)
     if path.is_dir():
         return any(_is_picture_file(p) for p in path.rglob("*") if p.is_file())
-    return _is_picture_file(path)
+    return path.is_file() and _is_picture_file(path)
 
 
 def load_image_model(path, *, command: str, what: str = "an image model"):
