@@ -20,8 +20,8 @@ from qkv.models.vision_builders import build_image_captioner
 from qkv.vision.attention_maps import image_attentions, rollout
 from qkv.vision.config import model_config
 from qkv.vision.figures import pixel_map
-from qkv.vision.inspect_image import inspect_picture
-from vision_support import write_picture
+from qkv.vision.inspect_image import inspect_picture, write_image_inspection
+from vision_support import open_chromium, write_picture
 
 
 def _valid_png(path) -> bool:
@@ -109,3 +109,41 @@ def test_wrong_inputs_are_one_line(tmp_path, classifier_folder, capsys):
         assert main(["inspect", *argv, "--out", str(tmp_path / "i")]) == 2
         err = capsys.readouterr().err
         assert fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_viewer_draws_the_chosen_tokens_attention_over_the_picture(tmp_path, classifier_folder):
+    """In headless Chromium: the [CLS] token's weights by default, the brightest overlay on its most attended
+    patch; hovering a patch token, or clicking a patch on the picture, draws that patch's attention."""
+    drv, reason = open_chromium(tmp_path)
+    if drv is None:
+        pytest.skip(reason)
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    pic = tmp_path / "grey.png"
+    Image.fromarray(np.full((8, 8), 128, np.uint8)).save(pic)  # a flat picture: the overlay alone varies
+    model = load(classifier_folder).model
+    ins = inspect_picture(model, pic)
+    paths = write_image_inspection(ins, model.config.image, tmp_path / "ins")
+    try:
+        drv.get(paths["viewer"].as_uri())
+        WebDriverWait(drv, 60).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+        canvas = drv.find_element(By.ID, "picture")
+        WebDriverWait(drv, 10).until(lambda d: canvas.get_attribute("data-query") == "0")
+        scale = int(canvas.get_attribute("width")) // 8
+        orange = drv.execute_script(
+            "const c = arguments[0].getContext('2d'), s = arguments[1], out = [];"
+            "for (let r = 0; r < 4; r++) for (let k = 0; k < 4; k++) {"
+            "  const p = c.getImageData((2 * k + 1) * s, (2 * r + 1) * s, 1, 1).data; out.push(p[0] - p[2]); }"
+            "return out;", canvas, scale)
+        weights = ins.attentions[0, 0, 0, 1:]  # layer 0, head 0, [CLS] over the 16 patches
+        assert int(np.argmax(orange)) == int(np.argmax(weights)) and int(np.argmin(orange)) == int(np.argmin(weights))
+        token = drv.find_element(By.CSS_SELECTOR, 'g.tok[data-side="left"][data-i="7"]')  # r1c2
+        ActionChains(drv).move_to_element(token).perform()
+        assert canvas.get_attribute("data-query") == "7"
+        ActionChains(drv).move_to_element(canvas).perform()  # leaves the token: back to the default …
+        ActionChains(drv).move_to_element_with_offset(canvas, 3 * scale, 3 * scale).click().perform()
+        assert canvas.get_attribute("data-query") == str(1 + 3 * 4 + 3)  # … then the clicked patch r3c3, pinned
+    finally:
+        drv.quit()

@@ -29,3 +29,25 @@ def write_picture(path: Path, size=(8, 8), colour: bool = False, seed: int = 0) 
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(path)
     return path
+
+
+def open_chromium(tmp_path):
+    """A headless Chromium driver, or ``None`` with the reason when Chromium, chromedriver or selenium is absent."""
+    import importlib.util
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser or not shutil.which("chromedriver"):
+        return None, "headless Chromium absent: apt-get install -y chromium chromium-driver"
+    if importlib.util.find_spec("selenium") is None:
+        return None, "selenium is not installed: pip install selenium"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run",
+                f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=opts), None
