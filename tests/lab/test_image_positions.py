@@ -70,7 +70,7 @@ def test_a_tiny_run_over_two_seeds_writes_the_verdict(tmp_path, capsys):
     assert [c["b"] for c in verdict["comparisons"]] == ["none", "shuffled-per-image"]
     assert (out / "none-s1" / "report.json").is_file() and (out / "verdict.md").is_file()
     stored = json.loads((out / "none-s1" / "run.json").read_text())
-    assert stored["model_config"]["image"]["position"] == "none"
+    assert stored["model_config"]["image"]["position"] == "none" and stored["train_config"]["augment"] == []
     assert main(argv) == 0  # finished runs are reused
     assert capsys.readouterr().out.count("(finished earlier)") == 6
 

@@ -12,7 +12,9 @@ One image recipe (:data:`qkv.vision.config.RECIPES`) trained four ways on the sa
 * ``shuffled-per-image`` — each image's patches moved by a permutation of its own (with learned
   positions): where a patch sits says nothing.
 
-Every run is an ordinary image run (:func:`qkv.vision.classify.train_images`) in ``out/VARIANT-sSEED``
+Every run is an ordinary image run (:func:`qkv.vision.classify.train_images`), without augmentation
+(a flip or shift of shuffled patches would break the consistent order the question is about), in
+``out/VARIANT-sSEED``
 (a finished one is reused, an interrupted one resumed). The verdict pairs the variants seed by seed
 (:func:`qkv.lab.verdict.compare`, Holm-corrected; decided when every seed differs by ≥ 10 accuracy
 points the same way) for three comparisons: positions against none, a consistent shuffle against
@@ -159,7 +161,7 @@ def run_image_positions(out: str | Path, *, preset: str = "vit-digits", data: st
         for seed in range(seeds):
             cfg = ImageTrainConfig(out=str(out / f"{variant}-s{seed}"), preset=preset, data=data, seed=seed,
                                    steps=steps, time_budget=time_budget, batch_size=batch_size, model=over,
-                                   progress=False)
+                                   augment=(), progress=False)
             resume = (Path(cfg.out) / "run.json").is_file()
             earlier = " (finished earlier)" if (Path(cfg.out) / "report.json").is_file() else ""
             r = train_images(cfg, resume=resume, transform=_transform(variant, image, seed) if image else None)
