@@ -48,7 +48,31 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
         tok = load(model).tokenizer
         save(build_causal_lm(ModelConfig.preset("tiny", vocab_size=tok.get_vocab_size(), type_vocab_size=0,
                                                 pad_token_id=None, norm="pre", max_len=32)), clm, tokenizer=tok)
+    vit, pic, big = _image_inputs(tmp)
     return {
+        "predict a picture to a text model": ["predict", str(model), str(pic), "--out", str(tmp / "p.jsonl")],
+        "predict text to an image model": ["predict", str(vit), str(text), "--out", str(tmp / "p.jsonl")],
+        "predict a picture of another size": ["predict", str(vit), str(big), "--out", str(tmp / "p.jsonl")],
+        "predict an empty picture": ["predict", str(vit), str(afile.with_suffix(".png")), "--out",
+                                     str(tmp / "p.jsonl")],
+        "predict a folder without pictures": ["predict", str(vit), str(user), "--out", str(tmp / "p.jsonl")],
+        "inspect a picture to a text model": ["inspect", str(model), str(pic), "--out", str(tmp / "i")],
+        "inspect text to an image model": ["inspect", str(vit), "a cat", "--out", str(tmp / "i")],
+        "inspect a picture of another size": ["inspect", str(vit), str(big), "--out", str(tmp / "i")],
+        "inspect --patch outside": ["inspect", str(vit), str(pic), "--out", str(tmp / "i"), "--patch", "9,9"],
+        "inspect --patch for text": ["inspect", str(model), "text", "--out", str(tmp / "i"), "--patch", "1,1"],
+        "analyze an image model without --data": ["analyze", str(vit), "--out", str(tmp / "a")],
+        "analyze an image model with --corpus": ["analyze", str(vit), "--corpus", "dataset:pydoc", "--out",
+                                                 str(tmp / "a")],
+        "analyze --data for a text model": ["analyze", str(model), "--data", "dataset:digits", "--out", str(tmp / "a")],
+        "analyze no corpus": ["analyze", str(model), "--out", str(tmp / "a")],
+        "analyze --images 0": ["analyze", str(vit), "--data", "dataset:digits:test", "--images", "0", "--out",
+                               str(tmp / "a")],
+        "lab image-positions --seeds 0": ["lab", "image-positions", "--out", str(tmp / "l"), "--seeds", "0"],
+        "lab image-positions --variants bad": ["lab", "image-positions", "--out", str(tmp / "l"), "--variants", "x"],
+        "lab image-positions --model bad": ["lab", "image-positions", "--out", str(tmp / "l"), "--model", "{oops"],
+        "lab image-positions --steps 0": ["lab", "image-positions", "--out", str(tmp / "l"), "--steps", "0"],
+        "lab image-positions --out user files": ["lab", "image-positions", "--out", str(user)],
         "demo --minutes nan": ["demo", "--minutes", "nan", "--out", str(tmp / "d")],
         "demo --minutes -1": ["demo", "--minutes", "-1", "--out", str(tmp / "d")],
         "demo --out a file": ["demo", "--out", str(afile)],
@@ -225,6 +249,28 @@ def _cases(tmp: Path, model: Path) -> dict[str, list[str]]:
     }
 
 
+def _image_inputs(tmp: Path) -> tuple[Path, Path, Path]:
+    """A tiny image classifier folder (8×8 grey pictures), a picture of its size and one of another size."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from qkv.checkpoints.io import save
+    from qkv.models.heads import TaskConfig
+    from qkv.models.vision_builders import build_image_classifier
+    from qkv.vision.config import model_config
+
+    vit, pic, big = tmp / "vit", tmp / "pic.png", tmp / "big.png"
+    if not vit.exists():
+        torch.manual_seed(0)
+        save(build_image_classifier(model_config("vit-digits", {"image": {"patch": 2}}, n_layers=1),
+                                    TaskConfig("sequence-classification", ("a", "b"))), vit)
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(pic)
+        Image.fromarray(np.zeros((9, 8), np.uint8)).save(big)
+        (tmp / "afile.png").write_bytes(b"")
+    return vit, pic, big
+
+
 def test_every_subcommand_is_covered(tmp_path, model_folder):
     parser = build_parser()
     commands = set(next(a for a in parser._actions if a.dest == "command").choices)
@@ -269,6 +315,20 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "finetune text file": "unknown format",
         "finetune --out user files": "not an empty folder",
         "predict no head": "no task head",
+        "predict a picture to a text model": "is a text model; it reads text, not pictures",
+        "predict text to an image model": "not a PNG or JPEG picture",
+        "predict a picture of another size": "the picture is 8×9 pixels but the model reads 8×8",
+        "predict an empty picture": "the file is empty",
+        "predict a folder without pictures": "holds no PNG/JPEG pictures",
+        "inspect a picture to a text model": "is a text model; it reads text, not pictures",
+        "inspect text to an image model": "is an image model; give it one picture file",
+        "inspect a picture of another size": "but the model reads 8×8",
+        "inspect --patch outside": "outside the model's 4×4 grid",
+        "analyze an image model without --data": "not an image run folder",
+        "analyze --data for a text model": "--data is for image models",
+        "analyze no corpus": "--corpus is required",
+        "lab image-positions --seeds 0": "--seeds 0",
+        "lab image-positions --out user files": "did not write",
         "predict --batch-tokens 0": "--batch-tokens 0 must be ≥ 1",
         "generate not a causal lm": "not a causal LM",
         "generate --top-p 2": "--top-p must be in (0, 1]",

@@ -40,6 +40,7 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], Path, str]]:
     old_json.write_text("{}")
     onnx = tmp / "old.onnx"
     onnx.write_bytes(b"an earlier export")
+    vit, pic = _image_inputs(tmp)
     train = tmp / "train.jsonl"
     train.write_text("".join(f'{{"text": "document {i}", "label": "{"ab"[i % 2]}"}}\n' for i in range(8)))
     return {
@@ -53,6 +54,14 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], Path, str]]:
         "finetune into user files": (["finetune", str(model), "--task", "sequence-classification", "--train",
                                       str(train), "--out", str(user)], user, "not an empty folder"),
         "lab seq2seq into user files": (["lab", "seq2seq", "--task", "reverse", "--out", str(user)], user, "empty"),
+        "lab image-positions into user files": (["lab", "image-positions", "--out", str(user)], user, "did not write"),
+        "predict pictures onto an earlier result": (["predict", str(vit), str(pic), "--out", str(old_json)], old_json,
+                                                    "--force"),
+        "predict pictures onto a picture": (["predict", str(vit), str(pic), "--out", str(pic)], pic, "is the input"),
+        "inspect a picture into a model folder": (["inspect", str(vit), str(pic), "--out", str(vit)], vit,
+                                                  "did not write"),
+        "analyze an image model into user files": (["analyze", str(vit), "--data", "dataset:digits:test", "--out",
+                                                    str(user)], user, "did not write"),
         "train-embeddings into user files": (["train-embeddings", str(model), "--corpus", str(docs), "--out",
                                               str(user)], user, "empty"),
         "eval-embeddings onto an earlier result": (["eval-embeddings", str(model), "--dataset", "reuters8", "--out",
@@ -67,6 +76,26 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], Path, str]]:
         "translate onto an earlier result": (["translate", str(model), "--input", str(docs), "--output", str(old)],
                                              old, "--force"),
     }
+
+
+def _image_inputs(tmp: Path) -> tuple[Path, Path]:
+    """A tiny image classifier folder (8×8 grey pictures) and a picture of its size."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from qkv.checkpoints.io import save
+    from qkv.models.heads import TaskConfig
+    from qkv.models.vision_builders import build_image_classifier
+    from qkv.vision.config import model_config
+
+    vit, pic = tmp / "vit", tmp / "pic.png"
+    if not vit.exists():
+        torch.manual_seed(0)
+        save(build_image_classifier(model_config("vit-digits", {"image": {"patch": 2}}, n_layers=1),
+                                    TaskConfig("sequence-classification", ("a", "b"))), vit)
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(pic)
+    return vit, pic
 
 
 def test_every_subcommand_has_an_output_case_or_writes_nothing(tmp_path, model_folder):

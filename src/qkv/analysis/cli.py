@@ -22,11 +22,19 @@ def add_analysis_parsers(sub) -> None:
         "(self-contained), report.md, PNG figures and analysis.json into --out: per-layer anisotropy, "
         "self- and intra-context similarity (Ethayarajh 2019), CKA between layers, linear probes, and "
         "per-head attention entropy, distance and [CLS]/[SEP]/self/previous/next shares (Clark et al. "
-        "2019). See docs/analysis.md.",
+        "2019). See docs/analysis.md. For an image model (qkv pretrain --objective image, a converted ViT): each "
+        "head's mean attention distance per layer (the ViT paper's Figure 7) on --images held-out images of the "
+        "model's training run (or --data), as attention_distance.md/.json/.png. See docs/vision.md.",
     )
     a.add_argument("model", help="model folder")
-    a.add_argument("--corpus", action="append", required=True, metavar="SPEC",
-                   help="file, folder or dataset:NAME[:SPLIT] (repeatable), e.g. dataset:20newsgroups:test")
+    a.add_argument("--corpus", action="append", default=None, metavar="SPEC",
+                   help="text models (required for them): file, folder or dataset:NAME[:SPLIT] (repeatable), e.g. "
+                   "dataset:20newsgroups:test")
+    a.add_argument("--data", default=None, metavar="SPEC",
+                   help="image models: dataset:NAME[:SPLIT] or a folder of pictures of the model's size (default: the "
+                   "held-out images of the run the model was trained in)")
+    a.add_argument("--images", type=int, default=500, metavar="N",
+                   help="image models: a seeded sample of N images (default 500)")
     a.add_argument("--out", required=True, help="report folder (created)")
     a.add_argument("--max-docs", type=int, default=None, help="seeded random sample of this many documents")
     a.add_argument("--max-len", type=int, default=128,
@@ -59,10 +67,18 @@ def add_analysis_parsers(sub) -> None:
         "and/or SVG — and viewer.html (one file, works offline: method switch, layer and head, head view, "
         "matrix view usable at 512 tokens, model view, ablation beside the maps, SVG/PNG export of every view). "
         "For a Hugging Face folder it also says how far qkv's numbers are from transformers' own. With "
-        "--similar-to, instead explain the embedding similarity of TEXT and that text token pair by token pair.",
+        "--similar-to, instead explain the embedding similarity of TEXT and that text token pair by token pair. "
+        "For an image model (qkv pretrain --objective image, a converted ViT, an image captioner) give a PNG/JPEG "
+        "picture of the model's size instead of TEXT: image_attention_layer_K (each head's attention of the [CLS] "
+        "token, or of --patch ROW,COL, over the picture), image_rollout, for a captioner cross_attention_layer_K "
+        "(per written word of its greedy caption) and viewer.html (the picture with the selected token's attention "
+        "over it, beside the patch-token views).",
     )
     i.add_argument("model", help="model folder")
-    i.add_argument("text", help="the text")
+    i.add_argument("text", help="the text (for an image model: the picture file)")
+    i.add_argument("--patch", default=None, metavar="ROW,COL",
+                   help="image models: draw this patch's attention (row and column on the patch grid, from 0) "
+                   "instead of the [CLS] token's")
     i.add_argument("--pair", default=None, metavar="TEXT_B", help="a second segment: [CLS] a [SEP] b [SEP]")
     i.add_argument("--out", required=True, help="output folder (created)")
     i.add_argument("--truncate", action="store_true",
@@ -120,6 +136,18 @@ def add_analysis_parsers(sub) -> None:
 
 def _analyze(args: argparse.Namespace) -> int:
     from qkv.analysis.analyze import AnalyzeOptions, run_analyze
+    from qkv.errors import QkvError
+    from qkv.vision.pictures import is_image_model_folder
+
+    if is_image_model_folder(args.model):
+        if args.corpus:
+            raise QkvError(f"{args.model} is an image model; give its images with --data (or none: the held-out "
+                           "images of its run), not --corpus")
+        return _analyze_images(args)
+    if args.data is not None:
+        raise QkvError(f"--data is for image models; {args.model} reads text: give the texts with --corpus")
+    if not args.corpus:
+        raise QkvError("--corpus is required for a text model (e.g. --corpus dataset:20newsgroups:test)")
 
     opts = AnalyzeOptions(
         max_len=args.max_len or None, long_text=args.long_text, max_windows_per_doc=args.max_windows,
@@ -135,6 +163,19 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"parity with {p['reference']}: max |Δ| {p['output']} {p['output_diff']:.1e}, "
               f"attention weights {p['attention_diff']:.1e}")
     print(f"report: {paths['html']}  (also {paths['md'].name}, {paths['json'].name}, figures *.png)")
+    return 0
+
+
+def _analyze_images(args: argparse.Namespace) -> int:
+    from qkv.vision.analyze_image import run_analyze_images
+
+    _check_out_folder(Path(args.out), ("attention_distance.json", "analysis.json"), "analyze")
+    report, paths = run_analyze_images(args.model, args.out, data=args.data, images=args.images, seed=args.seed,
+                                       batch_size=args.batch_size)
+    print(f"mean attention distance in pixels, {report.images} images ({report.source}); uniform attention "
+          f"gives {report.uniform:.2f}:")
+    print(report.table())
+    print(f"written: {paths['md']}, {paths['json'].name}, {paths['png'].name}")
     return 0
 
 
@@ -188,6 +229,8 @@ def _inspect(args: argparse.Namespace) -> int:
         raise ValueError(f"--flow-max-tokens {args.flow_max_tokens} must be ≥ 1")
     if args.similar_to is not None:
         return _similarity(args, formats)
+    if _image_model_or_picture(args):
+        return _inspect_picture(args, formats)
     ins, paths = run_inspect(args.model, args.text, args.out, text_b=args.pair,
                              long_text="truncate" if args.truncate else "error", methods=methods,
                              ablation=args.ablation, flow_max_tokens=args.flow_max_tokens, formats=formats,
@@ -212,6 +255,49 @@ def _inspect(args: argparse.Namespace) -> int:
               + ", ".join(f"{ins.tokens[i]} {blank[i]:+.3f}" for i in top))
     extra = [paths[k].name for k in ("overview", "methods", "ablation", "importance") if k in paths]
     print(f"viewer: {paths['viewer']}  (also {', '.join(extra)} and attention_layer_*.{ext})")
+    return 0
+
+
+def _image_model_or_picture(args: argparse.Namespace) -> bool:
+    """Whether the model is an image model (True); a picture given to a text model, or --patch for it, is an
+    error."""
+    from qkv.errors import QkvError
+    from qkv.vision.pictures import is_image_model_folder, is_picture_spec
+
+    if is_image_model_folder(args.model):
+        return True
+    if Path(args.model).exists() and is_picture_spec(args.text):
+        raise QkvError(f"{args.model} is a text model; it reads text, not pictures ({args.text}): give it a text, or "
+                       "give the picture to an image model (qkv pretrain --objective image)")
+    if args.patch is not None:
+        raise QkvError("--patch is for image models; this model reads text")
+    return False
+
+
+def _patch(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--patch {text!r}: give ROW,COL, two whole numbers from 0 (e.g. --patch 3,4)")
+    return int(parts[0]), int(parts[1])
+
+
+def _inspect_picture(args: argparse.Namespace, formats: tuple[str, ...]) -> int:
+    from qkv.vision.inspect_image import run_inspect_picture
+
+    ins, paths = run_inspect_picture(args.model, args.text, args.out, patch=_patch(args.patch), formats=formats)
+    n_layers, n_heads, t, _ = ins.attentions.shape
+    print(f"{t} tokens ([CLS] and patches), {n_layers} layers × {n_heads} heads; drawn: the attention of "
+          f"{ins.tokens[ins.query]}")
+    for note in ins.notes:
+        print(f"note: {note}")
+    if ins.prediction:
+        print(f"predicted {ins.prediction['label']} (probability {ins.prediction['probability']:.3f})")
+    if ins.words:
+        print(f"caption: {' '.join(ins.words)}  (cross-attention: {paths['cross_0']})")
+    ext = formats[0]
+    print(f"viewer: {paths['viewer']}  (also {paths['rollout'].name} and image_attention_layer_*.{ext})")
     return 0
 
 

@@ -8,6 +8,10 @@ is written at the top of ``viewer.js`` (the browser test relies on it).
 
 Methods: ``raw`` and ``value_norm`` hold ``(L,H,T,T)`` maps, ``rollout`` and ``flow`` ``(L,T,T)``
 (see :mod:`qkv.analysis.inspect_methods`).
+
+With a ``picture`` (``qkv inspect`` of an image model) the tokens are the [CLS] token and the
+patches, and the page also shows the picture with the selected token's attention over its patches
+(``static/viewer_image.js``, which redraws on the viewer's ``qkv-render`` event).
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ METHOD_HELP = {
 }
 
 
+_PICTURE_SECTION = ('<section id="picture-section"><h2>Attention over the picture</h2>'
+                    '<p class="help" id="picture-help"></p><canvas id="picture"></canvas></section>')
+
+
 def quantize_attention(attn: np.ndarray) -> np.ndarray:
     """Weights in [0, 1] → little-endian uint16 ``round(w · 65535)`` (error ≤ 7.7e-6), same shape."""
     return np.round(np.clip(np.asarray(attn, dtype=np.float64), 0, 1) * 65535).astype("<u2")
@@ -53,7 +61,7 @@ def encode_maps(maps: np.ndarray) -> list[str]:
 def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, title: str, subtitle: str,
                   maps: dict[str, np.ndarray] | None = None, notes: list[str] | tuple[str, ...] = (),
                   ablation: tuple[np.ndarray, str] | None = None, parity: str | None = None,
-                  importance: tuple[dict[str, np.ndarray], str] | None = None) -> str:
+                  importance: tuple[dict[str, np.ndarray], str] | None = None, picture: dict | None = None) -> str:
     """The viewer page for ``attn (L,H,T,T)`` and the other methods' ``maps``.
 
     Args:
@@ -64,6 +72,8 @@ def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, t
         ablation: ``((L,H) changes, what they measure)`` of switching each head off, or ``None``.
         importance: ``({method: (T,) scores}, what they are the importance to)`` of each token, or ``None``.
         parity: one line on how far the numbers are from the original model's, or ``None``.
+        picture: for an image model, ``{"png": base64 PNG, "size": [R, W], "grid": [rows, cols], "patch",
+            "stride", "prefix": tokens before the patches, "query": the token shown by default}``.
     """
     every = {"raw": np.asarray(attn), **(maps or {})}
     order = [m for m in _ORDER if m in every]
@@ -78,10 +88,13 @@ def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, t
         "importance": None if not importance or not importance[0] else {
             "methods": {m: np.asarray(v, dtype=np.float64).round(8).tolist() for m, v in importance[0].items()},
             "target": importance[1]},
+        "picture": picture,
     }
     text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # never close the <script> early
     page = (_STATIC / "viewer.html").read_text(encoding="utf-8")
     parts = {"__TITLE__": html.escape(title), "__SUB__": html.escape(subtitle),
              "__CSS__": (_STATIC / "viewer.css").read_text(encoding="utf-8"),
-             "__JS__": (_STATIC / "viewer.js").read_text(encoding="utf-8"), "__DATA__": text}
-    return re.sub("__(TITLE|SUB|CSS|JS|DATA)__", lambda m: parts[m.group(0)], page)  # one pass: the template only
+             "__JS__": (_STATIC / "viewer.js").read_text(encoding="utf-8"), "__DATA__": text,
+             "__PICTURE__": _PICTURE_SECTION if picture else "",
+             "__PICTUREJS__": (_STATIC / "viewer_image.js").read_text(encoding="utf-8") if picture else ""}
+    return re.sub("__(TITLE|SUB|CSS|JS|DATA|PICTURE|PICTUREJS)__", lambda m: parts[m.group(0)], page)  # one pass: the template only

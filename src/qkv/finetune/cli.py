@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 from qkv.training.cli import LOOP_OPTIONS, add_run_arguments, add_table_options, report_interrupted
 
@@ -94,14 +95,18 @@ def add_finetune_parsers(sub) -> None:
 
     q = sub.add_parser(
         "predict",
-        help="labels (and probabilities) of new texts with a fine-tuned model",
+        help="labels (and probabilities) of new texts, or of pictures, with a fine-tuned model or image classifier",
         description="Predict with a fine-tuning run folder (or any folder with a task head): a text file (one "
         "input per line), .jsonl/.csv/.tsv (the --text-field; an 'id' field is kept), or for token models a "
         "CoNLL file or .jsonl with --tokens-field. Writes JSONL: id, label and probabilities per label "
-        "(classification), value (regression), or tokens and tags. Long texts are read in the run's windows.",
+        "(classification), value (regression), or tokens and tags. Long texts are read in the run's windows. "
+        "With an image classifier (qkv pretrain --objective image, or a converted ViT): PNG/JPEG pictures or "
+        "folders of them (at any depth), of the model's size (never resized); each line holds the picture's "
+        "path as id, its label and the probabilities per label.",
     )
-    q.add_argument("run", help="the fine-tuning run (or model) folder")
-    q.add_argument("input", help="the inputs")
+    q.add_argument("run", help="the fine-tuning run (or model) folder, or an image classifier's")
+    q.add_argument("input", nargs="+", help="the inputs: one text file; or, for an image classifier, pictures "
+                   "and folders of pictures")
     q.add_argument("--out", required=True, help="the .jsonl file to write (atomically)")
     q.add_argument("--force", action="store_true",
                    help="replace an existing --out (atomically, when the new one is complete)")
@@ -149,16 +154,37 @@ def _finetune(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from qkv.errors import QkvError
     from qkv.finetune.predict import predict_file
+    from qkv.vision.pictures import is_image_model_folder, is_picture_spec
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} must be ≥ 1")
     if args.batch_tokens < 1:
         raise ValueError(f"--batch-tokens {args.batch_tokens} must be ≥ 1")
-    info = predict_file(args.run, args.input, args.out, replace=args.force, batch_size=args.batch_size, text_field=args.text_field,
+    if is_image_model_folder(args.run):
+        return _predict_pictures(args)
+    pictures = [s for s in args.input if is_picture_spec(s)]
+    if pictures and Path(args.run).exists():
+        raise QkvError(f"{args.run} is a text model; it reads text, not pictures ({pictures[0]}): give it a text "
+                       "file, or give the pictures to an image classifier (qkv pretrain --objective image)")
+    if len(args.input) != 1:
+        raise QkvError(f"a text model predicts one input file at a time; got {len(args.input)} "
+                       f"({', '.join(args.input[:3])}): join them into one file")
+    info = predict_file(args.run, args.input[0], args.out, replace=args.force, batch_size=args.batch_size, text_field=args.text_field,
                         tokens_field=args.tokens_field, encoding_errors=args.encoding_errors,
                         progress=args.progress, device=args.device, precision=args.precision,
                         batch_tokens=args.batch_tokens)
     extra = f", {info['long']} long inputs read in several windows" if info["long"] else ""
     print(f"wrote {info['inputs']} predictions to {info['out']} ({info['windows']} windows{extra})")
+    return 0
+
+
+def _predict_pictures(args: argparse.Namespace) -> int:
+    from qkv.vision.predict import predict_pictures
+
+    info = predict_pictures(args.run, args.input, args.out, replace=args.force, batch_size=args.batch_size)
+    for note in info["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {info['inputs']} predictions to {info['out']}")
     return 0

@@ -1,4 +1,5 @@
-"""``qkv lab seq2seq``: train an encoder–decoder on a synthetic task and print its exact match.
+"""``qkv lab seq2seq``: train an encoder–decoder on a synthetic task and print its exact match;
+``qkv lab image-positions``: the positions question on images, over seeds, with a verdict.
 
 Library modules are imported inside the command functions, not at the top: ``qkv COMMAND`` builds
 only that command's parsers (:data:`qkv.cli._GROUPS`), so a command imports no other command's
@@ -59,6 +60,37 @@ def add_lab_parser(sub) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_common_options(p)
     p.set_defaults(func=_seq2seq)
+    _add_image_positions(labsub, add_common_options)
+
+
+def _add_image_positions(labsub, add_common_options) -> None:
+    from qkv.lab.image_positions import VARIANTS
+    from qkv.vision.config import RECIPES
+
+    q = labsub.add_parser(
+        "image-positions", help="why positions, on images: learned vs none vs patches shuffled, over seeds",
+        description="Train one image recipe four ways over --seeds: learned patch positions, none, the patches "
+        "shuffled the same way for every image, and shuffled per image; print each run's held-out accuracy, the "
+        "mean ± std per variant and the verdicts (paired over seeds, Holm-corrected; decided when every seed "
+        "differs by ≥ 0.10 the same way). --out holds one image run folder per variant and seed (a finished one "
+        "is reused, an interrupted one resumed) and verdict.md/.json. See docs/vision.md.")
+    q.add_argument("--out", required=True, help="the folder of the runs and the verdict")
+    q.add_argument("--preset", default="vit-digits", choices=sorted(RECIPES), help="the image recipe (default "
+                   "vit-digits)")
+    q.add_argument("--data", default=None, help="dataset:NAME or a class folder (default: the recipe's)")
+    q.add_argument("--seeds", type=int, default=3, help="seeds per variant (default 3)")
+    budget = q.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, default=None, help="optimiser steps per run (default: the recipe's)")
+    budget.add_argument("--time-budget", dest="time_budget", type=float, default=None, metavar="MINUTES",
+                        help="minutes of training per run instead of --steps")
+    q.add_argument("--batch-size", type=int, default=None, help="images per step (default: the recipe's)")
+    q.add_argument("--model", default=None, metavar="JSON",
+                   help="model overrides as JSON, e.g. '{\"image\": {\"patch\": 2}}' (the shuffles need "
+                   "patches side by side: stride = patch)")
+    q.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated subset of {', '.join(VARIANTS)} (default all)")
+    add_common_options(q)
+    q.set_defaults(func=_image_positions)
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -97,4 +129,28 @@ def _seq2seq(args: argparse.Namespace) -> int:
         return 130
     print(f"{r.task}: exact match {r.exact_match:.4f} on {r.eval_examples} held-out examples "
           f"(chance {r.chance:.2g}); {r.steps} steps in {r.wall_s:.1f} s ({r.precision}); model in {r.model_dir}")
+    return 0
+
+
+def _image_positions(args: argparse.Namespace) -> int:
+    import json
+
+    from qkv.lab.image_positions import run_image_positions
+
+    try:
+        model = json.loads(args.model) if args.model else {}
+    except ValueError as e:
+        raise ValueError(f"--model {args.model!r} is not JSON ({e}); e.g. --model '{{\"image\": {{\"patch\": 2}}}}'")
+    if not isinstance(model, dict):
+        raise ValueError(f"--model must be a JSON object of model fields, got {args.model!r}")
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be ≥ 1, got {args.steps}")
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise ValueError(f"--time-budget must be > 0 minutes, got {args.time_budget}")
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    result = run_image_positions(args.out, preset=args.preset, data=args.data, seeds=args.seeds, steps=args.steps,
+                                 time_budget=args.time_budget, batch_size=args.batch_size, model=model,
+                                 variants=variants)
+    print(result.markdown.split("\n", 2)[2].rstrip())
+    print(f"written: {Path(args.out) / 'verdict.md'}, verdict.json and one run folder per variant and seed")
     return 0

@@ -193,11 +193,15 @@ def _model_config(cfg: ImageTrainConfig, train: ImageSet):
 
 
 def train_images(cfg: ImageTrainConfig, *, resume: bool = False, clock=time.monotonic,
-                 on_backward=None) -> ImageResult:
-    """Train an image classifier as ``cfg`` says (see the module docstring)."""
+                 on_backward=None, transform=None) -> ImageResult:
+    """Train an image classifier as ``cfg`` says (see the module docstring). ``transform``: a
+    deterministic ``(ImageSet, "train" | "held") → ImageSet`` applied to the images read (the lab's
+    patch shuffles); the run's data fingerprint is taken after it."""
     refuse_world("image training runs in one process; run it without torchrun")
     cfg = cfg.resolved()
     train, held, how = read_image_data(cfg)
+    if transform is not None:
+        train, held = transform(train, "train"), transform(held, "held")
     config = _model_config(cfg, train)
     task = TaskConfig("sequence-classification", train.classes, pooling=cfg.pooling, classifier_dropout=0.0)
     with run_session(cfg.device, cfg.out, resume=resume) as (info, run):

@@ -294,6 +294,7 @@
     matrixTop = renderScale(paint(matrix, state.layer));
     markThumbs(); markAblation();
     $("info").textContent = text;
+    document.dispatchEvent(new CustomEvent("qkv-render"));  // viewer_image.js redraws the picture
   }
 
   // ---------------------------------------------------------------- export (SVG, PNG)
