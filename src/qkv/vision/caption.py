@@ -18,19 +18,18 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.data.caption_grammar import EOS
-from qkv.data.errors import ImageDataError
-from qkv.data.images import pixel_values, read_image
 from qkv.models.vision import ImageCaptioner
 from qkv.nn.kv_cache import KVCache
+from qkv.vision.pictures import read_pictures as read_image_files
 
-__all__ = ["Captions", "caption_with_attention", "caption_pictures", "read_pictures", "check_captioner"]
+__all__ = ["Captions", "caption_pictures", "caption_with_attention", "check_captioner", "read_pictures"]
 
 
 @dataclass
@@ -137,19 +136,11 @@ def caption_with_attention(model, tokenizer, pixels: Tensor, *, max_new_tokens: 
 
 
 def read_pictures(paths: Sequence[str | os.PathLike], model) -> Tensor:
-    """Picture files → ``(B,K,R,W)`` pixel values for ``model``; one line naming the file when one is
-    unreadable, empty, or not of the model's size (nothing is resized behind your back)."""
+    """Picture files → ``(B,K,R,W)`` pixel values for the captioner ``model``, read as every image command
+    reads them (:func:`qkv.vision.pictures.read_pictures`: one line naming the file when one is
+    unreadable, empty, or not of the model's size; nothing is resized behind your back)."""
     image = check_captioner(model).config.image
-    if len(image.size) != 2:
-        raise ValueError("this captioner reads 1-D signals, not pictures")
-    out = []
-    for path in paths:
-        a = read_image(path, channels=image.channels)  # (K,R,W) uint8
-        if tuple(a.shape[1:]) != tuple(image.size):
-            raise ImageDataError(f"{path}: the picture is {a.shape[2]}×{a.shape[1]} pixels but the model reads "
-                                 f"{image.size[1]}×{image.size[0]}; give a picture of the model's size")
-        out.append(a)
-    return pixel_values(torch.from_numpy(np.stack(out)))
+    return read_image_files([Path(p) for p in paths], image)[0]
 
 
 def caption_pictures(model, tokenizer, paths: Sequence[str | os.PathLike], *,
