@@ -191,8 +191,9 @@ def check_batch_tokens(name: str, batch: Any, length: Any, *, error: type[Except
     tokens = batch * (length or 1)
     if tokens > MAX_BATCH_TOKENS:
         what = f"{name}={batch:,} × max_len={length:,} = {tokens:,} tokens" if length else f"{name}={batch:,}"
-        raise error(f"{what} in one batch is above {MAX_BATCH_TOKENS:,}; give a smaller {name} (with grad_accum "
-                    "for a larger effective batch)")
+        smaller = f"{name} or max_len" if length else name
+        raise error(f"{what} in one batch is above {MAX_BATCH_TOKENS:,}; give a smaller {smaller} (grad_accum "
+                    "makes a larger effective batch)")
 
 
 def check_run_length(cfg: Any, *, error: type[Exception] = ValueError) -> None:
