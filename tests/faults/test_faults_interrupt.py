@@ -124,3 +124,28 @@ def test_ctrl_c_in_the_first_seconds_of_embed_is_one_line_or_a_complete_output(d
         assert proc.returncode == 130 and "Traceback" not in err and len(lines) == 1 and "interrupted" in lines[0], err
         assert not out.exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.npy")]  # no temporary file left
+
+
+def test_workers_of_a_harness_killed_with_sigkill_stop_too(tmp_path):
+    """``qkv ablate --jobs N`` starts its workers with :func:`qkv.training.stop.end_with_parent`: a harness
+    ended by ``kill -9`` (which it cannot catch) takes them with it (SIGTERM: each stops as for a stop
+    request) instead of leaving them training into its folder."""
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from qkv.training.stop import end_with_parent\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=end_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n")], env=env(tmp_path))
+    deadline = time.time() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.time() < deadline and parent.poll() is None, "the harness never started its worker"
+        time.sleep(0.01)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 20
+    while Path(f"/proc/{child}").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], \
+        "the worker outlived its harness"

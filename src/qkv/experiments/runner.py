@@ -44,6 +44,7 @@ from qkv.experiments.worker import is_finished, read_result, run_job
 from qkv.hardware import threads_per_job
 from qkv._fs import atomic_write_text
 from qkv.training.config import TrainConfig
+from qkv.training.stop import end_with_parent
 from qkv.validation import MAX_SEEDS, check_at_most, check_int
 import torch
 
@@ -262,7 +263,8 @@ def _spawn(job: Job, threads: int, out: Path) -> subprocess.Popen:
     log_file = open(logs / f"{job.variant}-seed{job.seed}.log", "a", encoding="utf-8")
     try:
         command = [sys.executable, "-m", "qkv.experiments.worker", str(spec), "--threads", str(threads)]
-        return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=end_with_parent)  # a harness killed -9 takes its workers with it
     finally:
         log_file.close()
 

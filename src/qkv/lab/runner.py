@@ -30,6 +30,7 @@ from qkv.validation import MAX_SEEDS, check_at_most, check_int
 from qkv.lab.encoder_config import EncoderTaskConfig
 from qkv.lab.encoder_run import train_on_task
 from qkv.lab.report import write_report
+from qkv.training.stop import end_with_parent
 from tqdm.auto import tqdm
 import torch
 
@@ -167,7 +168,8 @@ def run_lab(config: LabRunConfig, log: Callable[[str], None] = print, progress: 
                 _collect(done, errors, (cell.name, seed), label, lambda a=a: _train(*a), bar)
         else:
             ctx = multiprocessing.get_context("spawn")
-            with cf.ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx) as pool:
+            with cf.ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx,
+                                        initializer=end_with_parent) as pool:  # a lab killed -9 takes its workers
                 futures = {pool.submit(_train, *a): (key, label) for key, label, a in
                            zip([(c.name, s) for c, s, _ in todo], labels, args)}
                 try:
