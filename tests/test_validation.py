@@ -128,3 +128,22 @@ def test_check_field_types(field, value, message):
     check_field_types(_Config(x=2, specs=["a", "b"], size=None, anything=object()))
     with pytest.raises(ValueError, match=re.escape(message) + "$"):
         check_field_types(_Config(**{field: value}))
+
+
+def test_upper_limits_name_the_value_and_the_limit():
+    from qkv.validation import MAX_BATCH_TOKENS, check_at_most, check_batch_tokens, check_cpus, usable_cpus
+
+    check_at_most("steps", 10, 10)
+    check_at_most("steps", None, 10)
+    assert _message(check_at_most, "steps", 10**12, 10_000_000, why="the most steps") == \
+        "steps=1,000,000,000,000 is above 10,000,000 (the most steps); give a smaller value"
+    assert _message(check_at_most, "time_budget", 1e30, 43_200) == "time_budget=1e+30 is above 43,200; give a smaller value"
+    check_batch_tokens("batch_size", MAX_BATCH_TOKENS // 8, 8)
+    assert _message(check_batch_tokens, "batch_size", 10**9, 19).startswith(
+        "batch_size=1,000,000,000 × max_len=19 = 19,000,000,000 tokens in one batch is above 4,194,304; "
+        "give a smaller batch_size or max_len")
+    with pytest.raises(QkvError, match="batch_size=5,000,000 in one batch"):
+        check_batch_tokens("batch_size", 5_000_000, None, error=QkvError)
+    check_cpus("--threads", usable_cpus())
+    check_cpus("--threads", "adaptive")
+    assert _message(check_cpus, "--jobs", usable_cpus() + 1).startswith(f"--jobs {usable_cpus() + 1:,} is more than the")

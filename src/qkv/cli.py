@@ -24,7 +24,7 @@ import threading
 
 from qkv._faults import fault_point
 
-__all__ = ["main", "build_parser", "command_of", "add_common_options"]
+__all__ = ["main", "console", "exit_with", "build_parser", "command_of", "add_common_options"]
 
 
 #: Every subcommand after ``demo``, in the order ``qkv --help`` lists them, with the function that
@@ -200,6 +200,27 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def console() -> None:
+    """The ``qkv`` script: :func:`main` with the process's arguments, then :func:`exit_with` its status."""
+    exit_with(main())
+
+
+def exit_with(code: int) -> None:
+    """End the process with ``code``.
+
+    An interrupted command (130) has said so in one line and run its clean-up (its ``finally`` blocks).
+    A Ctrl-C that lands inside code a library runs through ``PyRun_String`` (a compiled extension's own
+    Python) leaves the interpreter's "unhandled KeyboardInterrupt" mark set although :func:`main` handled
+    it, and the interpreter would end itself by SIGINT at exit (status −2, seen in embed's first seconds)
+    instead of 130: so flush and leave with the status directly.
+    """
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    raise SystemExit(code)
+
+
 class Terminated(BaseException):
     """SIGTERM arrived: raised where the program is, so that every ``finally`` and ``with`` block cleans up as
     for Ctrl-C (a command that handles SIGTERM itself — training, ``qkv serve`` — installs its own handler)."""
@@ -239,4 +260,4 @@ def _run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

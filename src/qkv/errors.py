@@ -38,3 +38,7 @@ def check_device(device) -> None:
         raise QkvError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise QkvError(f"--device {device!r} asked for, but torch sees no CUDA device; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise QkvError(f"--device {device!r} asked for, but torch sees {n} CUDA device{'s' * (n != 1)} "
+                       f"(cuda:0 … cuda:{n - 1}); use one of them")

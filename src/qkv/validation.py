@@ -23,7 +23,28 @@ from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["is_int", "is_number", "check_int", "check_choice", "check_bool", "check_positive", "check_range",
-           "check_field_types", "check_heads"]
+           "check_field_types", "check_heads", "check_at_most", "check_batch_tokens", "check_run_length",
+           "usable_cpus", "check_cpus", "MAX_STEPS", "MAX_MINUTES", "MAX_GRAD_ACCUM", "MAX_BATCH_TOKENS",
+           "MAX_SEEDS", "MAX_NEW_TOKENS", "MAX_BEAMS", "MAX_EPOCHS"]
+
+# The upper limits: far above any real use, low enough that an absurd value (a typo, an extra
+# zero, 1e30) is refused before any work starts instead of running for years or exhausting memory.
+#: optimiser steps of one run (BERT was pretrained in 1,000,000)
+MAX_STEPS = 10_000_000
+#: minutes of one time-budgeted run (30 days)
+MAX_MINUTES = 43_200
+#: micro-batches of one optimiser step
+MAX_GRAD_ACCUM = 100_000
+#: tokens of one batch (sequences × their length); larger batches come from gradient accumulation
+MAX_BATCH_TOKENS = 1 << 22
+#: seeds of one ablation grid
+MAX_SEEDS = 1_000
+#: passes over the fine-tuning data
+MAX_EPOCHS = 10_000
+#: tokens one generation or translation may add
+MAX_NEW_TOKENS = 100_000
+#: beams of one beam search
+MAX_BEAMS = 256
 
 
 def is_int(value: Any) -> bool:
@@ -150,3 +171,55 @@ def check_heads(d_model: Any, n_heads: Any, n_kv_heads: Any = None, *, prefix: s
         divisors = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
         raise ValueError(f"{prefix}n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}; allowed: "
                          f"{divisors} (1 = multi-query attention)")
+
+
+def check_at_most(name: str, value: Any, limit: float, *, why: str = "", where: str = "",
+                  error: type[Exception] = ValueError) -> None:
+    """``name=value is above limit[ (why)]; ...``, unless ``value`` (a number, or ``None``) is at most
+    ``limit``: the one message of the upper limits above (``why`` says what the limit is for)."""
+    if value is None or not is_number(value) or value <= limit:
+        return
+    shown = f"{value:,}" if is_int(value) else f"{value:g}"
+    raise error(f"{where}{name}={shown} is above {limit:,}{f' ({why})' if why else ''}; give a smaller value")
+
+
+def check_batch_tokens(name: str, batch: Any, length: Any, *, error: type[Exception] = ValueError) -> None:
+    """``ValueError`` when ``batch`` sequences of ``length`` tokens exceed :data:`MAX_BATCH_TOKENS` (``length``
+    ``None``: the batch alone is compared)."""
+    if not is_int(batch) or (length is not None and not is_int(length)):
+        return
+    tokens = batch * (length or 1)
+    if tokens > MAX_BATCH_TOKENS:
+        what = f"{name}={batch:,} × max_len={length:,} = {tokens:,} tokens" if length else f"{name}={batch:,}"
+        smaller = f"{name} or max_len" if length else name
+        raise error(f"{what} in one batch is above {MAX_BATCH_TOKENS:,}; give a smaller {smaller} (grad_accum "
+                    "makes a larger effective batch)")
+
+
+def check_run_length(cfg: Any, *, error: type[Exception] = ValueError) -> None:
+    """The upper limits of a training run's ``steps``, ``time_budget`` (minutes) and ``grad_accum`` (the
+    fields ``cfg`` has)."""
+    check_at_most("steps", getattr(cfg, "steps", None), MAX_STEPS, why="the most steps one run may take",
+                  error=error)
+    check_at_most("time_budget", getattr(cfg, "time_budget", None), MAX_MINUTES,
+                  why="minutes: 30 days, the longest run", error=error)
+    check_at_most("grad_accum", getattr(cfg, "grad_accum", None), MAX_GRAD_ACCUM,
+                  why="micro-batches in one optimiser step", error=error)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the system tells it, else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_cpus(flag: str, value: Any, *, error: type[Exception] = ValueError) -> None:
+    """``error`` when ``value`` (threads or processes; ``None``/``"adaptive"`` pass) is more than
+    :func:`usable_cpus` — checked where a command starts (a stored configuration may come from a larger
+    machine)."""
+    if is_int(value) and value > usable_cpus():
+        n = usable_cpus()
+        raise error(f"{flag} {value:,} is more than the {n} CPU{'s' * (n != 1)} this process may use; "
+                    f"give at most {n}")

@@ -290,9 +290,10 @@ def test_bad_arguments_give_one_clear_line_and_no_traceback(tmp_path, model_fold
     assert (tmp_path / "user" / "thesis.tex").read_text() == "mine"
 
 
-def test_messages_name_the_problem(tmp_path, model_folder, capsys):
-    cases = _cases(tmp_path, model_folder)
-    expect = {
+def _expected() -> dict[str, str]:
+    """Cases whose one line must hold a fragment naming the problem (the "vague" class): every subcommand
+    has at least one (:func:`test_every_subcommand_has_a_message_case`)."""
+    return {
         "pretrain --select-rate 0": "select_rate",
         "pretrain --objective bad": "objective",
         "pretrain clm with --whole-word": "--whole-word",
@@ -355,8 +356,28 @@ def test_messages_name_the_problem(tmp_path, model_folder, capsys):
         "export --pooling without embeddings": "add --pipeline embeddings",
         "export classifier of an encoder": "pipeline 'classifier' needs a model with a task head",
         "export out under a file": "is a file, not a folder",
+        "convert missing src": "does not exist (not a folder); give the folder of a qkv, Hugging Face",
+        "convert dst user files": "holds files that are not part of a model (thesis.tex)",
+        "analyze --ablation-contexts -1": "ablation_contexts=-1 must be ≥ 0",
+        "inspect --methods rolout": "--methods 'rolout': allowed raw, value_norm, rollout, flow",
+        "findings abnar on a masked LM": "this finding needs a sequence classifier",
+        "search not an index": "is not an index folder made by `qkv index`",
+        "train-embeddings missing model": "does not exist (not a folder)",
     }
-    for name, fragment in expect.items():
+
+
+def test_every_subcommand_has_a_message_case(tmp_path, model_folder):
+    parser = build_parser()
+    commands = set(next(a for a in parser._actions if a.dest == "command").choices)
+    cases = _cases(tmp_path, model_folder)
+    assert set(_expected()) <= set(cases)
+    named = {cases[name][0] for name in _expected()}
+    assert commands <= named, f"no case naming its message for: {sorted(commands - named)}"
+
+
+def test_messages_name_the_problem(tmp_path, model_folder, capsys):
+    cases = _cases(tmp_path, model_folder)
+    for name, fragment in _expected().items():
         code, err = _run(cases[name], capsys)
         assert code == 2 and fragment in err, (name, err)
         assert "learning rate" not in err or name != "pretrain --select-rate 0"

@@ -175,6 +175,27 @@ def test_an_index_with_one_nan_vector_is_refused_when_opened_not_ranked_around(i
     assert code == 2 and "holds non-finite (NaN/inf) vectors (row 5 first)" in err and "rebuild it" in err, err
 
 
+def test_an_approximate_index_with_a_nan_vector_in_its_faiss_file_is_refused_when_opened(tmp_path, model_folder,
+                                                                                        texts, capsys):
+    """FAISS keeps its own copy of the vectors: a NaN written there (vectors.npy intact) is refused when the
+    index is opened, as one in vectors.npy is, not ranked around."""
+    faiss = pytest.importorskip("faiss", reason="faiss-cpu is not installed (make test installs it)")
+    from qkv.embeddings.ann import AnnOptions
+    from qkv.embeddings.search import build_index
+
+    out = tmp_path / "hnsw"
+    build_index(model_folder, [(i, t[:300]) for i, t in enumerate(texts[:12])], out, max_len=32,
+                ann=AnnOptions(type="faiss-hnsw", hnsw_m=8))
+    v = np.load(out / "vectors.npy").astype(np.float32)
+    v[5] = np.nan
+    damaged = faiss.IndexHNSWFlat(v.shape[1], 8, faiss.METRIC_INNER_PRODUCT)
+    damaged.add(v)
+    faiss.write_index(damaged, str(out / "ann.faiss"))
+    code = main(["search", str(out), "what is a class", "-k", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "ann.faiss changed since the index was built" in err and "Traceback" not in err, err
+
+
 def test_index_whose_model_tokenizer_changed_is_refused(tmp_path, model_copy, texts):
     from qkv.embeddings.search import build_index, search
 
@@ -237,18 +258,27 @@ def test_ctrl_c_during_embed_or_tokenisation_is_one_line(tmp_path, model_folder,
 # ---------------------------------------------------------------------------------------------- numerics
 
 
-def test_float16_weights_path_is_finite_where_the_fused_path_is():
+@pytest.mark.parametrize("similarity", ["dot", "scaled_dot", "cosine", "bilinear", "additive"])
+@pytest.mark.parametrize("backend", ["auto", "explicit", "chunked"])
+def test_float16_weights_path_is_finite_where_the_fused_path_is(similarity, backend):
+    """float16 attention asked for its weights: finite wherever the fused path is — every similarity and
+    backend, with padding, causal masks and a sliding window (scores overflow float16 without the float32
+    softmax of the explicit path)."""
     from qkv.models.builders import build_attention
 
     torch.manual_seed(0)
-    m = build_attention(64, 4).half()
     x = (torch.randn(2, 16, 64) * 60).half()
-    with torch.no_grad():
-        fused = m(x).output
-        explicit = m(x, need_weights=True)
-    assert torch.isfinite(fused).all()
-    assert torch.isfinite(explicit.output).all() and torch.isfinite(explicit.weights).all()
-    assert explicit.weights.dtype == torch.float16
+    padding = torch.ones(2, 16, dtype=torch.bool)
+    padding[1, 10:] = False  # (B,T): the second row's last 6 positions are padding
+    for window in (None, 4):
+        m = build_attention(64, 4, similarity=similarity, backend=backend, window=window).half()
+        for mask, causal in ((None, False), (padding, False), (padding, True)):
+            with torch.no_grad():
+                fused = m(x, mask, causal=causal).output
+                explicit = m(x, mask, causal=causal, need_weights=True)
+            assert torch.isfinite(fused).all(), (window, causal)
+            assert torch.isfinite(explicit.output).all() and torch.isfinite(explicit.weights).all(), (window, causal)
+            assert explicit.weights.dtype == torch.float16
 
 
 def test_messages_suggest_only_options_the_command_has(tmp_path, index, model_folder, capsys):

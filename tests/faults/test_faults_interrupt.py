@@ -95,3 +95,58 @@ def test_every_command_has_an_interrupt_case(tmp_path, model_folder):
     parser = build_parser()
     commands = set(next(a for a in parser._actions if a.dest == "command").choices)
     assert set(_commands(tmp_path, model_folder)) == commands  # a new command needs a case here
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.4, 0.8, 1.2, 1.6])
+def test_ctrl_c_in_the_first_seconds_of_embed_is_one_line_or_a_complete_output(delay, tmp_path, model_folder):
+    """A real SIGINT ``delay`` seconds after qkv's first line runs (importing, loading the model, tokenising,
+    the first batches): exit 130 with one line — never a C++ abort (it was rc −6), never an end by the
+    signal itself (−2: the interpreter's own mark of a KeyboardInterrupt seen inside a library, see
+    :func:`qkv.cli.exit_with`) — or, when embed was faster, exit 0 with the output complete; never a
+    half-written file."""
+    text = tmp_path / "docs.txt"
+    text.write_text("".join(f"document number {i} with a few words in it\n" for i in range(2000)))
+    out = tmp_path / "out.npy"
+    mark = tmp_path / "mark"
+    e = env(tmp_path, QKV_FAULT_PAUSE="cli.start:0", QKV_FAULT_MARK=str(mark))  # marks that qkv's code runs
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "embed", str(model_folder), str(text), "--out", str(out),
+                             "--no-progress"], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 120
+    while not mark.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [x for x in err.splitlines() if x.strip()]
+    if proc.returncode == 0:
+        assert out.is_file() and len(__import__("numpy").load(out)) == 2000
+    else:
+        assert proc.returncode == 130 and "Traceback" not in err and len(lines) == 1 and "interrupted" in lines[0], err
+        assert not out.exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.npy")]  # no temporary file left
+
+
+def test_workers_of_a_harness_killed_with_sigkill_stop_too(tmp_path):
+    """``qkv ablate --jobs N`` starts its workers with :func:`qkv.training.stop.end_with_parent`: a harness
+    ended by ``kill -9`` (which it cannot catch) takes them with it (SIGTERM: each stops as for a stop
+    request) instead of leaving them training into its folder."""
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from qkv.training.stop import end_with_parent\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=end_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n")], env=env(tmp_path))
+    deadline = time.time() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.time() < deadline and parent.poll() is None, "the harness never started its worker"
+        time.sleep(0.01)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 20
+    while Path(f"/proc/{child}").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], \
+        "the worker outlived its harness"

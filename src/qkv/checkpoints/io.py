@@ -183,7 +183,9 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
     plugin_registry.import_plugins(plugins)
     folder = model_folder(path)
     if not folder.is_dir():
-        raise CheckpointError(f"{folder}: not a folder")
+        what = "is a file, not a folder" if folder.exists() else "does not exist (not a folder)"
+        raise CheckpointError(f"{folder}: {what}; give the folder of a qkv, Hugging Face or sentence-transformers "
+                              "model")
     if (folder / QKV_CONFIG).is_file():
         meta = read_json(folder / QKV_CONFIG)
         if meta.get("format") != "qkv" or meta.get("kind") not in KINDS:

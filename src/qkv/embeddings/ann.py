@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from qkv._fs import sha256_file
 from qkv.embeddings.errors import EmbeddingError
 from qkv.validation import check_choice, check_int
 
@@ -143,6 +144,7 @@ def build_ann(vectors: np.ndarray, options: AnnOptions, folder: Path) -> dict[st
         index.add(np.ascontiguousarray(vectors[start:start + _ADD_BLOCK], dtype=np.float32))
     faiss.write_index(index, str(Path(folder) / ANN_FILE))
     record["faiss"] = faiss.__version__
+    record["sha256"] = sha256_file(Path(folder) / ANN_FILE)  # FAISS keeps its own copy of the vectors
     return record
 
 
@@ -156,6 +158,11 @@ class AnnIndex:
     def __init__(self, folder: Path, record: dict[str, Any], count: int, dim: int):
         faiss = _faiss()
         path = Path(folder) / ANN_FILE
+        if path.is_file() and record.get("sha256") not in (None, sha256_file(path)):
+            # its vectors are a copy of vectors.npy (checked finite when opened): a changed file could rank
+            # around a damaged (NaN) vector unnoticed
+            raise EmbeddingError(f"{path} changed since the index was built (damaged or replaced); rebuild the "
+                                 "index with qkv index")
         try:
             self.index = faiss.read_index(str(path))
         except RuntimeError as e:

@@ -65,7 +65,7 @@ from qkv.training.engine import run_training
 from qkv.training.lifecycle import RunFolder, open_run, resume_eval
 from qkv.training.metrics import read_metrics
 from qkv.training.precision import PRECISIONS, resolve_precision
-from qkv.validation import check_choice, check_int, check_positive, check_range
+from qkv.validation import check_batch_tokens, check_choice, check_int, check_positive, check_range, check_run_length
 
 __all__ = ["ContrastiveConfig", "ContrastiveResult", "ContrastiveObjective", "MODES", "FOLDER_FORMATS",
            "contrastive_loss", "train_embeddings"]
@@ -114,6 +114,9 @@ class ContrastiveConfig(RunConfig):
         check_range("dropout", self.dropout, 0, 1, optional=True, error=EmbeddingError)
         check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 5)", optional=True,
                        error=EmbeddingError)
+        check_run_length(self, error=EmbeddingError)
+        check_int("max_len", self.max_len, low=3, error=EmbeddingError)
+        check_batch_tokens("batch_size", self.batch_size, self.max_len, error=EmbeddingError)
         check_choice("precision", self.precision, PRECISIONS, error=EmbeddingError)
         if self.mode == "simcse" and self.dropout == 0:
             raise EmbeddingError("SimCSE needs dropout > 0: the two views of a text differ only by dropout")

@@ -13,6 +13,7 @@ import shlex
 import sys
 
 from qkv.training.cli import add_table_options, given_values, split_specs
+from qkv.validation import check_cpus
 
 __all__ = ["add_ablate_parser", "config_from_args", "parse_set"]
 
@@ -189,9 +190,10 @@ def _run_lab(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-
     if args.list_grids:
         return _list_grids()
+    check_cpus("--jobs", args.jobs)  # each job a training process: more than the CPUs only wait on each other
+    check_cpus("--threads", args.threads)
     from qkv.lab.grid import is_lab_grid
 
     if args.grid and is_lab_grid(args.grid):

@@ -44,7 +44,8 @@ from qkv.experiments.worker import is_finished, read_result, run_job
 from qkv.hardware import threads_per_job
 from qkv._fs import atomic_write_text
 from qkv.training.config import TrainConfig
-from qkv.validation import check_int
+from qkv.training.stop import end_with_parent
+from qkv.validation import MAX_SEEDS, check_at_most, check_int
 import torch
 
 __all__ = ["AblationConfig", "AblationResult", "run_ablation"]
@@ -94,6 +95,7 @@ class AblationConfig:
             raise ValueError("corpus is empty: give at least one file, folder or dataset:NAME")
         for name in ("seeds", "jobs"):
             check_int(name, getattr(self, name), low=1)
+        check_at_most("seeds", self.seeds, MAX_SEEDS, why="runs per variant")
         check_int("threads", self.threads, low=1, optional=True, allow_bool=True, tail=" or None")
 
 
@@ -261,7 +263,8 @@ def _spawn(job: Job, threads: int, out: Path) -> subprocess.Popen:
     log_file = open(logs / f"{job.variant}-seed{job.seed}.log", "a", encoding="utf-8")
     try:
         command = [sys.executable, "-m", "qkv.experiments.worker", str(spec), "--threads", str(threads)]
-        return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=end_with_parent)  # a harness killed -9 takes its workers with it
     finally:
         log_file.close()
 

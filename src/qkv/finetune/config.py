@@ -9,7 +9,7 @@ from typing import Any
 
 from qkv.training.config import RunConfig
 from qkv.training.optim import SCHEDULES
-from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range
+from qkv.validation import MAX_EPOCHS, check_at_most, check_choice, check_field_types, check_int, check_positive, check_range
 
 __all__ = ["FinetuneConfig", "TASKS", "BASELINES", "POOLINGS"]
 
@@ -146,6 +146,7 @@ class FinetuneConfig(RunConfig):
             raise ValueError(f"stride={self.stride} must be ≤ max_len − 2 = {self.max_len - 2} (the text tokens "
                              "of one window); a larger stride would skip tokens")
         check_positive("epochs", self.epochs)
+        check_at_most("epochs", self.epochs, MAX_EPOCHS, why="passes over the training data")
         check_positive("time_budget", self.time_budget, unit=" of minutes", optional=True)
         if self.steps is not None and self.time_budget is not None:
             raise ValueError("steps and time_budget are both set: give one (--steps or --time-budget)")

@@ -31,6 +31,7 @@ from qkv.finetune.encode import Encoded, eval_batches
 from qkv.data.windows import length_batches
 from qkv.nn.packed import PackedBatch
 from qkv._fs import atomic_write_text, check_output_path
+from qkv.errors import check_device
 from qkv.finetune.examples import FinetuneDataError
 from qkv.finetune.inputs import read_inputs
 from qkv.finetune.inputs import load_task_model
@@ -182,12 +183,13 @@ class Predictor:
         task, labels: shortcuts into ``settings``.
 
     Raises:
-        QkvError: a precision not offered on the device.
+        QkvError: a device torch does not have, or a precision not offered on the device.
         FinetuneDataError: not a loadable folder, no task head, or no tokenizer.
     """
 
     def __init__(self, run, *, device: str = "auto", precision: str = "fp32", batch_size: int = 64,
                  batch_tokens: int | None = 4096):
+        check_device(device)  # a device torch does not have: one line, before anything is loaded
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                                    ("cpu" if device == "auto" else device))
         check_precision(precision, self.device)  # before any loading

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from qkv.validation import MAX_BEAMS, check_at_most
+
 __all__ = ["BeamResult", "beam_search", "check_beam_options", "EARLY_STOPPING"]
 
 #: The values of ``early_stopping`` (Hugging Face's).
@@ -53,6 +55,7 @@ def check_beam_options(num_beams, length_penalty, early_stopping) -> None:
     """``ValueError`` naming the first bad beam-search option."""
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an int ≥ 1 (1 = greedy), got {num_beams!r}")
+    check_at_most("num_beams", num_beams, MAX_BEAMS, why="beams of one search")
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
         raise ValueError(f"length_penalty must be a number (1.0: scores divided by the length), got {length_penalty!r}")
     if not any(early_stopping is v for v in EARLY_STOPPING[:2]) and early_stopping != "never":

@@ -50,9 +50,13 @@ def _generate(args: argparse.Namespace) -> int:
     from qkv.generation.sampling import check_sampling
     from qkv.generation.streaming import TextStreamer, continuation
     from qkv.models.causal_lm import CausalLM
+    from qkv.validation import MAX_NEW_TOKENS
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: give at least 1")
+    if args.max_new_tokens > MAX_NEW_TOKENS:  # before the model is loaded; --sliding has no window to stop it
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens:,} is above {MAX_NEW_TOKENS:,} (the most one "
+                         "command may generate); give a smaller number")
     if args.greedy and (args.top_k is not None or args.top_p is not None or args.temperature != 1.0):
         raise ValueError("--greedy takes the most likely token: drop --temperature/--top-k/--top-p, or drop --greedy")
     try:

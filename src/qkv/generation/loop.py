@@ -19,6 +19,7 @@ from torch import Tensor
 
 from qkv.generation.sampling import check_sampling, next_tokens
 from qkv.nn.kv_cache import KVCache
+from qkv.validation import MAX_NEW_TOKENS, check_at_most
 
 __all__ = ["generate", "check_generate"]
 
@@ -64,6 +65,7 @@ def check_generate(model, input_ids, attention_mask, max_new_tokens, temperature
                          "last column); qkv.generation.pad_prompts pads on the left")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int ≥ 1, got {max_new_tokens!r}")
+    check_at_most("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS, why="the most tokens one call may add")
     check_sampling(temperature, top_k, top_p)
     T, limit = input_ids.shape[1], model.decoder.max_len
     if not sliding and T + max_new_tokens > limit:

@@ -13,7 +13,7 @@ from qkv.lab.synthetic import SYNTHETIC_TASKS, get_synthetic_task
 from qkv.training.config import RunConfig
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
-from qkv.validation import check_choice, check_int, check_positive, check_range
+from qkv.validation import check_choice, check_int, check_positive, check_range, check_run_length
 
 __all__ = ["EncoderTaskConfig", "EVAL_SEED", "MODEL_DEFAULTS"]
 
@@ -86,6 +86,7 @@ class EncoderTaskConfig(RunConfig):
         check_positive("clip_norm", self.clip_norm, optional=True)
         check_choice("schedule", self.schedule, SCHEDULES)
         check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 0.5)", optional=True)
+        check_run_length(self)
         check_choice("precision", self.precision, PRECISIONS)
         if not isinstance(self.eval_lengths, tuple):
             raise ValueError(f"eval_lengths must be a tuple of ints, got {self.eval_lengths!r}")

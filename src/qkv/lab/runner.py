@@ -26,10 +26,11 @@ from typing import Any
 from qkv._fs import atomic_file, atomic_write_text
 from qkv.hardware import threads_per_job
 from qkv.lab.grid import Cell, LabGrid, load_lab_grid, run_fields
-from qkv.validation import check_int
+from qkv.validation import MAX_SEEDS, check_at_most, check_int
 from qkv.lab.encoder_config import EncoderTaskConfig
 from qkv.lab.encoder_run import train_on_task
 from qkv.lab.report import write_report
+from qkv.training.stop import end_with_parent
 from tqdm.auto import tqdm
 import torch
 
@@ -60,6 +61,7 @@ class LabRunConfig:
 
     def __post_init__(self) -> None:
         check_int("seeds", self.seeds, low=1)
+        check_at_most("seeds", self.seeds, MAX_SEEDS, why="runs per variant")
         check_int("jobs", self.jobs, low=1)
         check_int("threads", self.threads, low=1, optional=True)
         if not isinstance(self.out, (str, os.PathLike)) or not str(self.out):
@@ -166,7 +168,8 @@ def run_lab(config: LabRunConfig, log: Callable[[str], None] = print, progress: 
                 _collect(done, errors, (cell.name, seed), label, lambda a=a: _train(*a), bar)
         else:
             ctx = multiprocessing.get_context("spawn")
-            with cf.ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx) as pool:
+            with cf.ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx,
+                                        initializer=end_with_parent) as pool:  # a lab killed -9 takes its workers
                 futures = {pool.submit(_train, *a): (key, label) for key, label, a in
                            zip([(c.name, s) for c, s, _ in todo], labels, args)}
                 try:

@@ -36,7 +36,7 @@ from qkv.training.distributed import refuse_world
 from qkv.training.engine import run_training
 from qkv.training.lifecycle import open_run, resume_eval
 from qkv.training.precision import PRECISIONS, resolve_precision
-from qkv.validation import check_choice, check_positive
+from qkv.validation import check_batch_tokens, check_choice, check_positive, check_run_length
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 
@@ -217,6 +217,8 @@ def _run_config(task: Task, config, preset, steps, time_budget, minutes, batch_s
                            steps=steps or recipe["steps"], time_budget=time_budget,
                            batch_size=batch_size or recipe["batch_size"], lr=lr or recipe["lr"], seed=seed,
                            eval_examples=eval_examples, precision=precision)
+    check_run_length(cfg)
+    check_batch_tokens("batch_size", cfg.batch_size, task.max_len)
     return cfg, model_cfg
 
 

@@ -49,7 +49,10 @@ def _fill_mask(args: argparse.Namespace) -> int:
             for other in _OTHER_MASKS:
                 text = text.replace(other, own)
         texts.append(text)
-    results = fill(texts, top_k=args.top_k)
+    try:
+        results = fill(texts, top_k=args.top_k)
+    except ValueError as e:  # the library's words for the option: the command line's
+        raise type(e)(str(e).replace("top_k=", "--top-k ")) from None
     for i, (text, result) in enumerate(zip(texts, results)):
         if args.json:
             print(json.dumps({"text": text, "predictions": result}, ensure_ascii=False))

@@ -41,6 +41,10 @@ class FillMaskPipeline(Pipeline):
 
     def run(self, texts: list[str], *, top_k: int = 5, truncation: bool = False) -> list:
         mask, mask_id = self.mask_token, self.tokenizer.mask_id
+        vocab = self.model.config.vocab_size
+        if top_k > vocab:  # never silently fewer than asked for
+            raise PipelineError(f"fill-mask: top_k={top_k:,} is above the model's vocabulary of {vocab:,} tokens; "
+                                f"give at most {vocab:,}")
         sequences = self.encode_full(texts, truncation=truncation)
         for i, ids in enumerate(sequences):
             if not (ids == mask_id).any():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from qkv.nn.maps import PRECISIONS
 from qkv.serve.errors import ServeError
-from qkv.validation import check_choice, check_int, check_range
+from qkv.validation import MAX_BATCH_TOKENS, MAX_NEW_TOKENS, check_at_most, check_choice, check_int, check_range
 
 __all__ = ["ModelSpec", "Limits", "ServeConfig", "parse_model_spec", "is_loopback", "NAME_PATTERN"]
 
@@ -82,6 +82,8 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("max_texts", "max_tokens", "max_bytes", "max_new_tokens"):
             check_int(name, getattr(self, name), 1, error=ServeError)
+        check_at_most("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS, why="the most one completion may add",
+                      error=ServeError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +139,7 @@ class ServeConfig:
             raise ServeError(f"port={self.port} must be in [0, 65535]")
         check_choice("precision", self.precision, PRECISIONS, error=ServeError)
         check_int("batch_tokens", self.batch_tokens, 1, error=ServeError)
+        check_at_most("batch_tokens", self.batch_tokens, MAX_BATCH_TOKENS, why="tokens of one batch", error=ServeError)
         check_range("max_wait_ms", self.max_wait_ms, 0, 10_000, bounds="[]", number=True, error=ServeError)
         check_int("queue_size", self.queue_size, 1, error=ServeError)
         check_range("shutdown_timeout", self.shutdown_timeout, 0, bounds="(", number=True, error=ServeError)

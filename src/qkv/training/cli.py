@@ -11,6 +11,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from qkv.validation import check_cpus
+
 __all__ = ["add_pretrain_parser", "config_from_args", "given_options", "LOOP_OPTIONS", "parse_threads",
            "add_table_options", "add_run_arguments", "given_values", "split_specs", "report_interrupted"]
 
@@ -19,9 +21,14 @@ def parse_threads(text: str):
     if text == "adaptive":
         return text
     try:
-        return int(text)
+        threads = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of threads or 'adaptive'") from None
+    try:  # more threads than CPUs: each step waits on its slowest thread (10,000 of them: no step ends)
+        check_cpus("--threads", threads)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--threads ")) from None
+    return threads
 
 
 _D = None  # marks "not given": every option defaults to None so that --resume can tell what was set

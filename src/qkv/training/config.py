@@ -13,7 +13,8 @@ from qkv.models.parts import check_parts
 from qkv.training.distributed import STRATEGIES
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
-from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range, is_int
+from qkv.validation import (check_batch_tokens, check_choice, check_field_types, check_int, check_positive,
+                            check_range, check_run_length, is_int)
 from qkv.data.masking import MaskingConfig
 
 __all__ = ["LoopConfig", "RunConfig", "TrainConfig", "OBJECTIVES", "RESUME_MAY_CHANGE", "model_config_for", "read_config_file",
@@ -76,6 +77,7 @@ class LoopConfig:
         for name in ("eval_every", "save_every"):
             check_int(name, getattr(self, name), low=1, optional=True)
         check_int("warmup_steps", self.warmup_steps, low=0)
+        check_run_length(self)
         check_choice("schedule", self.schedule, SCHEDULES)
         check_positive("lr", self.lr)
         check_positive("clip_norm", self.clip_norm, optional=True)
@@ -115,7 +117,11 @@ class RunConfig:
 
     def check_loop_fields(self) -> None:
         """``ValueError`` for a bad ``precision``, ``device`` or ``threads`` (``adaptive`` needs a
-        ``time_budget``) — the fields of the shared training loop."""
+        ``time_budget``), or a run too long or a batch too large to start (the upper limits of
+        :mod:`qkv.validation`) — the fields of the shared training loop."""
+        check_run_length(self)
+        for name in ("batch_size", "eval_batch_size"):
+            check_batch_tokens(name, getattr(self, name), self.max_len)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
         check_choice("strategy", getattr(self, "strategy", "ddp"), STRATEGIES)  # (runs without the field: ddp)

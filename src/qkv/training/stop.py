@@ -11,13 +11,28 @@ writes is replaced atomically, so the last complete checkpoint stays good.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
 
 from qkv._faults import fault_point
 
-__all__ = ["StopFlag", "StepAbandoned", "stop_requests"]
+__all__ = ["StopFlag", "StepAbandoned", "stop_requests", "end_with_parent"]
+
+
+def end_with_parent() -> None:
+    """Ask the kernel to send this process SIGTERM when its parent dies (Linux; elsewhere nothing).
+
+    For the worker processes of a harness (``qkv ablate --jobs N``): a harness killed with ``kill -9``
+    cannot stop its workers itself, and they would go on training into its folder; with this, each
+    stops as for a stop request (a checkpoint, exit), and the rerun continues them. Called in the child
+    (``preexec_fn``, a pool's ``initializer``).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 class StepAbandoned(BaseException):

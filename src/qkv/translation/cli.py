@@ -46,6 +46,7 @@ def _translate(args: argparse.Namespace) -> int:
     from qkv.data.readers import read_records
     from qkv.models.seq2seq import EncoderDecoder
     from qkv.translation.translate import translate
+    from qkv.validation import MAX_BEAMS
 
     if bool(args.texts) == bool(args.input):
         raise ValueError("give the texts to translate either as TEXT arguments or as --input FILE (one of them)")
@@ -53,6 +54,8 @@ def _translate(args: argparse.Namespace) -> int:
                         ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} {value}: give at least 1")
+    if args.beams > MAX_BEAMS:  # before the model is loaded: the beams' cache would not fit in memory
+        raise ValueError(f"--beams {args.beams:,} is above {MAX_BEAMS} (the most beams of one search); give fewer")
     if args.output:
         check_output_path(args.output, "--output", inputs=(args.input,) if args.input else (), replace=args.force)
     if args.input:
