@@ -90,6 +90,8 @@ def _rows(tmp: Path, model: Path, index: Path) -> dict[str, list[tuple[list[str]
         "lab": [([*lab, "--steps", "1000000000000"], "above 10,000,000"),
                 ([*lab, "--time-budget", "1e30"], "above 43,200"),
                 ([*lab, "--max-len", "100000000"], "above 1,024")],
+        "caption": [([m, t, "--max-new-tokens", B], "above 100,000"),
+                    ([m, t, "--max-new-tokens", "0"], "--max-new-tokens 0: give at least 1")],
         "export": [([m, "--onnx", out + ".onnx", "--opset", "999"], "[18, 28]")],
         "serve": [([m, "--port", "70000"], "[0, 65535]"),
                   ([m, "--max-new-tokens", B], "above 100,000"),

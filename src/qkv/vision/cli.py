@@ -33,10 +33,12 @@ def add_caption_parser(sub) -> None:
 
 def _caption(args: argparse.Namespace) -> int:
     import qkv
+    from qkv.validation import MAX_NEW_TOKENS, check_at_most
     from qkv.vision.caption import caption_pictures, check_captioner
 
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: give at least 1")
+    check_at_most("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS, why="the most one caption may write")
     model, tokenizer = qkv.load(args.model)
     try:
         check_captioner(model)
