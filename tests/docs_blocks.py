@@ -56,8 +56,8 @@ class Block:
 
 
 def pages() -> list[Path]:
-    """README.md and every page directly under docs/."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md, every page directly under docs/ and the question pages of docs/experiments/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "experiments").glob("*.md"))]
 
 
 def parse_marker(body: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
