@@ -4,12 +4,15 @@ visible marker saying why it is not run (tests/docs_blocks.py describes the mark
 
 The pages in :data:`RUN` are run block by block in a fresh folder holding small fixtures (a tiny
 encoder ``tiny-model``, a tiny fine-tuned classifier ``tiny-classifier``, a tiny causal LM
-``tiny-lm``, ``docs.txt`` and ``notes/`` of real prose, and ``model.onnx``); the pages not yet in it
+``tiny-lm``, ``docs.txt`` (also gzipped) and ``notes/`` of real prose, ``docs.jsonl`` / ``data.jsonl``
+with a ``topic`` label, the labelled sets of the fine-tuning page, and ``model.onnx``); the pages not yet in it
 are listed by :func:`test_inventory_of_blocks` with the count of their blocks (the work left).
 ``pytest -s tests/test_docs_blocks.py -k inventory`` prints the counts."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
 import shutil
@@ -57,17 +60,26 @@ def test_inventory_of_blocks(capsys):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, tiny_model, pydoc_texts) -> Path:
+def workdir(tmp_path_factory, pydoc_texts) -> Path:
+    return build_workdir(tmp_path_factory.mktemp("docs-work"), pydoc_texts)
+
+
+def build_workdir(work: Path, pydoc_texts: list[str]) -> Path:
+    """The fixtures the pages' blocks run on, written into ``work``."""
     from qkv.checkpoints.io import load, save
     from qkv.checkpoints.onnx import export_onnx
     from qkv.config import ModelConfig
-    from qkv.models.builders import build_causal_lm
+    from qkv.data.tokenizer import train_tokenizer
+    from qkv.models.builders import build_causal_lm, build_encoder
     from qkv.models.heads import TaskConfig
     from qkv.models.task_builders import attach_task_head
 
-    work = tmp_path_factory.mktemp("docs-work")
-    shutil.copytree(tiny_model, work / "tiny-model")
-    model, tok = load(tiny_model)
+    # four layers and a 512-row position table: the pages' `--layers -4 -3 -2 -1` and `--max-len 256` run as written
+    tok = train_tokenizer(pydoc_texts, vocab_size=400, max_chars=200_000)
+    torch.manual_seed(0)
+    encoder = build_encoder(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_len=512, n_layers=4))
+    save(encoder, work / "tiny-model", tokenizer=tok.backend)
+    model, tok = load(work / "tiny-model")
     save(attach_task_head(model, TaskConfig(task="sequence-classification", labels=("neg", "pos"))),
          work / "tiny-classifier", tokenizer=tok)
     torch.manual_seed(0)
@@ -78,8 +90,30 @@ def workdir(tmp_path_factory, tiny_model, pydoc_texts) -> Path:
     (work / "docs.txt").write_text(text + "\n")
     (work / "notes").mkdir()  # other documents: a held-out corpus is never the training one
     (work / "notes" / "a.txt").write_text("\n".join(t.replace("\n", " ") for t in pydoc_texts[50:]) + "\n")
+    labelled = [{"id": i, "text": t.replace("\n", " ")[:400], "topic": ("syntax", "library")[i % 2]}
+                for i, t in enumerate(pydoc_texts[:40])]
+    (work / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in labelled))
+    (work / "data.jsonl").write_text((work / "docs.jsonl").read_text())
+    (work / "docs.txt.gz").write_bytes(gzip.compress((work / "docs.txt").read_bytes()))
+    _labelled_files(work, pydoc_texts)
     export_onnx(work / "tiny-model", work / "model.onnx", check=False)
     return work
+
+
+def _labelled_files(work: Path, pydoc_texts: list[str]) -> None:
+    """Small labelled sets in the formats the fine-tuning page uses (CSV, CoNLL, JSONL), cut from real prose."""
+    sentences = [s.strip() for t in pydoc_texts[:40] for s in t.replace("\n", " ").split(". ")
+                 if 30 < len(s.strip()) < 200 and "," not in s and '"' not in s][:80]
+    assert len(sentences) >= 40
+    rows = ["text,label"] + [f"{s},{('neg', 'pos')[len(s.split()) % 2]}" for s in sentences]
+    (work / "reviews.csv").write_text("\n".join(rows[:61]) + "\n")
+    (work / "reviews-test.csv").write_text("\n".join(rows[:1] + rows[61:]) + "\n")
+    keywords = {"if", "for", "while", "return", "def", "class", "import", "in", "is", "not", "and", "or", "with"}
+    conll = ["\n".join(f"{w} {'B-KW' if w in keywords else 'O'}" for w in s.split()[:16]) for s in sentences]
+    (work / "ner-train.conll").write_text("\n\n".join(conll[:60]) + "\n")
+    (work / "ner-dev.conll").write_text("\n\n".join(conll[60:]) + "\n")
+    (work / "scores.jsonl").write_text("".join(json.dumps({"text": s, "label": float(len(s.split()))}) + "\n"
+                                               for s in sentences))
 
 
 def _run(block: Block, work: Path) -> None:
