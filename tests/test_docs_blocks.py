@@ -24,11 +24,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from docs_blocks import ROOT, Block, all_blocks, blocks_of, parse_marker, shell_commands
+from docs_blocks import ROOT, Block, all_blocks, blocks_of, parse_file_marker, parse_marker, shell_commands
 
 #: the pages whose every block is run or marked; the others are counted as not yet covered
-RUN = ("README.md", "docs/architecture.md", "docs/attention.md", "docs/demo.md", "docs/deployment.md", "docs/generation.md",
-       "docs/inference.md", "docs/plugins.md", "docs/positions.md", "docs/pretraining.md")
+RUN = ("README.md", "docs/analysis.md", "docs/architecture.md", "docs/attention.md", "docs/benchmarks.md", "docs/data.md",
+       "docs/decoder.md", "docs/demo.md", "docs/deployment.md", "docs/embeddings.md", "docs/experiments.md",
+       "docs/finetuning.md", "docs/generation.md", "docs/inference.md", "docs/interpretability.md", "docs/models.md",
+       "docs/plugins.md", "docs/positions.md", "docs/pretraining.md", "docs/reliability.md", "docs/scaling.md",
+       "docs/seq2seq.md", "docs/serving.md",
+       "docs/experiments/heads.md", "docs/experiments/method.md", "docs/experiments/norm.md",
+       "docs/experiments/positions.md", "docs/experiments/projections.md", "docs/experiments/scaling.md",
+       "docs/experiments/similarity.md")
 
 
 def test_every_marker_parses_and_every_substitution_occurs():
@@ -40,6 +46,12 @@ def test_every_marker_parses_and_every_substitution_occurs():
     for bad in ("not run", "run with nothing", "skip it"):
         with pytest.raises(ValueError):
             parse_marker(bad)
+    assert parse_file_marker("file my-grids/ffn.json") == "my-grids/ffn.json"
+    assert parse_file_marker("run with \"a\" → \"b\"") is None
+    for bad in ("file /etc/x", "file ../x", "file "):
+        with pytest.raises(ValueError):
+            parse_file_marker(bad)
+    assert all(b.kind is None for b in all_blocks() if b.file), "a file marker belongs on a data block"
 
 
 def test_inventory_of_blocks(capsys):
@@ -47,11 +59,13 @@ def test_inventory_of_blocks(capsys):
     covered = [b for b in blocks if b.page in RUN]
     run = [b for b in covered if b.kind and not b.skip]
     marked = Counter(b.skip for b in covered if b.skip)
-    data = [b for b in covered if not b.kind]
+    data = [b for b in covered if not b.kind and not b.file]
+    files = [b for b in covered if b.file]
     left = Counter(b.page for b in blocks if b.page not in RUN)
     with capsys.disabled():
         print(f"\ndocs blocks: {len(blocks)} in {len({b.page for b in blocks})} pages; in the {len(RUN)} pages run "
-              f"here: {len(run)} run, {sum(marked.values())} marked not run, {len(data)} data/synopsis blocks")
+              f"here: {len(run)} run, {sum(marked.values())} marked not run, {len(files)} data blocks written as files "
+              f"for the blocks after them, {len(data)} data/synopsis blocks")
         for reason, n in marked.items():
             print(f"  not run ({n}): {reason}")
         print(f"  pages not yet covered: {sum(left.values())} blocks in {len(left)} pages: "
@@ -136,7 +150,12 @@ def _run(block: Block, work: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN)
-def test_the_blocks_of_a_page_run(page, workdir):
-    blocks = [b for b in blocks_of(ROOT / page) if b.kind and not b.skip]
-    for block in blocks:
-        _run(block, workdir)
+def test_the_blocks_of_a_page_run(page, workdir, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(workdir, work)  # each page in its own copy: one page's runs/ never meet another's
+    for block in blocks_of(ROOT / page):
+        if block.file:
+            (work / block.file).parent.mkdir(parents=True, exist_ok=True)
+            (work / block.file).write_text(block.text, encoding="utf-8")
+        elif block.kind and not block.skip:
+            _run(block, work)
