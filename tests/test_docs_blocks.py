@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -25,6 +26,8 @@ import pytest
 import torch
 
 from docs_blocks import ROOT, Block, all_blocks, blocks_of, parse_file_marker, parse_marker, shell_commands
+
+BLOCK_TIMEOUT_S = 600
 
 #: the pages whose every block is run or marked; the others are counted as not yet covered
 RUN = ("README.md", "docs/analysis.md", "docs/architecture.md", "docs/attention.md", "docs/benchmarks.md", "docs/data.md",
@@ -144,8 +147,16 @@ def _run(block: Block, work: Path) -> None:
         prelude = (f'qkv() {{ "{sys.executable}" -m qkv "$@"; }}\npython() {{ "{sys.executable}" "$@"; }}\n'
                    f'torchrun() {{ "{sys.executable}" -m torch.distributed.run "$@"; }}\nset -e\n')
         argv = ["bash", "-c", prelude + "\n".join(shell_commands(source))]
-    done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{block.name} failed:\n{source}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    # its own process group: a block that runs too long is stopped with every process it started
+    proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{block.name} ran past {BLOCK_TIMEOUT_S} s:\n{source}\n{out[-2000:]}\n{err[-3000:]}")
+    assert proc.returncode == 0, f"{block.name} failed:\n{source}\n{out[-2000:]}\n{err[-3000:]}"
 
 
 @pytest.mark.slow
