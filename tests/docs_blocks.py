@@ -7,6 +7,8 @@ page's source (an HTML comment, so the rendered page stays clean):
 * ``<!-- docs-test: not run — REASON -->``: not run; the reason is reported with the count.
 * ``<!-- docs-test: run with "OLD" → "NEW"; "OLD2" → "NEW2" -->``: run after these substitutions
   (the cut-down size of a training command, a fixture folder for a placeholder path).
+* ``<!-- docs-test: file PATH -->`` on a data block (a JSON grid, a config): written to PATH in the
+  page's folder, for the blocks after it that read that file.
 
 ``bash``/``sh`` blocks run line by line (continuation lines joined, comments dropped) in a bash shell;
 ``python`` blocks run as one script; other blocks (``json``, ``toml``, ``ini``, plain) are data or
@@ -35,6 +37,7 @@ class Block:
     text: str
     skip: str | None = None  # the reason it is not run
     substitutions: tuple[tuple[str, str], ...] = ()
+    file: str | None = None  # a data block written to this path for the blocks after it
 
     @property
     def name(self) -> str:
@@ -56,15 +59,29 @@ class Block:
 
 
 def pages() -> list[Path]:
-    """README.md and every page directly under docs/."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md, every page directly under docs/ and the question pages of docs/experiments/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "experiments").glob("*.md"))]
+
+
+def parse_file_marker(body: str) -> str | None:
+    """The relative path of a ``file PATH`` marker's body, else ``None``.
+
+    Raises:
+        ValueError: a path that is absolute or climbs out of the page's folder.
+    """
+    if not body.startswith("file "):
+        return None
+    path = body[len("file "):].strip()
+    if not path or path.startswith("/") or ".." in Path(path).parts:
+        raise ValueError(f"marker {body!r}: give a relative path inside the page's folder")
+    return path
 
 
 def parse_marker(body: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
     """``(skip reason, substitutions)`` of a marker's body (see the module docstring).
 
     Raises:
-        ValueError: a marker that is neither form, or a skip without a reason.
+        ValueError: a marker that is none of the forms, or a skip without a reason.
     """
     if body.startswith("not run"):
         reason = body[len("not run"):].lstrip(" —-:").strip()
@@ -96,8 +113,9 @@ def blocks_of(path: Path) -> list[Block]:
         text = "\n".join(x[len(indent):] if x.startswith(indent) else x for x in lines[i + 1:j]) + "\n"
         prev = lines[start - 1].strip() if start > 0 else ""
         marker = MARKER.match(prev)
-        skip, subs = parse_marker(marker["body"]) if marker else (None, ())
-        out.append(Block(page, start + 1, language, text, skip, subs))
+        file = parse_file_marker(marker["body"]) if marker else None
+        skip, subs = parse_marker(marker["body"]) if marker and not file else (None, ())
+        out.append(Block(page, start + 1, language, text, skip, subs, file))
         i = j + 1
     return out
 

@@ -4,15 +4,19 @@ visible marker saying why it is not run (tests/docs_blocks.py describes the mark
 
 The pages in :data:`RUN` are run block by block in a fresh folder holding small fixtures (a tiny
 encoder ``tiny-model``, a tiny fine-tuned classifier ``tiny-classifier``, a tiny causal LM
-``tiny-lm``, ``docs.txt`` and ``notes/`` of real prose, and ``model.onnx``); the pages not yet in it
+``tiny-lm``, ``docs.txt`` (also gzipped) and ``notes/`` of real prose, ``docs.jsonl`` / ``data.jsonl``
+with a ``topic`` label, the labelled sets of the fine-tuning page, and ``model.onnx``); the pages not yet in it
 are listed by :func:`test_inventory_of_blocks` with the count of their blocks (the work left).
 ``pytest -s tests/test_docs_blocks.py -k inventory`` prints the counts."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -21,11 +25,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from docs_blocks import ROOT, Block, all_blocks, blocks_of, parse_marker, shell_commands
+from docs_blocks import ROOT, Block, all_blocks, blocks_of, parse_file_marker, parse_marker, shell_commands
+
+BLOCK_TIMEOUT_S = 600
 
 #: the pages whose every block is run or marked; the others are counted as not yet covered
-RUN = ("README.md", "docs/architecture.md", "docs/attention.md", "docs/demo.md", "docs/deployment.md", "docs/generation.md",
-       "docs/inference.md", "docs/plugins.md", "docs/positions.md", "docs/pretraining.md")
+RUN = ("README.md", "docs/analysis.md", "docs/architecture.md", "docs/attention.md", "docs/benchmarks.md", "docs/data.md",
+       "docs/decoder.md", "docs/demo.md", "docs/deployment.md", "docs/embeddings.md", "docs/experiments.md",
+       "docs/finetuning.md", "docs/generation.md", "docs/inference.md", "docs/interpretability.md", "docs/models.md",
+       "docs/plugins.md", "docs/positions.md", "docs/pretraining.md", "docs/reliability.md", "docs/scaling.md",
+       "docs/seq2seq.md", "docs/serving.md",
+       "docs/experiments/heads.md", "docs/experiments/method.md", "docs/experiments/norm.md",
+       "docs/experiments/positions.md", "docs/experiments/projections.md", "docs/experiments/scaling.md",
+       "docs/experiments/similarity.md")
 
 
 def test_every_marker_parses_and_every_substitution_occurs():
@@ -37,6 +49,12 @@ def test_every_marker_parses_and_every_substitution_occurs():
     for bad in ("not run", "run with nothing", "skip it"):
         with pytest.raises(ValueError):
             parse_marker(bad)
+    assert parse_file_marker("file my-grids/ffn.json") == "my-grids/ffn.json"
+    assert parse_file_marker("run with \"a\" → \"b\"") is None
+    for bad in ("file /etc/x", "file ../x", "file "):
+        with pytest.raises(ValueError):
+            parse_file_marker(bad)
+    assert all(b.kind is None for b in all_blocks() if b.file), "a file marker belongs on a data block"
 
 
 def test_inventory_of_blocks(capsys):
@@ -44,11 +62,13 @@ def test_inventory_of_blocks(capsys):
     covered = [b for b in blocks if b.page in RUN]
     run = [b for b in covered if b.kind and not b.skip]
     marked = Counter(b.skip for b in covered if b.skip)
-    data = [b for b in covered if not b.kind]
+    data = [b for b in covered if not b.kind and not b.file]
+    files = [b for b in covered if b.file]
     left = Counter(b.page for b in blocks if b.page not in RUN)
     with capsys.disabled():
         print(f"\ndocs blocks: {len(blocks)} in {len({b.page for b in blocks})} pages; in the {len(RUN)} pages run "
-              f"here: {len(run)} run, {sum(marked.values())} marked not run, {len(data)} data/synopsis blocks")
+              f"here: {len(run)} run, {sum(marked.values())} marked not run, {len(files)} data blocks written as files "
+              f"for the blocks after them, {len(data)} data/synopsis blocks")
         for reason, n in marked.items():
             print(f"  not run ({n}): {reason}")
         print(f"  pages not yet covered: {sum(left.values())} blocks in {len(left)} pages: "
@@ -57,17 +77,26 @@ def test_inventory_of_blocks(capsys):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, tiny_model, pydoc_texts) -> Path:
+def workdir(tmp_path_factory, pydoc_texts) -> Path:
+    return build_workdir(tmp_path_factory.mktemp("docs-work"), pydoc_texts)
+
+
+def build_workdir(work: Path, pydoc_texts: list[str]) -> Path:
+    """The fixtures the pages' blocks run on, written into ``work``."""
     from qkv.checkpoints.io import load, save
     from qkv.checkpoints.onnx import export_onnx
     from qkv.config import ModelConfig
-    from qkv.models.builders import build_causal_lm
+    from qkv.data.tokenizer import train_tokenizer
+    from qkv.models.builders import build_causal_lm, build_encoder
     from qkv.models.heads import TaskConfig
     from qkv.models.task_builders import attach_task_head
 
-    work = tmp_path_factory.mktemp("docs-work")
-    shutil.copytree(tiny_model, work / "tiny-model")
-    model, tok = load(tiny_model)
+    # four layers and a 512-row position table: the pages' `--layers -4 -3 -2 -1` and `--max-len 256` run as written
+    tok = train_tokenizer(pydoc_texts, vocab_size=400, max_chars=200_000)
+    torch.manual_seed(0)
+    encoder = build_encoder(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_len=512, n_layers=4))
+    save(encoder, work / "tiny-model", tokenizer=tok.backend)
+    model, tok = load(work / "tiny-model")
     save(attach_task_head(model, TaskConfig(task="sequence-classification", labels=("neg", "pos"))),
          work / "tiny-classifier", tokenizer=tok)
     torch.manual_seed(0)
@@ -78,8 +107,30 @@ def workdir(tmp_path_factory, tiny_model, pydoc_texts) -> Path:
     (work / "docs.txt").write_text(text + "\n")
     (work / "notes").mkdir()  # other documents: a held-out corpus is never the training one
     (work / "notes" / "a.txt").write_text("\n".join(t.replace("\n", " ") for t in pydoc_texts[50:]) + "\n")
+    labelled = [{"id": i, "text": t.replace("\n", " ")[:400], "topic": ("syntax", "library")[i % 2]}
+                for i, t in enumerate(pydoc_texts[:40])]
+    (work / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in labelled))
+    (work / "data.jsonl").write_text((work / "docs.jsonl").read_text())
+    (work / "docs.txt.gz").write_bytes(gzip.compress((work / "docs.txt").read_bytes()))
+    _labelled_files(work, pydoc_texts)
     export_onnx(work / "tiny-model", work / "model.onnx", check=False)
     return work
+
+
+def _labelled_files(work: Path, pydoc_texts: list[str]) -> None:
+    """Small labelled sets in the formats the fine-tuning page uses (CSV, CoNLL, JSONL), cut from real prose."""
+    sentences = [s.strip() for t in pydoc_texts[:40] for s in t.replace("\n", " ").split(". ")
+                 if 30 < len(s.strip()) < 200 and "," not in s and '"' not in s][:80]
+    assert len(sentences) >= 40
+    rows = ["text,label"] + [f"{s},{('neg', 'pos')[len(s.split()) % 2]}" for s in sentences]
+    (work / "reviews.csv").write_text("\n".join(rows[:61]) + "\n")
+    (work / "reviews-test.csv").write_text("\n".join(rows[:1] + rows[61:]) + "\n")
+    keywords = {"if", "for", "while", "return", "def", "class", "import", "in", "is", "not", "and", "or", "with"}
+    conll = ["\n".join(f"{w} {'B-KW' if w in keywords else 'O'}" for w in s.split()[:16]) for s in sentences]
+    (work / "ner-train.conll").write_text("\n\n".join(conll[:60]) + "\n")
+    (work / "ner-dev.conll").write_text("\n\n".join(conll[60:]) + "\n")
+    (work / "scores.jsonl").write_text("".join(json.dumps({"text": s, "label": float(len(s.split()))}) + "\n"
+                                               for s in sentences))
 
 
 def _run(block: Block, work: Path) -> None:
@@ -96,13 +147,26 @@ def _run(block: Block, work: Path) -> None:
         prelude = (f'qkv() {{ "{sys.executable}" -m qkv "$@"; }}\npython() {{ "{sys.executable}" "$@"; }}\n'
                    f'torchrun() {{ "{sys.executable}" -m torch.distributed.run "$@"; }}\nset -e\n')
         argv = ["bash", "-c", prelude + "\n".join(shell_commands(source))]
-    done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{block.name} failed:\n{source}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    # its own process group: a block that runs too long is stopped with every process it started
+    proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{block.name} ran past {BLOCK_TIMEOUT_S} s:\n{source}\n{out[-2000:]}\n{err[-3000:]}")
+    assert proc.returncode == 0, f"{block.name} failed:\n{source}\n{out[-2000:]}\n{err[-3000:]}"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN)
-def test_the_blocks_of_a_page_run(page, workdir):
-    blocks = [b for b in blocks_of(ROOT / page) if b.kind and not b.skip]
-    for block in blocks:
-        _run(block, workdir)
+def test_the_blocks_of_a_page_run(page, workdir, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(workdir, work)  # each page in its own copy: one page's runs/ never meet another's
+    for block in blocks_of(ROOT / page):
+        if block.file:
+            (work / block.file).parent.mkdir(parents=True, exist_ok=True)
+            (work / block.file).write_text(block.text, encoding="utf-8")
+        elif block.kind and not block.skip:
+            _run(block, work)
