@@ -23,8 +23,8 @@ before the steps and at its peak.
 
 ``--trainer`` adds the runs end to end: ``qkv.finetune.finetune`` (the library call behind ``qkv
 finetune``) against transformers' ``Trainer`` on ``--steps`` steps of the same batches (qkv's own
-batch plan, handed to the ``Trainer`` in the same order), AdamW (ε 1e-6, fused), the same warm-up and
-linear decay, gradient clipping at 1.0, no evaluation and no saving on the ``Trainer`` side, a
+batch plan, handed to the ``Trainer`` in the same order), AdamW (ε 1e-6, fused), linear decay without
+warm-up (the two count warm-up steps one apart), gradient clipping at 1.0, no evaluation and no saving on the ``Trainer`` side, a
 dataloader without workers. qkv's run cannot skip its run folder, final model and final report: it
 scores a held-out file of 8 examples and trains no baselines. Wall seconds of each whole call, and of
 each training loop alone; the loss of every step of both, with the largest difference against the
@@ -230,7 +230,7 @@ def _trainer_setup(args, tmp: Path) -> tuple[FinetuneConfig, list[dict]]:
     cfg = FinetuneConfig(model=str(tmp / "start"), task="sequence-classification", train=(str(tmp / "train.jsonl"),),
                          eval=(str(tmp / "held.jsonl"),), out=str(tmp / "run"), labels=tuple(names), max_len=args.length,
                          truncate=True, classifier_dropout=0.0, dropout=0.0, attention_dropout=0.0, steps=args.steps,
-                         warmup_steps=max(1, args.steps // 10), batch_size=args.batch, lr=args.lr, weight_decay=0.01,
+                         warmup_steps=0, batch_size=args.batch, lr=args.lr, weight_decay=0.01,
                          clip_norm=1.0, eval_every=args.steps, save_every=args.steps, eval_sample=8, baselines=(),
                          seed=0, device="cpu", precision=args.precision, threads=torch.get_num_threads(),
                          progress=False, log_every=1)
@@ -259,7 +259,7 @@ def _hf_trainer(args, tmp: Path, data: list[dict]) -> tuple[float, float, list[f
     targs = transformers.TrainingArguments(
         output_dir=str(tmp / "hf-out"), max_steps=args.steps, per_device_train_batch_size=1, learning_rate=args.lr,
         weight_decay=0.01, adam_epsilon=1e-6, optim="adamw_torch_fused", lr_scheduler_type="linear",
-        warmup_steps=max(1, args.steps // 10), max_grad_norm=1.0, logging_steps=1, eval_strategy="no",
+        warmup_steps=0, max_grad_norm=1.0, logging_steps=1, eval_strategy="no",
         save_strategy="no", report_to=[], dataloader_num_workers=0, dataloader_pin_memory=False, use_cpu=True,
         bf16=args.precision == "bf16", disable_tqdm=True, remove_unused_columns=False, seed=0)
     trainer = InOrder(model=model, args=targs, train_dataset=data, data_collator=lambda rows: rows[0])
