@@ -24,8 +24,8 @@ before the steps and at its peak.
 ``--trainer`` adds the runs end to end: ``qkv.finetune.finetune`` (the library call behind ``qkv
 finetune``) against transformers' ``Trainer`` on ``--steps`` steps of the same batches (qkv's own
 batch plan, handed to the ``Trainer`` in the same order), AdamW (ε 1e-6, fused), linear decay without
-warm-up (the two count warm-up steps one apart), gradient clipping at 1.0, no evaluation and no saving on the ``Trainer`` side, a
-dataloader without workers. qkv's run cannot skip its run folder, final model and final report: it
+warm-up (the two count warm-up steps one apart), gradient clipping at 1.0, no evaluation and no
+saving on the ``Trainer`` side, a dataloader without workers. qkv's run cannot skip its run folder, final model and final report: it
 scores a held-out file of 8 examples and trains no baselines. Wall seconds of each whole call, and of
 each training loop alone; the loss of every step of both, with the largest difference against the
 stated tolerance (fp32 2e-3, bf16 5e-2).
