@@ -35,18 +35,18 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see benchmarks/pretrain.py
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+import torch
+from torch.profiler import ProfilerActivity, profile
 
 try:
     import qkv  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from qkv.embeddings.embedder import Embedder  # noqa: E402
-from qkv.hardware import cpu_features, precision_unsupported  # noqa: E402
-from qkv.inference import for_inference  # noqa: E402
-from qkv.nn.kv_cache import KVCache  # noqa: E402
-from qkv.training.optim import build_optimizer  # noqa: E402
+from qkv.embeddings.embedder import Embedder
+from qkv.hardware import cpu_features, precision_unsupported
+from qkv.inference import for_inference
+from qkv.nn.kv_cache import KVCache
+from qkv.training.optim import build_optimizer
 
 #: op groups, in matching order: (group, substrings of the lower-cased op name)
 GROUPS = (
