@@ -130,7 +130,7 @@ class HFEmbedder:
         for i in range(0, len(texts), self.batch_size):
             b = self.tok(texts[i:i + self.batch_size], padding=True, truncation=True, max_length=self.max_len,
                          return_tensors="pt")
-            h = self.model(**b).last_hidden_state  # (B,T,C)
+            h = self.model(**b.to(self.model.device)).last_hidden_state.float().cpu()  # (B,T,C)
             out.append(mean_pool(h.numpy(), b["attention_mask"].numpy().astype(np.float32)))
         return np.concatenate(out)
 
@@ -168,6 +168,64 @@ def gemm_gflops(n: int = 1024, reps: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_mb() -> float:
+    """This process's peak resident MB (VmHWM: unlike ``ru_maxrss``, not inherited across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def _reset_peak() -> bool:
+    """Restart the VmHWM mark at the current resident size (Linux ``clear_refs`` 5); False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_memory(names: list[str], folder: Path, tmp: Path, texts: list[str], args) -> dict[str, dict]:
+    """Each of ``names`` (qkv-* and ort-*) alone in a fresh process: resident MB once its model is
+    loaded (and warmed up on two batches), and the peak while it embeds all ``texts`` (the mark
+    restarted after loading where the kernel allows; else the peak includes loading)."""
+    import subprocess
+
+    (tmp / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
+    out = {}
+    for name in names:
+        done = subprocess.run([sys.executable, __file__, "--memory-child", name, "--memory-folder", str(tmp),
+                               "--model-folder", str(folder), "--max-len", str(args.max_len), "--batch-size",
+                               str(args.batch_size), "--threads", str(args.threads)],
+                              capture_output=True, text=True, check=True)
+        before, peak, reset = done.stdout.split()[-3:]
+        out[name] = {"loaded_mb": float(before), "peak_mb": float(peak), "growth_mb": float(peak) - float(before),
+                     "peak_includes_loading": reset != "1"}
+    return out
+
+
+def memory_child(name: str, tmp: Path, folder: Path, args) -> None:
+    """Build only ``name``, warm it up, embed the texts, print loaded MB, peak MB, whether reset."""
+    texts = json.loads((tmp / "texts.json").read_text(encoding="utf-8"))
+    if name.startswith("qkv-"):
+        impl = Embedder(str(folder), max_len=args.max_len, truncate=True, device="cpu", precision=name[4:])
+    else:
+        from transformers import BertTokenizerFast
+
+        path = tmp / ("model.onnx" if name == "ort-fp32" else "model-int8.onnx")
+        impl = ORTEmbedder(path, BertTokenizerFast.from_pretrained(str(folder)), args.max_len, args.batch_size,
+                           args.threads)
+    impl.embed(texts[:2 * args.batch_size])  # warm-up, as in the timing
+    reset = _reset_peak()
+    before = _rss_mb()
+    impl.embed(texts)
+    print(before, _peak_mb(), int(reset))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("minilm", "base"), default="minilm")
@@ -177,9 +235,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--only", nargs="+", default=None, help="run only these implementations")
+    p.add_argument("--memory", action="store_true",
+                   help="also peak resident memory of the run: qkv fp32/bf16/int8 and ONNX Runtime, each alone "
+                   "in a fresh process")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where to time (default cpu); cuda without a GPU says so and stops")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
+    p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--memory-folder", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model-folder", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.memory_child:
+        memory_child(args.memory_child, Path(args.memory_folder), Path(args.model_folder), args)
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: skipped, there is no CUDA GPU on this machine (run without --device for the CPU)")
+        return 0
     from transformers import BertModel, BertTokenizerFast
 
     from qkv.data.corpus import open_corpus
@@ -191,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         texts = [texts[i] for i in keep]
     tmp = Path(tempfile.mkdtemp(prefix="qkv-embed-bench-"))
     folder = minilm_folder() if args.model == "minilm" else base_folder(tmp, minilm_folder())
-    hf_model = BertModel.from_pretrained(str(folder), attn_implementation="sdpa").eval()
+    hf_model = BertModel.from_pretrained(str(folder), attn_implementation="sdpa").eval().to(args.device)
+    if args.device == "cuda":
+        print(f"device: {torch.cuda.get_device_name()} for qkv and transformers; ONNX Runtime, "
+              "sentence-transformers and --memory stay on the CPU", file=sys.stderr)
     tok = BertTokenizerFast.from_pretrained(str(folder))
     impls: dict[str, object] = {}
     skipped: dict[str, str] = {}
@@ -224,11 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         name = f"qkv-{precision}"
         if not want(name):
             continue
-        why = precision_unsupported(precision, torch.device("cpu"))
+        why = precision_unsupported(precision, torch.device(args.device))
         if why is not None:
             skipped[name] = why
             continue
-        impls[name] = Embedder(str(folder), max_len=args.max_len, truncate=True, device="cpu", precision=precision)
+        impls[name] = Embedder(str(folder), max_len=args.max_len, truncate=True, device=args.device,
+                               precision=precision)
     ref = HFEmbedder(hf_model, tok, args.max_len, args.batch_size).embed(texts)  # the fp32 reference vectors
     tokens = sum(len(x) for x in tok(texts, truncation=True, max_length=args.max_len)["input_ids"])
     load_before = os.getloadavg()
@@ -265,14 +341,21 @@ def main(argv: list[str] | None = None) -> int:
         "gemm_gflops_fp32_torch_default": round(gflops, 1),
         "rows": rows, "skipped": skipped,
     }
+    if args.memory:
+        mem = result["memory"] = peak_memory([n for n in names if n.startswith(("qkv-", "ort-"))], folder, tmp,
+                                             texts, args)
+        for row in rows:
+            row.update(mem.get(row["implementation"], {}))
     print(json.dumps(result, indent=2))
     print(f"\n{args.model}, {len(texts)} documents ≤ {args.max_len} tokens ({tokens} tokens), "
           f"{args.threads} threads, median of {args.repeats}:")
-    print(f"{'implementation':24s} {'seconds':>8s} {'tokens/s':>9s} {'× ort-fp32':>11s} {'worst cos':>10s}")
+    mem_head = f" {'loaded MB':>9s} {'peak MB':>8s}" if args.memory else ""
+    print(f"{'implementation':24s} {'seconds':>8s} {'tokens/s':>9s} {'× ort-fp32':>11s} {'worst cos':>10s}{mem_head}")
     for row in rows:
         ratio = "" if row["vs_ort_fp32"] is None else f"{row['vs_ort_fp32']:.2f}"
+        mem = f" {row['loaded_mb']:9.0f} {row['peak_mb']:8.0f}" if "peak_mb" in row else ""
         print(f"{row['implementation']:24s} {row['seconds']:8.2f} {row['tokens_per_s']:9d} {ratio:>11s} "
-              f"{row['worst_cosine_to_fp32']:10.6f}")
+              f"{row['worst_cosine_to_fp32']:10.6f}{mem}")
     for name, why in skipped.items():
         print(f"{name}: not offered on this CPU ({why})")
     if args.json:

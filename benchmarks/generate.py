@@ -90,6 +90,10 @@ def copy_to_gpt2(model):
     return hf
 
 
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 @torch.no_grad()
 def latency_cached(model, prefix: int, steps: int, reps: int) -> float:
     """Median seconds per decoded token after a prefix of ``prefix`` tokens (cache)."""
@@ -97,8 +101,8 @@ def latency_cached(model, prefix: int, steps: int, reps: int) -> float:
     times = []
     for _ in range(reps):
         cache = KVCache(len(model.decoder.layers), capacity=prefix + steps)
-        model(torch.randint(0, V, (1, prefix)), cache=cache)
-        toks = torch.randint(0, V, (steps, 1, 1))
+        model(torch.randint(0, V, (1, prefix), device=_device(model)), cache=cache)
+        toks = torch.randint(0, V, (steps, 1, 1), device=_device(model))
         t0 = time.perf_counter()
         for i in range(steps):
             model(toks[i], cache=cache)
@@ -109,7 +113,7 @@ def latency_cached(model, prefix: int, steps: int, reps: int) -> float:
 @torch.no_grad()
 def latency_full(model, prefix: int, steps: int, reps: int) -> float:
     """Median seconds of one next-token forward over ``prefix + 1`` tokens (no cache)."""
-    ids = torch.randint(0, model.config.vocab_size, (1, prefix + 1))
+    ids = torch.randint(0, model.config.vocab_size, (1, prefix + 1), device=_device(model))
     model(ids)  # warm-up
     times = []
     for _ in range(max(reps, 1) * max(1, min(steps, 4))):
@@ -122,8 +126,8 @@ def latency_full(model, prefix: int, steps: int, reps: int) -> float:
 @torch.no_grad()
 def versus_transformers(model, prompt_len: int, new: int, reps: int) -> dict:
     """Greedy tokens/s of qkv's and transformers' generate on the same weights and prompt."""
-    hf = copy_to_gpt2(model)
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len))
+    hf = copy_to_gpt2(model).to(_device(model))
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), device=_device(model))
     mask = torch.ones_like(ids)
     ours = generate(model, ids, max_new_tokens=new)
     theirs = hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, min_new_tokens=new)
@@ -146,12 +150,13 @@ def precision_table(model, prompt_len: int, new: int, reps: int, precisions: lis
     """Greedy tokens/s of qkv in each precision against transformers' float32 ``generate`` on the same
     weights, at each batch size (prompts of ``prompt_len`` tokens), with the new tokens' agreement with
     qkv float32 and the mean |log p − log p_fp32| of float32's greedy tokens."""
-    hf = copy_to_gpt2(model)
+    hf = copy_to_gpt2(model).to(_device(model))
     prepared = {p: model if p == "fp32" else for_inference(model, p, smoothing=None) for p in precisions
                 if precision_unsupported(p, torch.device("cpu")) is None}
     rows = []
     for b in batches:
         ids = torch.randint(0, model.config.vocab_size, (b, prompt_len), generator=torch.Generator().manual_seed(b))
+        ids = ids.to(_device(model))
         mask = torch.ones_like(ids)
         ref = generate(model, ids, max_new_tokens=new)  # (b, prompt_len + new)
         ref_lp = model(ref).logits[:, prompt_len - 1:-1].log_softmax(-1).gather(-1, ref[:, prompt_len:, None])
@@ -174,6 +179,78 @@ def precision_table(model, prompt_len: int, new: int, reps: int, precisions: lis
     return rows
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_mb() -> float:
+    """This process's peak resident MB (VmHWM: unlike ``ru_maxrss``, not inherited across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def _reset_peak() -> bool:
+    """Restart the VmHWM mark at the current resident size (Linux ``clear_refs`` 5); False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_memory(model, precisions: list[str], batch: int, new: int) -> list[dict]:
+    """Peak resident memory of greedy generation, each side alone in a fresh process that loads only its
+    own model (written here into a temporary folder): qkv in each precision this CPU offers, and
+    transformers fp32. Resident MB once the model is loaded and prepared, and the peak while it
+    generates ``new`` tokens for ``batch`` prompts of 16 tokens (the mark restarted after loading where
+    the kernel allows; else the peak includes loading)."""
+    import subprocess
+    import tempfile
+
+    import qkv
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        qkv.save(model, Path(tmp) / "qkv")
+        copy_to_gpt2(model).save_pretrained(Path(tmp) / "hf")
+        sides = [f"qkv-{p}" for p in precisions if precision_unsupported(p, torch.device("cpu")) is None]
+        for side in sides + ["transformers-fp32"]:
+            done = subprocess.run([sys.executable, __file__, "--alone", side, "--folder", tmp, "--new-tokens",
+                                   str(new), "--batches", str(batch)], capture_output=True, text=True, check=True)
+            before, peak, reset = done.stdout.split()[-3:]
+            rows.append({"side": side, "batch": batch, "new_tokens": new, "loaded_mb": float(before),
+                         "peak_mb": float(peak), "growth_mb": float(peak) - float(before),
+                         "peak_includes_loading": reset != "1"})
+    return rows
+
+
+@torch.no_grad()
+def alone(side: str, folder: Path, batch: int, new: int) -> None:
+    """Load ``side``'s model only, generate, print resident MB after loading, the peak, and whether the
+    peak mark was restarted after loading (``--alone``)."""
+    library, precision = side.split("-")
+    if library == "qkv":
+        import qkv
+
+        model = qkv.load(folder / "qkv")[0].eval()
+        model = model if precision == "fp32" else for_inference(model, precision, smoothing=None)
+    else:
+        import transformers
+
+        model = transformers.GPT2LMHeadModel.from_pretrained(str(folder / "hf")).eval()
+    ids = torch.randint(0, model.config.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(batch))
+    reset = _reset_peak()
+    before = _rss_mb()
+    if library == "qkv":
+        generate(model, ids, max_new_tokens=new)
+    else:
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                       min_new_tokens=new, pad_token_id=0)
+    print(before, _peak_mb(), int(reset))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=tuple(SIZES), default="small", help="model shape (default small)")
@@ -189,18 +266,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", default="1,8,32", help="prompts per batch for --precisions (default 1,8,32)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="tiny model, prefixes 16 and 64, few steps")
+    p.add_argument("--memory", action="store_true",
+                   help="also peak resident memory of generation, qkv (each --precisions mode, else fp32) vs "
+                   "transformers, each alone in a fresh process, at the largest of --batches")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where to time (default cpu); cuda without a GPU says so and stops")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--alone", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.alone:
+        alone(args.alone, Path(args.folder), int(args.batches), args.new_tokens)
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: skipped, there is no CUDA GPU on this machine (run without --device for the CPU)")
+        return 0
     if args.quick:
         args.size, args.prefixes, args.steps, args.reps, args.new_tokens = "tiny", "16,64", 4, 1, 8
     if args.threads:
         torch.set_num_threads(args.threads)
     prefixes = [int(x) for x in args.prefixes.split(",")]
-    model = build_model(args.size, max(max(prefixes) + args.steps + 1, 16 + args.new_tokens), position=args.position)
+    model = build_model(args.size, max(max(prefixes) + args.steps + 1, 16 + args.new_tokens),
+                        position=args.position).to(args.device)
+    if args.device == "cuda":
+        print(f"device: {torch.cuda.get_device_name()} (--memory measures the CPU)")
     print(f"model {args.size} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), "
           f"position {args.position}, {torch.get_num_threads()} threads")
     print(f"{'prefix':>7} {'cache ms/tok':>13} {'no-cache ms/tok':>16} {'speed-up':>9}")
@@ -229,6 +322,15 @@ def main(argv: list[str] | None = None) -> int:
         for r in table:
             print(f"{r['batch']:>5} {r['precision']:>9} {r['qkv_tokens_per_s']:>10.1f} {r['hf_fp32_tokens_per_s']:>14.1f} "
                   f"{r['ratio']:>5.2f}x {r['agree_with_fp32']:>14.3f} {r['mean_abs_logprob_gap']:>10.4f}")
+    if args.memory and not args.no_hf and args.position == "learned":
+        batch = max(int(x) for x in args.batches.split(","))
+        mem = result["memory"] = peak_memory(model.cpu(), (args.precisions or "fp32").split(","), batch,
+                                             args.new_tokens)
+        print(f"peak resident MB of generate, each alone ({batch} prompts × 16 + {args.new_tokens} new tokens):")
+        print(f"{'side':>18} {'loaded':>8} {'peak':>8} {'growth':>8}")
+        for r in mem:
+            print(f"{r['side']:>18} {r['loaded_mb']:>8.0f} {r['peak_mb']:>8.0f} {r['growth_mb']:>8.0f}"
+                  + ("  (peak includes loading)" if r["peak_includes_loading"] else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
