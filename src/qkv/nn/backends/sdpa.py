@@ -10,9 +10,16 @@ kernel's ``enable_gqa`` (no copy of k or v; torch < 2.5, which lacks it, gets th
 boolean mask (quadratic in T: :func:`~qkv.nn.attend.choose_backend` sends long windowed calls to
 the chunked backend). A query whose keys are all masked attends everywhere inside the kernel and gets
 its output zeroed afterwards, as on every backend.
+
+On CPU, a bf16 call that will be differentiated runs the kernel in float32 and casts the output back
+(:func:`_kernel_dtype`): torch's CPU flash-attention backward in bf16 took 3.2× its float32 time
+(443 against 138 ms of a MiniLM fine-tuning step, ``benchmarks/profile_step.py``), while the forward
+costs the same in both.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +42,26 @@ def _grouped(kd, v, n_heads: int):
     return expand_kv(kd, n_heads), expand_kv(v, n_heads), {}  # (B,G,S,·) -> (B,H,S,·)
 
 
+def _kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``(q, k, v, dtype to return, context)``: float32 copies and autocast off for a CPU bf16 call whose
+    backward will run (see the module docstring); the inputs unchanged otherwise."""
+    if (q.device.type != "cpu" or q.dtype != torch.bfloat16 or not torch.is_grad_enabled()
+            or not (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return q, k, v, None, contextlib.nullcontext()
+    return q.float(), k.float(), v.float(), torch.bfloat16, torch.autocast("cpu", enabled=False)
+
+
+def _sdpa(q, k, v, **kwargs) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` in the kernel's dtype (:func:`_kernel_dtype`): ``(B,H,T,E)``."""
+    q, k, v, back, ctx = _kernel_dtype(q, k, v)
+    mask = kwargs.get("attn_mask")
+    if back is not None and mask is not None and mask.is_floating_point():
+        kwargs["attn_mask"] = mask.float()
+    with ctx:
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return out if back is None else out.to(back)
+
+
 class SdpaBackend(Backend):
     """torch's fused kernel (see the module docstring)."""
 
@@ -50,8 +77,7 @@ class SdpaBackend(Backend):
         _, h, t, s = call.shape
         kd, v, gqa = _grouped(kd, v, h)
         if call.causal and mask is None and bias is None and t == s and call.window is None:
-            return AttendOutput(F.scaled_dot_product_attention(qd, kd, v, dropout_p=call.dropout_p,
-                                                               is_causal=True, scale=scale, **gqa))
+            return AttendOutput(_sdpa(qd, kd, v, dropout_p=call.dropout_p, is_causal=True, scale=scale, **gqa))
         m = block_mask(mask, call.causal, 0, t, t, s, q.device, window=call.window)
         row_ok = None
         if m is not None:
@@ -61,8 +87,7 @@ class SdpaBackend(Backend):
         if bias is not None:
             b = bias_rows(bias, 0, t).to(qd.dtype)  # (B?,H?,T,S)
             attn_mask = b if m is None else b.masked_fill(~m, float("-inf"))
-        out = F.scaled_dot_product_attention(qd, kd, v, attn_mask=attn_mask, dropout_p=call.dropout_p,
-                                             scale=scale, **gqa)  # (B,H,T,E)
+        out = _sdpa(qd, kd, v, attn_mask=attn_mask, dropout_p=call.dropout_p, scale=scale, **gqa)  # (B,H,T,E)
         if row_ok is not None:
             out = out * row_ok  # (B,H,T,E) * (B?,H?,T?,1)
         return AttendOutput(out)
