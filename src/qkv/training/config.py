@@ -121,7 +121,7 @@ class RunConfig:
         :mod:`qkv.validation`) — the fields of the shared training loop."""
         check_run_length(self)
         for name in ("batch_size", "eval_batch_size"):
-            check_batch_tokens(name, getattr(self, name), self.max_len)
+            check_batch_tokens(name, getattr(self, name), getattr(self, "max_len", None) or 1)  # (image runs: none)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
         check_choice("strategy", getattr(self, "strategy", "ddp"), STRATEGIES)  # (runs without the field: ddp)

@@ -63,9 +63,12 @@ def is_picture_spec(spec: str | os.PathLike) -> bool:
     """Whether ``spec`` names an existing picture file (``.png``/``.jpg``/``.jpeg``) or a folder
     holding at least one."""
     path = Path(spec)
-    if path.is_dir():
-        return any(_is_picture_file(p) for p in path.rglob("*") if p.is_file())
-    return path.is_file() and _is_picture_file(path)
+    try:
+        if path.is_dir():
+            return any(_is_picture_file(p) for p in path.rglob("*") if p.is_file())
+        return path.is_file() and _is_picture_file(path)
+    except OSError:  # not a path at all (a text longer than a file name may be, …)
+        return False
 
 
 def load_image_model(path, *, command: str, what: str = "an image model"):
