@@ -14,7 +14,7 @@ def _interrupted(signum, frame):
 
 
 signal.signal(signal.SIGINT, _interrupted)
-from qkv.cli import exit_with, main  # noqa: E402  (after the handler: an early Ctrl-C is one line too)
+from qkv.cli import exit_with, main, note_interrupt  # noqa: E402  (after the handler: an early Ctrl-C is one line too)
 
-signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGINT, note_interrupt)
 exit_with(main())

@@ -200,24 +200,39 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+#: whether a SIGINT reached :func:`note_interrupt` in this process (:func:`exit_with` reads it)
+_INTERRUPTED = False
+
+
+def note_interrupt(signum, frame) -> None:
+    """The SIGINT handler of ``qkv`` and ``python -m qkv``: Python's own (a ``KeyboardInterrupt``), with a
+    note that one arrived."""
+    global _INTERRUPTED
+    _INTERRUPTED = True
+    raise KeyboardInterrupt
+
+
 def console() -> None:
     """The ``qkv`` script: :func:`main` with the process's arguments, then :func:`exit_with` its status."""
+    signal.signal(signal.SIGINT, note_interrupt)
     exit_with(main())
 
 
 def exit_with(code: int) -> None:
     """End the process with ``code``.
 
-    An interrupted command (130) has said so in one line and run its clean-up (its ``finally`` blocks).
-    A Ctrl-C that lands inside code a library runs through ``PyRun_String`` (a compiled extension's own
-    Python) leaves the interpreter's "unhandled KeyboardInterrupt" mark set although :func:`main` handled
-    it, and the interpreter would end itself by SIGINT at exit (status −2, seen in embed's first seconds)
-    instead of 130: so flush and leave with the status directly.
+    A Ctrl-C from here on is ignored (the command has finished). An interrupted command (130) has said
+    so in one line and run its clean-up (its ``finally`` blocks). A Ctrl-C that lands inside code a
+    library runs through ``PyRun_String`` (a compiled extension's own Python) leaves the interpreter's
+    "unhandled KeyboardInterrupt" mark set although :func:`main` handled it, and the interpreter would
+    end itself by SIGINT at exit (status −2, seen in embed's first seconds) instead of ``code``: so after
+    any Ctrl-C, flush and leave with the status directly.
     """
-    if code == 130:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if code == 130 or _INTERRUPTED:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(code)
     raise SystemExit(code)
 
 

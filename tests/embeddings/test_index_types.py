@@ -95,11 +95,26 @@ def test_a_damaged_or_mismatched_faiss_file_is_refused(tmp_path, tiny_model, cor
     other = tmp_path / "other"
     build_ann(_unit(59, 24, 0), AnnOptions(type="faiss-ivf", nlist=1), other.mkdir() or other)
     (out / ANN_FILE).write_bytes((other / ANN_FILE).read_bytes())
+    with pytest.raises(EmbeddingError, match=r"ann.faiss changed since the index was built .*rebuild the index"):
+        SearchIndex(out)  # the checksum index.json records
+    meta = json.loads((out / "index.json").read_text())
+    _drop_key(meta, "sha256")  # an index built before the checksum: the shape and the reader still refuse
+    (out / "index.json").write_text(json.dumps(meta))
     with pytest.raises(EmbeddingError, match=r"holds 59 × 24 vectors, index.json says 60 × 24: rebuild"):
         SearchIndex(out)
     (out / ANN_FILE).write_bytes(b"not a faiss index")
     with pytest.raises(EmbeddingError, match="ann.faiss: cannot be read"):
         SearchIndex(out)
+
+
+def _drop_key(data, key: str) -> None:
+    if isinstance(data, dict):
+        data.pop(key, None)
+        for value in data.values():
+            _drop_key(value, key)
+    elif isinstance(data, list):
+        for value in data:
+            _drop_key(value, key)
 
 
 def test_without_faiss_the_message_says_how_to_install_it(tmp_path, monkeypatch):

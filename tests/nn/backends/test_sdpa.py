@@ -4,12 +4,20 @@ float32 (its bf16 backward is slow on CPU) and returns bf16; others run as given
 import torch
 import torch.nn.functional as F
 
-from qkv.nn.backends.sdpa import _kernel_dtype, _sdpa
+from qkv.nn.backends.sdpa import _kernel_dtype
 
 
 def _qkv(dtype, grad):
     g = torch.Generator().manual_seed(0)
     return [torch.randn(2, 3, 7, 8, generator=g).to(dtype).requires_grad_(grad) for _ in range(3)]
+
+
+def _sdpa(q, k, v, **kwargs):
+    """What the backend does around the kernel (see :func:`_kernel_dtype`)."""
+    q, k, v, back, ctx = _kernel_dtype(q, k, v)
+    with ctx:
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return out if back is None else out.to(back)
 
 
 def test_a_differentiated_bf16_call_runs_in_float32_and_returns_bf16():

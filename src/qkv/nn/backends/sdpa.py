@@ -51,17 +51,6 @@ def _kernel_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return q.float(), k.float(), v.float(), torch.bfloat16, torch.autocast("cpu", enabled=False)
 
 
-def _sdpa(q, k, v, **kwargs) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` in the kernel's dtype (:func:`_kernel_dtype`): ``(B,H,T,E)``."""
-    q, k, v, back, ctx = _kernel_dtype(q, k, v)
-    mask = kwargs.get("attn_mask")
-    if back is not None and mask is not None and mask.is_floating_point():
-        kwargs["attn_mask"] = mask.float()
-    with ctx:
-        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
-    return out if back is None else out.to(back)
-
-
 class SdpaBackend(Backend):
     """torch's fused kernel (see the module docstring)."""
 
@@ -76,18 +65,25 @@ class SdpaBackend(Backend):
         qd, kd, scale = call.similarity.as_dot(q, k)  # (B,H,T,D'), (B,H,S,D')
         _, h, t, s = call.shape
         kd, v, gqa = _grouped(kd, v, h)
-        if call.causal and mask is None and bias is None and t == s and call.window is None:
-            return AttendOutput(_sdpa(qd, kd, v, dropout_p=call.dropout_p, is_causal=True, scale=scale, **gqa))
-        m = block_mask(mask, call.causal, 0, t, t, s, q.device, window=call.window)
+        qd, kd, v, back, kernel_dtype = _kernel_dtype(qd, kd, v)
         row_ok = None
-        if m is not None:
-            row_ok = m.any(dim=-1, keepdim=True)  # (B?,H?,T?,1)
-            m = m | ~row_ok  # a row with no key attends everywhere; its output is zeroed below
-        attn_mask = m
-        if bias is not None:
-            b = bias_rows(bias, 0, t).to(qd.dtype)  # (B?,H?,T,S)
-            attn_mask = b if m is None else b.masked_fill(~m, float("-inf"))
-        out = _sdpa(qd, kd, v, attn_mask=attn_mask, dropout_p=call.dropout_p, scale=scale, **gqa)  # (B,H,T,E)
+        with kernel_dtype:  # the kernel called here directly: one frame from the layer (a test counts them)
+            if call.causal and mask is None and bias is None and t == s and call.window is None:
+                out = F.scaled_dot_product_attention(qd, kd, v, dropout_p=call.dropout_p, is_causal=True, scale=scale,
+                                                     **gqa)  # (B,H,T,E)
+            else:
+                m = block_mask(mask, call.causal, 0, t, t, s, q.device, window=call.window)
+                if m is not None:
+                    row_ok = m.any(dim=-1, keepdim=True)  # (B?,H?,T?,1)
+                    m = m | ~row_ok  # a row with no key attends everywhere; its output is zeroed below
+                attn_mask = m
+                if bias is not None:
+                    b = bias_rows(bias, 0, t).to(qd.dtype)  # (B?,H?,T,S)
+                    attn_mask = b if m is None else b.masked_fill(~m, float("-inf"))
+                out = F.scaled_dot_product_attention(qd, kd, v, attn_mask=attn_mask, dropout_p=call.dropout_p,
+                                                     scale=scale, **gqa)  # (B,H,T,E)
+        if back is not None:
+            out = out.to(back)
         if row_ok is not None:
             out = out * row_ok  # (B,H,T,E) * (B?,H?,T?,1)
         return AttendOutput(out)
