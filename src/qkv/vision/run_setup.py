@@ -1,5 +1,5 @@
-"""What every vision run does around its objective (image classification, captioning): open the run
-folder, return a finished run's report, resolve the precision, check a resumed run's configuration
+"""What every vision run does around its objective (image classification, captioning): check the
+batch against the model sized for the data, open the run folder, return a finished run's report, resolve the precision, check a resumed run's configuration
 and data or create its ``run.json``, seed, and hand the objective to the one training engine.
 
 A run's own module reads its data, sizes its model and writes its report; the rest is here, once.
@@ -70,9 +70,11 @@ def vision_run(cfg, *, kind: str, what: str, model_config, summary: dict, finger
         :class:`VisionRun` — with ``report`` set when the run had already finished.
 
     Raises:
+        ValueError: a batch of ``model_config``'s examples above the largest (checked before the folder).
         ImageDataError: a resume on other data than the run started with.
         RunError: the folder's problems (:mod:`qkv.training.lifecycle`).
     """
+    cfg.check_batch_size(cfg.tokens_per_example(model_config))  # the batch again, in the model sized for the data
     with run_session(cfg.device, cfg.out, resume=resume) as (info, run):
         if resume and run.finished(cfg, files=FINISHED_FILES) is not None:
             yield VisionRun(cfg, run, info, None, json.loads((run.out / "report.json").read_text(encoding="utf-8")))
