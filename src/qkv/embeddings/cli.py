@@ -367,7 +367,8 @@ def _search(args) -> int:
 
 def _train(args) -> int:
     from qkv.data.corpus import open_corpus
-    from qkv.embeddings.contrastive import ContrastiveConfig, train_embeddings
+    from qkv.embeddings.contrastive import train_embeddings
+    from qkv.embeddings.contrastive_config import ContrastiveConfig
     from qkv.embeddings.evaluate import subsample
 
     cfg = ContrastiveConfig(mode=args.objective, temperature=args.temperature, steps=args.steps,
