@@ -228,7 +228,7 @@ def test_the_command_line_builds_one_options_object(tiny_model, tmp_path):
     assert embed_options(index) == EmbedOptions(empty="skip", progress=True)
     ev = _parse(["eval-embeddings", "m", "--dataset", "reuters8", "--max-len", "24", "--batch-size", "3"])
     assert embed_options(ev, empty="zero") == EmbedOptions(max_len=24, batch_size=3, empty="zero", progress=True)
-    assert _options(_parse(["search", "ix", "q", "--device", "cpu"])) == EmbedOptions(device="cpu")
+    assert embed_options(_parse(["search", "ix", "q", "--device", "cpu"])) == EmbedOptions(device="cpu")
 
 
 def test_bad_options_fail_before_the_model_is_loaded(tmp_path, capsys):
