@@ -8,8 +8,8 @@ optionally ``.gz``; anything else is plain text) and the text in the same field 
 number), labelled records for fine-tuning and prediction (:func:`iter_records`). Delimited files are
 parsed by :mod:`qkv.data.csv_records`.
 
-Files are read as bytes, one line at a time (:mod:`qkv.data.lines`). Corpus documents are read with a bounded read
-(``readline(max_doc_bytes + 1)``), so memory stays bounded by ``max_doc_bytes`` whatever the file
+Files are read as bytes, one line at a time (:mod:`qkv.data.lines`). Corpus documents are read
+with a bounded read (``readline(max_doc_bytes + 1)``), so memory stays bounded by ``max_doc_bytes`` whatever the file
 holds — a 50 MB line is either a clear :class:`DocumentTooLongError` (``long_docs="error"``, the
 default) or streamed as consecutive documents of at most ``max_doc_bytes`` cut at whitespace
 (``long_docs="split"``). Decoding happens per line so that an invalid byte is reported with its
