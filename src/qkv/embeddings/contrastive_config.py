@@ -11,7 +11,8 @@ from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.pooling import check_pooling
 from qkv.training.config import RunConfig
 from qkv.training.precision import PRECISIONS
-from qkv.validation import check_batch_tokens, check_choice, check_int, check_positive, check_range, check_run_length
+from qkv.validation import (check_batch_tokens, check_choice, check_int, check_positive, check_range,
+                            check_run_length)
 
 __all__ = ["ContrastiveConfig", "MODES"]
 
