@@ -1,6 +1,7 @@
 """What every vision run does around its objective (image classification, captioning): check the
-batch against the model sized for the data, open the run folder, return a finished run's report, resolve the precision, check a resumed run's configuration
-and data or create its ``run.json``, seed, and hand the objective to the one training engine.
+batch against the model sized for the data, open the run folder, return a finished run's report,
+resolve the precision, check a resumed run's configuration and data or create its ``run.json``,
+seed, and hand the objective to the one training engine.
 
 A run's own module reads its data, sizes its model and writes its report; the rest is here, once.
 """
