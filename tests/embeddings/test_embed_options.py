@@ -216,19 +216,19 @@ def _parse(argv):
 
 
 def test_the_command_line_builds_one_options_object(tiny_model, tmp_path):
-    from qkv.embeddings.cli_options import embed_options
+    from qkv.embeddings.cli import _options
 
     args = _parse(["embed", "m", "in.txt", "--out", "v.npy", "--pooling", "cls", "--layers", "-2", "-1",
                    "--no-normalize", "--batch-size", "4", "--max-len", "24", "--stride", "8", "--truncate",
                    "--empty", "zero", "--device", "cpu", "--no-progress", "--chunk-size", "7"])
-    assert embed_options(args) == EmbedOptions(pooling="cls", layers=(-2, -1), normalize=False, batch_size=4,
+    assert _options(args) == EmbedOptions(pooling="cls", layers=(-2, -1), normalize=False, batch_size=4,
                                           max_len=24, stride=8, truncate=True, empty="zero", device="cpu",
                                           progress=False, chunk_size=7)
     index = _parse(["index", "m", "c.txt", "--out", "ix"])
-    assert embed_options(index) == EmbedOptions(empty="skip", progress=True)
+    assert _options(index) == EmbedOptions(empty="skip", progress=True)
     ev = _parse(["eval-embeddings", "m", "--dataset", "reuters8", "--max-len", "24", "--batch-size", "3"])
-    assert embed_options(ev, empty="zero") == EmbedOptions(max_len=24, batch_size=3, empty="zero", progress=True)
-    assert embed_options(_parse(["search", "ix", "q", "--device", "cpu"])) == EmbedOptions(device="cpu")
+    assert _options(ev, empty="zero") == EmbedOptions(max_len=24, batch_size=3, empty="zero", progress=True)
+    assert _options(_parse(["search", "ix", "q", "--device", "cpu"])) == EmbedOptions(device="cpu")
 
 
 def test_bad_options_fail_before_the_model_is_loaded(tmp_path, capsys):

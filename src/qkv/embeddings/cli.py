@@ -12,10 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from qkv.embeddings.cli_options import (POOLING_HELP, add_embed_options, add_input_options, embed_options,
-                                        pooling_arg)
+from qkv.embeddings.cli_options import POOLING_HELP, add_embed_options, add_input_options, pooling_arg
 
-__all__ = ["add_embedding_parsers"]
+__all__ = ["add_embedding_parsers", "convert_embed_options"]
 
 #: qkv.embeddings.ann.INDEX_TYPES, without importing numpy.
 _INDEX_TYPES = ("exact", "faiss-ivf", "faiss-hnsw")
@@ -147,6 +146,30 @@ def add_embedding_parsers(sub) -> None:
     v.set_defaults(func=_eval)
 
 
+def _options(args, **fixed):
+    """The one :class:`~qkv.embeddings.options.EmbedOptions` of a subcommand: every option field
+    it parsed (the embedding options, ``--chunk-size``), then ``fixed``; validated here, before any
+    work."""
+    from qkv.embeddings.options import EmbedOptions
+
+    given = {name: getattr(args, name) for name in EmbedOptions.field_names() if hasattr(args, name)}
+    return EmbedOptions(**{**given, **fixed})
+
+
+def convert_embed_options(args):
+    """The :class:`~qkv.embeddings.options.EmbedOptions` of ``qkv convert`` (``None`` when no
+    ``--to sentence-transformers``; an embedding option without it is refused)."""
+    from qkv.embeddings.errors import EmbeddingError
+
+    given = [f for f in ("pooling", "normalize", "max_len") if getattr(args, f, None) is not None]
+    if args.to != "sentence-transformers":
+        if given:
+            raise EmbeddingError(f"--{given[0].replace('_', '-')} sets what a sentence-transformers folder "
+                                 "declares; add --to sentence-transformers")
+        return None
+    return _options(args)
+
+
 def _records(args, spec: str):
     from qkv.data.readers import read_records
 
@@ -181,7 +204,7 @@ def _embed(args) -> int:
     check_output_path(args.out, inputs=(args.input,), replace=args.force)
     plan = shard_plan(args.out, args.input)
     if plan is not None:  # under torchrun: this process's share, merged by rank 0
-        r = embed_sharded(args.model, _records(args, args.input), args.out, plan, options=embed_options(args),
+        r = embed_sharded(args.model, _records(args, args.input), args.out, plan, options=_options(args),
                           source=args.input)
         if r.rank == 0:
             print(f"wrote {r.rows} × {r.dim} vectors to {args.out} from {r.world} shards: "
@@ -189,7 +212,7 @@ def _embed(args) -> int:
         else:
             print(_shard_line(r, Path(args.out)))
         return 0
-    embedder = Embedder(args.model, embed_options(args))
+    embedder = Embedder(args.model, _options(args))
     with open_writer(args.out, embedder.dim) as writer:
         for ids, vectors in embedder.embed_stream(_records(args, args.input)):
             writer.write(ids, vectors)
@@ -215,9 +238,9 @@ def _index(args) -> int:
     plan = shard_plan(args.out, args.corpus)
     if plan is None:
         meta = build_index(args.model, _records(args, args.corpus), args.out, source=args.corpus,
-                           options=embed_options(args), ann=ann)  # normalize: forced on for an index
+                           options=_options(args), ann=ann)  # normalize: forced on for an index
     else:  # under torchrun: this process's share, merged by rank 0
-        r = index_sharded(args.model, _records(args, args.corpus), args.out, plan, options=embed_options(args), ann=ann,
+        r = index_sharded(args.model, _records(args, args.corpus), args.out, plan, options=_options(args), ann=ann,
                           source=args.corpus)
         if r.rank != 0:
             print(_shard_line(r, Path(args.out)))
@@ -285,7 +308,7 @@ def _eval(args) -> int:
     if args.k < 1:
         raise EmbeddingError(f"--k {args.k}: k-NN needs at least one neighbour; give --k 1 or more")
     check_output_path(out, inputs=(args.dataset,), replace=args.force)  # before the computation, not after it
-    options = embed_options(args, empty="zero")  # checked (the device too) before the data is read
+    options = _options(args, empty="zero")  # checked (the device too) before the data is read
     data = load_eval_data(args.dataset, max_train=args.max_train, max_test=args.max_test, seed=args.seed)
     log = (lambda m: print(m, file=sys.stderr)) if args.progress else (lambda m: None)
     result = evaluate_models(args.model, data, k=args.k, options=options, log=log)

@@ -1,6 +1,6 @@
 """The embedding options of the command line, each defined once: the flags every embedding
-subcommand (:mod:`qkv.embeddings.cli`) and ``qkv convert --to sentence-transformers`` add, and the
-one :class:`~qkv.embeddings.options.EmbedOptions` read back from them.
+subcommand (:mod:`qkv.embeddings.cli`) and ``qkv convert --to sentence-transformers`` add (the
+one :class:`~qkv.embeddings.options.EmbedOptions` is read back from them in :mod:`qkv.embeddings.cli`).
 
 Literal values here: building a parser must not import torch (the library is imported when a
 command runs).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["EMBED_ARGS", "POOLINGS", "POOLING_HELP", "pooling_arg", "add_embed_options", "embed_options",
-           "add_input_options", "add_convert_embed_options", "convert_embed_options"]
+__all__ = ["EMBED_ARGS", "POOLINGS", "POOLING_HELP", "pooling_arg", "add_embed_options", "add_input_options",
+           "add_convert_embed_options"]
 
 #: qkv.embeddings.pooling.POOLINGS, without importing torch.
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
@@ -84,16 +84,6 @@ def add_embed_options(p: argparse.ArgumentParser, fields=tuple(EMBED_ARGS), *,
         g.add_argument(flag, dest=name, **kwargs)
 
 
-def embed_options(args, **fixed):
-    """The one :class:`~qkv.embeddings.options.EmbedOptions` of a subcommand: every option field
-    it parsed (the embedding options, ``--chunk-size``), then ``fixed``; validated here, before any
-    work."""
-    from qkv.embeddings.options import EmbedOptions
-
-    given = {name: getattr(args, name) for name in EmbedOptions.field_names() if hasattr(args, name)}
-    return EmbedOptions(**{**given, **fixed})
-
-
 def add_input_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input options")
     g.add_argument("--input-format", choices=("text", "jsonl", "csv", "tsv"), default=None,
@@ -116,17 +106,3 @@ def add_convert_embed_options(p: argparse.ArgumentParser) -> None:
                               "--no-normalize: raw vector lengths",
                               "max_len": "max_seq_length: the window in tokens incl. [CLS]/[SEP] (default: "
                               "what SRC declares, else the model's position limit)"})
-
-
-def convert_embed_options(args):
-    """The :class:`~qkv.embeddings.options.EmbedOptions` of ``qkv convert`` (``None`` when no
-    ``--to sentence-transformers``; an embedding option without it is refused)."""
-    from qkv.embeddings.errors import EmbeddingError
-
-    given = [f for f in ("pooling", "normalize", "max_len") if getattr(args, f, None) is not None]
-    if args.to != "sentence-transformers":
-        if given:
-            raise EmbeddingError(f"--{given[0].replace('_', '-')} sets what a sentence-transformers folder "
-                                 "declares; add --to sentence-transformers")
-        return None
-    return embed_options(args)
