@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qkv.config import (PRESETS, AttentionConfig, FeedForwardConfig, ModelConfig, NormConfig, PositionConfig,
-                        flat_value, layer_period)
+from qkv.config import PRESETS, ModelConfig, flat_value, layer_period
+from qkv.config_sections import AttentionConfig, FeedForwardConfig, NormConfig, PositionConfig
 from qkv.models.parts import check_parts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "v1_folders"

@@ -179,7 +179,7 @@ def _usage(free):
 
 
 def test_disk_full_reads_the_writers_errors(tmp_path, monkeypatch):
-    from qkv._fs import disk_full
+    from qkv._disk import disk_full
 
     zip_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
     monkeypatch.setattr(shutil, "disk_usage", _usage(1 << 20))  # 1 MiB free: nearly full

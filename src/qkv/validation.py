@@ -183,15 +183,16 @@ def check_at_most(name: str, value: Any, limit: float, *, why: str = "", where: 
     raise error(f"{where}{name}={shown} is above {limit:,}{f' ({why})' if why else ''}; give a smaller value")
 
 
-def check_batch_tokens(name: str, batch: Any, length: Any, *, error: type[Exception] = ValueError) -> None:
+def check_batch_tokens(name: str, batch: Any, length: Any, *, length_name: str = "max_len",
+                       error: type[Exception] = ValueError) -> None:
     """``ValueError`` when ``batch`` sequences of ``length`` tokens exceed :data:`MAX_BATCH_TOKENS` (``length``
-    ``None``: the batch alone is compared)."""
+    ``None``: the batch alone is compared); ``length_name`` names the length in the message."""
     if not is_int(batch) or (length is not None and not is_int(length)):
         return
     tokens = batch * (length or 1)
     if tokens > MAX_BATCH_TOKENS:
-        what = f"{name}={batch:,} × max_len={length:,} = {tokens:,} tokens" if length else f"{name}={batch:,}"
-        smaller = f"{name} or max_len" if length else name
+        what = f"{name}={batch:,} × {length_name}={length:,} = {tokens:,} tokens" if length else f"{name}={batch:,}"
+        smaller = f"{name} or {length_name}" if length else name
         raise error(f"{what} in one batch is above {MAX_BATCH_TOKENS:,}; give a smaller {smaller} (grad_accum "
                     "makes a larger effective batch)")
 

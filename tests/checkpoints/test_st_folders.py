@@ -245,7 +245,8 @@ def test_pooling_option_forms():
 
 
 def test_train_embeddings_output_loads_in_sentence_transformers(tiny_model, tmp_path):
-    from qkv.embeddings.contrastive import ContrastiveConfig, train_embeddings
+    from qkv.embeddings.contrastive import train_embeddings
+    from qkv.embeddings.contrastive_config import ContrastiveConfig
 
     texts = [f"document {i} about {'cats' if i % 2 else 'dogs'} and more" for i in range(12)]
     out = tmp_path / "trained"

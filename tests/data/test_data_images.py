@@ -12,8 +12,10 @@ from PIL import Image
 
 from qkv.data.errors import CorpusFormatError, DatasetNotInstalledError, ImageDataError, UnknownDatasetError
 from qkv.data import image_datasets
+from qkv.data.canvases import CaptionSet
 from qkv.data.image_datasets import open_images
-from qkv.data.images import load_picture, pixel_values, read_idx, read_image, read_image_folder
+from qkv.data.images import (ImageSet, PixelSet, load_picture, pixel_values, read_idx, read_image,
+                             read_image_folder)
 
 
 def _grey(seed, size=(6, 5)):
@@ -147,3 +149,14 @@ def test_mnist1d_is_generated_offline_and_leaves_numpys_state():
     assert train.pixels.shape == (4000, 1, 40) and train.pixels.dtype == np.float32
     np.testing.assert_array_equal(np.random.get_state()[1], state)
     assert len(open_images("dataset:mnist1d:test")) == 1000
+
+
+def test_labelled_images_and_captioned_canvases_share_one_pixel_set():
+    pixels = np.zeros((5, 3, 6, 7), np.uint8)  # N=5, K=3, R=6, W=7: distinct sizes so that a swapped axis fails
+    images = ImageSet(pixels, np.arange(5), ("a", "b", "c", "d", "e"), "t")
+    canvases = CaptionSet(pixels, tuple("x" * (i + 1) for i in range(5)), np.zeros((5, 2, 3), np.int64), ("a",),
+                          (2, 2), 3, frozenset(), "c")
+    for s in (images, canvases):
+        assert isinstance(s, PixelSet) and (len(s), s.channels, s.size) == (5, 3, (6, 7))
+    signals = ImageSet(np.zeros((4, 1, 40), np.float32), np.zeros(4, np.int64), ("a",), "s")
+    assert (len(signals), signals.channels, signals.size) == (4, 1, (40,))

@@ -11,7 +11,8 @@ import torch
 import qkv
 from qkv.cli import main
 from qkv.embeddings.errors import EmbeddingError
-from qkv.embeddings.contrastive import ContrastiveConfig, contrastive_loss, train_embeddings
+from qkv.embeddings.contrastive import contrastive_loss, train_embeddings
+from qkv.embeddings.contrastive_config import ContrastiveConfig
 
 
 def test_contrastive_loss_matches_hand_computation():

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from qkv.checkpoints.convert import convert
-from qkv.embeddings.cli import add_convert_embed_options, convert_embed_options
+from qkv.embeddings.cli import convert_embed_options
+from qkv.embeddings.cli_options import add_convert_embed_options
 
 __all__ = ["add_convert_parser", "add_export_parser"]
 

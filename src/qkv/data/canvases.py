@@ -27,7 +27,7 @@ import numpy as np
 from qkv.data.caption_grammar import FASHION_NAMES, caption_of, held_out_links, links_of
 from qkv.data.errors import ImageDataError, UnknownDatasetError
 from qkv.data.image_datasets import open_images
-from qkv.data.images import ImageSet
+from qkv.data.images import ImageSet, PixelSet
 
 __all__ = ["CanvasSpec", "CaptionSet", "build_canvases", "open_captions", "CAPTION_DATASETS", "FASHION_CAPTIONS"]
 
@@ -82,8 +82,8 @@ FASHION_CAPTIONS = CanvasSpec()
 
 
 @dataclass(frozen=True)
-class CaptionSet:
-    """Canvases with their captions.
+class CaptionSet(PixelSet):
+    """Canvases with their captions (a :class:`~qkv.data.images.PixelSet`).
 
     Attributes:
         pixels: ``(N,1,R,W)`` uint8.
@@ -94,7 +94,6 @@ class CaptionSet:
         name: where they came from.
     """
 
-    pixels: np.ndarray
     captions: tuple[str, ...]
     items: np.ndarray
     names: tuple[str, ...]
@@ -102,17 +101,6 @@ class CaptionSet:
     cell: int
     held_out: frozenset
     name: str
-
-    def __len__(self) -> int:
-        return len(self.captions)
-
-    @property
-    def size(self) -> tuple[int, ...]:
-        return tuple(self.pixels.shape[2:])
-
-    @property
-    def channels(self) -> int:
-        return int(self.pixels.shape[1])
 
 
 def _draw_classes(rng: np.random.Generator, cells: np.ndarray, n_classes: int, held: frozenset,

@@ -30,7 +30,7 @@ from PIL import Image, UnidentifiedImageError
 
 from qkv.data.errors import CorpusFormatError, CorpusNotFoundError, ImageDataError
 
-__all__ = ["ImageSet", "IMAGE_SUFFIXES", "read_image", "read_image_folder", "read_idx", "pixel_values",
+__all__ = ["PixelSet", "ImageSet", "IMAGE_SUFFIXES", "read_image", "read_image_folder", "read_idx", "pixel_values",
            "load_picture"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -38,23 +38,18 @@ _GREY_MODES = ("1", "L", "I", "I;16", "I;16B", "I;16L", "F")
 
 
 @dataclass(frozen=True)
-class ImageSet:
-    """Images with labels.
+class PixelSet:
+    """What every set of images holds (labelled images, captioned canvases): the pixels, and from
+    them the count, size and channels.
 
     Attributes:
         pixels: ``(N,K,R,W)`` or ``(N,K,L)``; ``uint8`` pictures or ``float32`` signals.
-        labels: ``(N,)`` int64 class ids.
-        classes: the class names in id order.
-        name: where they came from (``dataset:fashion-mnist:test``, a folder).
     """
 
     pixels: np.ndarray
-    labels: np.ndarray
-    classes: tuple[str, ...]
-    name: str
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return int(self.pixels.shape[0])
 
     @property
     def size(self) -> tuple[int, ...]:
@@ -63,7 +58,24 @@ class ImageSet:
 
     @property
     def channels(self) -> int:
+        """K."""
         return int(self.pixels.shape[1])
+
+
+@dataclass(frozen=True)
+class ImageSet(PixelSet):
+    """Images with labels (a :class:`PixelSet`).
+
+    Attributes:
+        pixels: ``(N,K,R,W)`` or ``(N,K,L)``; ``uint8`` pictures or ``float32`` signals.
+        labels: ``(N,)`` int64 class ids.
+        classes: the class names in id order.
+        name: where they came from (``dataset:fashion-mnist:test``, a folder).
+    """
+
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    name: str
 
 
 def pixel_values(pixels: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ optionally ``.gz``; anything else is plain text) and the text in the same field 
 number), labelled records for fine-tuning and prediction (:func:`iter_records`). Delimited files are
 parsed by :mod:`qkv.data.csv_records`.
 
-Files are read as bytes, one line at a time. Corpus documents are read with a bounded read
-(``readline(max_doc_bytes + 1)``), so memory stays bounded by ``max_doc_bytes`` whatever the file
+Files are read as bytes, one line at a time (:mod:`qkv.data.lines`). Corpus documents are read
+with a bounded read (``readline(max_doc_bytes + 1)``), so memory stays bounded by ``max_doc_bytes`` whatever the file
 holds — a 50 MB line is either a clear :class:`DocumentTooLongError` (``long_docs="error"``, the
 default) or streamed as consecutive documents of at most ``max_doc_bytes`` cut at whitespace
 (``long_docs="split"``). Decoding happens per line so that an invalid byte is reported with its
@@ -19,7 +19,6 @@ file, line and byte offset (of the decompressed stream for ``.gz``).
 from __future__ import annotations
 
 import gzip
-import json
 import sys
 import zlib
 from collections.abc import Iterator
@@ -28,21 +27,19 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from qkv.data.errors import (
-    CorpusDecodeError,
     CorpusError,
     CorpusFormatError,
     CorpusNotFoundError,
     DocumentTooLongError,
 )
 from qkv.data.csv_records import csv_rows
+from qkv.data.lines import decode_line, json_lines, open_input, raw_lines
 from qkv.validation import check_choice, check_int
 
 __all__ = ["CorpusOptions", "Document", "iter_file_documents", "file_format", "DEFAULT_MAX_DOC_BYTES",
            "iter_records", "record_format", "RECORD_FORMATS", "read_records", "input_format", "INPUT_FORMATS"]
 
 DEFAULT_MAX_DOC_BYTES = 4 << 20  # 4 MiB: far above real documents, far below a memory problem
-_WHITESPACE = (b" ", b"\t", b"\f", b"\v", b"\r")
-_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -95,105 +92,18 @@ def file_format(path: Path) -> Literal["text", "jsonl", "csv", "tsv"]:
     return record_format(path) or "text"
 
 
-def _open(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
-
-
-def _cut(buf: bytes, limit: int) -> int:
-    """Where to cut ``buf`` (longer than ``limit``) so the first piece is ≤ ``limit`` bytes:
-    after the last whitespace, else at a UTF-8 character boundary."""
-    ws = max(buf.rfind(w, 0, limit) for w in _WHITESPACE)
-    if ws > 0:
-        return ws + 1
-    cut = limit
-    while cut > 0 and (buf[cut] & 0xC0) == 0x80:  # never split a multi-byte character
-        cut -= 1
-    return cut or limit
-
-
-def _strip_newline(data: bytes) -> bytes:
-    if data.endswith(b"\n"):
-        data = data[:-1]
-        if data.endswith(b"\r"):
-            data = data[:-1]
-    return data
-
-
-def _raw_lines(fh: BinaryIO, path: Path, limit: int | None,
-               split: bool) -> Iterator[tuple[int, int, bytes]]:
-    """Yield ``(line_no, byte_offset, bytes)`` per line (newline stripped, a leading BOM dropped);
-    a line longer than ``limit`` bytes is a :class:`DocumentTooLongError`, or with ``split`` yielded
-    as several pieces (same line number); ``limit=None``: lines of any length."""
-    offset, line_no = 0, 0
-    while True:
-        start = offset
-        data = fh.readline() if limit is None else fh.readline(limit + 1)
-        if not data:
-            return
-        line_no += 1
-        offset += len(data)
-        if line_no == 1 and data.startswith(_BOM):
-            data, start = data[len(_BOM):], start + len(_BOM)
-        if limit is None or data.endswith(b"\n") or len(data) <= limit:
-            yield line_no, start, _strip_newline(data)
-            continue
-        if not split:
-            raise DocumentTooLongError(
-                f"{path}, line {line_no} (byte offset {start}): a document longer than "
-                f"max_doc_bytes={limit} bytes. Raise the limit (max_doc_bytes / --max-doc-bytes), or, for "
-                "plain text, stream it as consecutive pieces with long_docs='split' (--long-docs split)."
-            )
-        buf, ended = data, False
-        while True:  # stream the long line; the buffer never exceeds 2 * limit + 1 bytes
-            if ended:
-                buf = _strip_newline(buf)
-            while len(buf) > limit:
-                cut = _cut(buf, limit)
-                yield line_no, start, buf[:cut]
-                start, buf = start + cut, buf[cut:]
-            if ended:
-                if buf:
-                    yield line_no, start, buf
-                break
-            more = fh.readline(limit + 1)
-            offset += len(more)
-            buf += more
-            ended = not more or more.endswith(b"\n")
-
-
-def _decode(data: bytes, path: Path, line_no: int, offset: int, errors: str, *, command_input: bool = False) -> str:
-    """``data`` decoded as UTF-8; ``command_input``: the message of a command's input file
-    (``qkv embed`` / ``index`` / ``predict``), which names the line first and the option to use."""
-    try:
-        return data.decode("utf-8", errors)
-    except UnicodeDecodeError as e:
-        bad = data[e.start:e.start + 4]
-        if command_input:
-            raise CorpusDecodeError(
-                f"{path}: not valid UTF-8 at line {line_no}, byte offset {offset + e.start} ({e.reason}, bytes "
-                f"{bad!r}). Convert the input to UTF-8 (e.g. iconv -f latin1 -t utf-8), or read it with "
-                "--encoding-errors replace (U+FFFD for bad bytes).") from None
-        where = "of the decompressed data " if path.name.lower().endswith(".gz") else ""
-        raise CorpusDecodeError(
-            f"{path}: not valid UTF-8 at byte offset {offset + e.start} {where}(line {line_no}): "
-            f"{e.reason}, bytes {bad!r}. Convert the file to UTF-8 (e.g. iconv), or "
-            "pass encoding_errors='replace' (on the command line: --encoding-errors replace) to "
-            "read it with U+FFFD in place of the bad bytes."
-        ) from None
-
-
 def _text_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[Document]:
     split = opts.long_docs == "split"
     if opts.doc_sep == "line":
-        for line_no, offset, data in _raw_lines(fh, path, opts.max_doc_bytes, split):
-            text = _decode(data, path, line_no, offset, opts.encoding_errors).strip()
+        for line_no, offset, data in raw_lines(fh, path, opts.max_doc_bytes, split):
+            text = decode_line(data, path, line_no, offset, opts.encoding_errors).strip()
             if text:
                 yield Document(text, None, f"{path}:{line_no}")
         return
     lines: list[str] = []
     size, first = 0, 0
-    for line_no, offset, data in _raw_lines(fh, path, opts.max_doc_bytes, split):
-        text = _decode(data, path, line_no, offset, opts.encoding_errors).strip()
+    for line_no, offset, data in raw_lines(fh, path, opts.max_doc_bytes, split):
+        text = decode_line(data, path, line_no, offset, opts.encoding_errors).strip()
         if not text:
             if lines:
                 yield Document("\n".join(lines), None, f"{path}:{first}")
@@ -216,30 +126,6 @@ def _text_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[D
         yield Document("\n".join(lines), None, f"{path}:{first}")
 
 
-def _json_lines(fh: BinaryIO, path: Path, limit: int | None, errors: str, field: str | None = None,
-                command_input: bool = False) -> Iterator[tuple[int, dict]]:
-    """``(line_no, object)`` per non-blank line of a JSONL stream (``field``: the text field the
-    objects must have, for the messages; ``command_input``: see :func:`_decode`).
-
-    Raises:
-        CorpusFormatError: a line that is not valid JSON or not an object.
-    """
-    want = f" with a {field!r} field" if field else ""
-    for line_no, offset, data in _raw_lines(fh, path, limit, split=False):
-        line = _decode(data, path, line_no, offset, errors, command_input=command_input).strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CorpusFormatError(
-                f"{path}, line {line_no}: not valid JSON ({e.msg} at column {e.colno}); every non-blank line "
-                f"of a .jsonl file must be one JSON object{want}") from None
-        if not isinstance(obj, dict):
-            raise CorpusFormatError(f"{path}, line {line_no}: expected a JSON object{want}, got {type(obj).__name__}")
-        yield line_no, obj
-
-
 def _text_of(obj: dict, path: Path, line_no: int, field: str) -> str:
     """The string in ``obj[field]``.
 
@@ -259,7 +145,7 @@ def _text_of(obj: dict, path: Path, line_no: int, field: str) -> str:
 
 def _jsonl_documents(fh: BinaryIO, path: Path, opts: CorpusOptions) -> Iterator[Document]:
     field, label_field = opts.text_field, opts.label_field
-    for line_no, obj in _json_lines(fh, path, opts.max_doc_bytes, opts.encoding_errors, field):
+    for line_no, obj in json_lines(fh, path, opts.max_doc_bytes, opts.encoding_errors, field):
         text = _text_of(obj, path, line_no, field)
         label = None
         if label_field is not None:
@@ -300,7 +186,7 @@ def iter_file_documents(path: Path, opts: CorpusOptions) -> Iterator[Document]:
     """
     fmt = file_format(path)
     try:
-        with _open(path) as fh:
+        with open_input(path) as fh:
             if fmt in ("csv", "tsv"):
                 yield from _csv_documents(fh, path, fmt, opts)
             else:
@@ -341,9 +227,9 @@ def iter_records(path: Path, *, encoding_errors: str = "strict", columns: tuple[
     if fmt is None:
         raise CorpusFormatError(f"{path}: not a record file; expected .jsonl, .csv or .tsv (optionally .gz)")
     try:
-        with _open(path) as fh:
+        with open_input(path) as fh:
             if fmt == "jsonl":
-                for line_no, obj in _json_lines(fh, path, DEFAULT_MAX_DOC_BYTES, encoding_errors):
+                for line_no, obj in json_lines(fh, path, DEFAULT_MAX_DOC_BYTES, encoding_errors):
                     yield f"{path}:{line_no}", obj
                 return
             for line_no, row in csv_rows(fh, path, fmt, encoding_errors=encoding_errors, columns=columns,
@@ -394,18 +280,18 @@ def read_records(path: str | Path, *, fmt: str | None = None, text_field: str = 
     fmt, owned, name = input_format(path, fmt), str(path) != "-", Path("<stdin>" if str(path) == "-" else path)
     if owned and not name.is_file():
         raise CorpusNotFoundError(f"input file not found: {name}" + (" (it is a folder)" if name.is_dir() else ""))
-    fh = _open(name) if owned else sys.stdin.buffer
+    fh = open_input(name) if owned else sys.stdin.buffer
     try:
         if fmt == "jsonl":
-            for line_no, obj in _json_lines(fh, name, None, encoding_errors, text_field, command_input=True):
+            for line_no, obj in json_lines(fh, name, None, encoding_errors, text_field, command_input=True):
                 yield obj.get(id_field, line_no), _text_of(obj, name, line_no, text_field)
             return
         if fmt in ("csv", "tsv"):
             for line_no, row in csv_rows(fh, name, fmt, encoding_errors=encoding_errors):
                 yield row.get(id_field, line_no), _column(row, name, line_no, text_field, "--text-field")
             return
-        for line_no, offset, data in _raw_lines(fh, name, None, split=False):
-            yield line_no, _decode(data, name, line_no, offset, encoding_errors, command_input=True).rstrip("\r\n")
+        for line_no, offset, data in raw_lines(fh, name, None, split=False):
+            yield line_no, decode_line(data, name, line_no, offset, encoding_errors, command_input=True).rstrip("\r\n")
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise CorpusError(f"{name}: not a readable gzip file ({e})") from None
     finally:

@@ -8,109 +8,16 @@ library (measured by ``benchmarks/call_path.py``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_embedding_parsers", "add_convert_embed_options", "convert_embed_options"]
+from qkv.embeddings.cli_options import POOLING_HELP, add_embed_options, add_input_options, pooling_arg
 
-#: qkv.embeddings.pooling.POOLINGS, without importing torch.
-_POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+__all__ = ["add_embedding_parsers", "convert_embed_options"]
+
 #: qkv.embeddings.ann.INDEX_TYPES, without importing numpy.
 _INDEX_TYPES = ("exact", "faiss-ivf", "faiss-hnsw")
-
-
-def _pooling_arg(value: str) -> str:
-    """``--pooling``: a mode, or several joined with ``+`` (checked here: the message lists them)."""
-    for mode in value.split("+"):
-        if mode not in _POOLINGS:
-            raise argparse.ArgumentTypeError(f"unknown pooling mode {mode!r} in {value!r}; allowed: "
-                                             f"{', '.join(_POOLINGS)}, or several joined with + "
-                                             "(e.g. cls+mean)")
-    return value
-
-
-_POOLING_HELP = ("MODE or MODE+MODE…: " + ", ".join(_POOLINGS) + "; several are concatenated in the order "
-                 "given (cls+mean: 2C-wide vectors)")
-
-
-#: The embedding options of the command line, each defined once: ``EmbedOptions`` field → (flag,
-#: argparse keywords). Every embedding subcommand adds them (or some of them) with
-#: :func:`_add_embed_options` and reads them back with :func:`_options` (fields it lacks keep their
-#: ``EmbedOptions`` defaults). Literal values here: building the parser must not import torch.
-_EMBED_ARGS: dict[str, tuple[str, dict]] = {
-    "pooling": ("--pooling", dict(type=_pooling_arg, default=None, metavar="MODE",
-                                  help=_POOLING_HELP + " (default: what the model folder declares: "
-                                  "embedding.json, sentence-transformers' 1_Pooling; else mean)")),
-    "layers": ("--layers", dict(type=int, nargs="+", default=None, metavar="I",
-                                help="hidden-state index(es), averaged: -1 last (default), 0 embedding "
-                                "output, e.g. --layers -4 -3 -2 -1")),
-    "normalize": ("--normalize", dict(action=argparse.BooleanOptionalAction, default=None,
-                                      help="L2-normalise the vectors, or keep raw lengths with "
-                                      "--no-normalize (default: what the model folder declares: "
-                                      "embedding.json, a sentence-transformers Normalize module; else "
-                                      "normalise)")),
-    "batch_size": ("--batch-size", dict(type=int, default=256, help="at most this many windows per forward "
-                                       "pass (default 256)")),
-    "batch_tokens": ("--batch-tokens", dict(type=int, default=4096, help="at most this many tokens per "
-                                            "forward pass (default 4096; windows are batched by length)")),
-    "precision": ("--precision", dict(choices=("fp32", "bf16", "int8"), default="fp32",
-                                      help="run the encoder in float32 (default), bfloat16 (CPUs with "
-                                      "AVX-512 BF16 or AMX, GPUs) or int8 (CPU); accuracy of each: "
-                                      "docs/inference.md")),
-    "max_len": ("--max-len", dict(type=int, default=None, help="window length in tokens incl. [CLS]/[SEP] "
-                                  "(default: the folder's, else the model's)")),
-    "stride": ("--stride", dict(type=int, default=None, help="tokens between window starts (default: 3/4 "
-                                "of the window: a quarter overlaps)")),
-    "truncate": ("--truncate", dict(action="store_true", help="keep only the first window of a long "
-                                    "document (reported) instead of averaging all")),
-    "empty": ("--empty", dict(choices=("skip", "error", "zero"), default="skip",
-                              help="empty documents: leave out (ids show which), fail, or a zero vector "
-                              "(default skip)")),
-    "device": ("--device", dict(default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")),
-    "progress": ("--no-progress", dict(action="store_false", help="no progress bar")),
-}
-
-
-def _add_embed_options(p: argparse.ArgumentParser, fields=tuple(_EMBED_ARGS), *,
-                       title: str | None = "embedding options", helps: dict | None = None) -> None:
-    """Add the embedding options ``fields`` (all by default) to ``p``.
-
-    Args:
-        p: the subcommand's parser.
-        fields: which of :data:`_EMBED_ARGS`, in the order they are listed in the help.
-        title: the help section they are listed under; ``None``: the parser's own options.
-        helps: help texts that differ for this subcommand, by field (``None``: no help text).
-    """
-    g = p.add_argument_group(title) if title else p
-    for name in fields:
-        flag, kwargs = _EMBED_ARGS[name]
-        kwargs = {**kwargs, **({"help": helps[name]} if helps and name in helps else {})}
-        g.add_argument(flag, dest=name, **kwargs)
-
-
-def _options(args, **fixed):
-    """The one :class:`~qkv.embeddings.options.EmbedOptions` of a subcommand: every option field
-    it parsed (the embedding options, ``--chunk-size``), then ``fixed``; validated here, before any
-    work."""
-    from qkv.embeddings.options import EmbedOptions
-
-    given = {name: getattr(args, name) for name in EmbedOptions.field_names() if hasattr(args, name)}
-    return EmbedOptions(**{**given, **fixed})
-
-
-def _input_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("input options")
-    g.add_argument("--input-format", choices=("text", "jsonl", "csv", "tsv"), default=None,
-                   help="default: by the name (*.jsonl, *.csv, *.tsv, each optionally .gz), else text (one "
-                        "document per line)")
-    g.add_argument("--text-field", default="text",
-                   help="JSONL field or CSV/TSV column holding the text (default text)")
-    g.add_argument("--id-field", default="id",
-                   help="JSONL field or CSV/TSV column holding the id (default id; else the line number)")
-    g.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict",
-                   help="invalid UTF-8: fail with its line and offset (default), or read U+FFFD")
 
 
 def add_embedding_parsers(sub) -> None:
@@ -130,8 +37,8 @@ def add_embedding_parsers(sub) -> None:
     e.add_argument("--force", action="store_true",
                    help="replace an existing --out (atomically, when the new one is complete)")
     e.add_argument("--chunk-size", type=int, default=4096, help="documents per length-grouped chunk")
-    _input_options(e)
-    _add_embed_options(e)
+    add_input_options(e)
+    add_embed_options(e)
     e.set_defaults(func=_embed)
 
     i = sub.add_parser("index", help="embed a corpus into a search index folder",
@@ -154,8 +61,8 @@ def add_embedding_parsers(sub) -> None:
                    "(default 40)")
     g.add_argument("--ef-search", type=int, default=None, help="faiss-hnsw: candidates per query, recorded as the "
                    "index's default (default 64)")
-    _input_options(i)
-    _add_embed_options(i)
+    add_input_options(i)
+    add_embed_options(i)
     i.set_defaults(func=_index)
 
     s = sub.add_parser("search", help="top-k documents of an index for a query",
@@ -169,7 +76,7 @@ def add_embedding_parsers(sub) -> None:
                    "the index's)")
     s.add_argument("--ef-search", type=int, default=None, help="a faiss-hnsw index: candidates per query (default: "
                    "the index's)")
-    _add_embed_options(s, ("device", "precision"), title=None, helps={"device": None})
+    add_embed_options(s, ("device", "precision"), title=None, helps={"device": None})
     s.set_defaults(func=_search)
 
     t = sub.add_parser("train-embeddings", help="contrastive training (SimCSE or same-label) of an encoder",
@@ -206,8 +113,8 @@ def add_embedding_parsers(sub) -> None:
                                      ("--dropout", float, None, "dropout (default: the model's own)"),
                                      ("--seed", int, 0, "random seed")):
         t.add_argument(flag, type=typ, default=default, help=f"{text} (default {default})")
-    t.add_argument("--pooling", type=_pooling_arg, default="mean", metavar="MODE",
-                   help=_POOLING_HELP + " (default mean)")
+    t.add_argument("--pooling", type=pooling_arg, default="mean", metavar="MODE",
+                   help=POOLING_HELP + " (default mean)")
     t.add_argument("--format", dest="folder_format", choices=("sentence-transformers", "qkv"),
                    default="sentence-transformers",
                    help="the output folder: sentence-transformers (default: a Hugging Face BERT folder with "
@@ -233,21 +140,20 @@ def add_embedding_parsers(sub) -> None:
     v.add_argument("--max-test", type=int, default=None, help="subsample the test split (stated in output)")
     v.add_argument("--k", type=int, default=10, help="neighbours for k-NN (default 10)")
     v.add_argument("--seed", type=int, default=0)
-    _add_embed_options(v, ("max_len", "batch_size", "precision", "device", "progress"), title=None,
+    add_embed_options(v, ("max_len", "batch_size", "precision", "device", "progress"), title=None,
                        helps={"max_len": "window length (default: the model folder's)", "batch_size": None,
                               "device": None, "progress": None})
     v.set_defaults(func=_eval)
 
 
-def add_convert_embed_options(p: argparse.ArgumentParser) -> None:
-    """``qkv convert``'s options for ``--to sentence-transformers``: ``--pooling``, ``--max-len``,
-    ``--normalize/--no-normalize`` (what the written folder declares)."""
-    _add_embed_options(p, ("pooling", "normalize", "max_len"), title="with --to sentence-transformers",
-                       helps={"pooling": _POOLING_HELP + " (default: what SRC declares, else mean)",
-                              "normalize": "add the Normalize module (default: what SRC declares, else yes); "
-                              "--no-normalize: raw vector lengths",
-                              "max_len": "max_seq_length: the window in tokens incl. [CLS]/[SEP] (default: "
-                              "what SRC declares, else the model's position limit)"})
+def _options(args, **fixed):
+    """The one :class:`~qkv.embeddings.options.EmbedOptions` of a subcommand: every option field
+    it parsed (the embedding options, ``--chunk-size``), then ``fixed``; validated here, before any
+    work."""
+    from qkv.embeddings.options import EmbedOptions
+
+    given = {name: getattr(args, name) for name in EmbedOptions.field_names() if hasattr(args, name)}
+    return EmbedOptions(**{**given, **fixed})
 
 
 def convert_embed_options(args):
@@ -367,7 +273,8 @@ def _search(args) -> int:
 
 def _train(args) -> int:
     from qkv.data.corpus import open_corpus
-    from qkv.embeddings.contrastive import ContrastiveConfig, train_embeddings
+    from qkv.embeddings.contrastive import train_embeddings
+    from qkv.embeddings.contrastive_config import ContrastiveConfig
     from qkv.embeddings.evaluate import subsample
 
     cfg = ContrastiveConfig(mode=args.objective, temperature=args.temperature, steps=args.steps,

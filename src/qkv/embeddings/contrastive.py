@@ -37,9 +37,8 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -48,10 +47,11 @@ import torch.nn.functional as F
 from qkv._fs import atomic_write_text, write_folder
 from qkv.data.tokenizer_facade import TokenizerView, no_tokenizer
 from qkv.data.windows import make_windows, pad_batch
+from qkv.embeddings.contrastive_config import ContrastiveConfig
 from qkv.embeddings.embedder import EMBEDDING_JSON, folder_defaults
 from qkv.embeddings.errors import EmbeddingError
 from qkv.embeddings.options import EmbedOptions
-from qkv.embeddings.pooling import check_pooling, forward_pooled, normalize_layers
+from qkv.embeddings.pooling import forward_pooled, normalize_layers
 from qkv.checkpoints.st_folder import save_st_folder
 from qkv.checkpoints.st_settings import MODULES_JSON
 from qkv.errors import check_device
@@ -60,74 +60,17 @@ from qkv.errors import CheckpointError
 from qkv.checkpoints.io import load, save
 from qkv.models.mlm import MaskedLM
 from qkv.training import distributed as qdist
-from qkv.training.config import LoopConfig, RunConfig
+from qkv.training.config import LoopConfig
 from qkv.training.engine import run_training
 from qkv.training.lifecycle import RunFolder, open_run, resume_eval
 from qkv.training.metrics import read_metrics
-from qkv.training.precision import PRECISIONS, resolve_precision
-from qkv.validation import check_batch_tokens, check_choice, check_int, check_positive, check_range, check_run_length
+from qkv.training.precision import resolve_precision
+from qkv.validation import check_choice
 
-__all__ = ["ContrastiveConfig", "ContrastiveResult", "ContrastiveObjective", "MODES", "FOLDER_FORMATS",
-           "contrastive_loss", "train_embeddings"]
+__all__ = ["ContrastiveResult", "ContrastiveObjective", "FOLDER_FORMATS", "contrastive_loss", "train_embeddings"]
 
-MODES = ("simcse", "supervised")
 #: The output folder formats of :func:`train_embeddings`.
 FOLDER_FORMATS = ("sentence-transformers", "qkv")
-
-
-@dataclass(frozen=True)
-class ContrastiveConfig(RunConfig):
-    """Options of :func:`train_embeddings` (validated on construction).
-
-    ``steps`` (or, with ``time_budget``, minutes of training: the learning rate reaches zero at the
-    deadline) of ``batch_size`` documents; ``warmup`` is a fraction of ``steps``; ``precision``
-    ``fp32``, ``bf16`` (fp32 with a message where the CPU has no native bf16) or ``auto``;
-    ``log_every``: steps between the logged losses.
-    """
-
-    mode: str = "simcse"
-    temperature: float = 0.05
-    steps: int = 300
-    batch_size: int = 32
-    lr: float = 3e-5
-    weight_decay: float = 0.01
-    warmup: float = 0.1  # fraction of the steps
-    max_len: int = 128  # training window (tokens incl. [CLS]/[SEP])
-    pooling: str = "mean"
-    layers: tuple[int, ...] = (-1,)
-    dropout: float | None = None  # None: the model's own (BERT: 0.1)
-    seed: int = 0
-    log_every: int = 10
-    time_budget: float | None = None
-    precision: str = "fp32"
-
-    def __post_init__(self):
-        check_choice("mode", self.mode, MODES, error=EmbeddingError)
-        object.__setattr__(self, "pooling", check_pooling(self.pooling))  # "+"-joined form
-        for name in ("steps", "batch_size", "log_every"):
-            check_int(name, getattr(self, name), low=1, allow_bool=True, error=EmbeddingError)
-        if self.batch_size < 2:
-            raise EmbeddingError("batch_size must be ≥ 2: in-batch negatives need another document")
-        if not self.temperature > 0 or not self.lr > 0:
-            raise EmbeddingError(f"temperature ({self.temperature}) and lr ({self.lr}) must be > 0")
-        check_range("warmup", self.warmup, 0, 1, noun="a fraction", error=EmbeddingError)
-        check_range("dropout", self.dropout, 0, 1, optional=True, error=EmbeddingError)
-        check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 5)", optional=True,
-                       error=EmbeddingError)
-        check_run_length(self, error=EmbeddingError)
-        check_int("max_len", self.max_len, low=3, error=EmbeddingError)
-        check_batch_tokens("batch_size", self.batch_size, self.max_len, error=EmbeddingError)
-        check_choice("precision", self.precision, PRECISIONS, error=EmbeddingError)
-        if self.mode == "simcse" and self.dropout == 0:
-            raise EmbeddingError("SimCSE needs dropout > 0: the two views of a text differ only by dropout")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "layers": list(self.layers)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ContrastiveConfig:
-        cls.check_keys(data)
-        return cls(**{**data, "layers": tuple(data.get("layers", (-1,)))})
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkv.training.config import RunConfig
-from qkv.training.optim import SCHEDULES
+from qkv.training.loop_fields import check_loop_values
 from qkv.validation import MAX_EPOCHS, check_at_most, check_choice, check_field_types, check_int, check_positive, check_range
 
 __all__ = ["FinetuneConfig", "TASKS", "BASELINES", "POOLINGS"]
@@ -136,26 +136,21 @@ class FinetuneConfig(RunConfig):
             raise ValueError("train is empty: give a training data spec (dataset:NAME, .jsonl, .csv, .tsv, .conll)")
         if self.eval is not None and not self.eval:
             raise ValueError("eval is empty: give a held-out data spec, or leave it out to hold out eval_fraction")
-        for name in ("batch_size", "grad_accum", "eval_sample", "eval_batch_size", "log_every"):
+        check_loop_values(self, minutes=" of minutes")
+        for name in ("eval_sample", "eval_batch_size"):
             check_int(name, getattr(self, name), low=1)
-        for name in ("steps", "eval_every", "save_every", "max_train", "max_eval", "stride"):
+        for name in ("max_train", "max_eval", "stride"):
             check_int(name, getattr(self, name), low=1, optional=True)
-        check_int("warmup_steps", self.warmup_steps, low=0, optional=True)
         check_int("max_len", self.max_len, low=3, optional=True)
         if self.stride is not None and self.max_len is not None and self.stride > self.max_len - 2:
             raise ValueError(f"stride={self.stride} must be ≤ max_len − 2 = {self.max_len - 2} (the text tokens "
                              "of one window); a larger stride would skip tokens")
         check_positive("epochs", self.epochs)
         check_at_most("epochs", self.epochs, MAX_EPOCHS, why="passes over the training data")
-        check_positive("time_budget", self.time_budget, unit=" of minutes", optional=True)
         if self.steps is not None and self.time_budget is not None:
             raise ValueError("steps and time_budget are both set: give one (--steps or --time-budget)")
-        check_choice("schedule", self.schedule, SCHEDULES)
         if self.pooling is not None:
             check_choice("pooling", self.pooling, POOLINGS)
-        for name in ("lr", "clip_norm"):
-            check_range(name, getattr(self, name), 0, bounds="(")
-        check_range("weight_decay", self.weight_decay, 0)
         check_range("eval_fraction", self.eval_fraction, 0, 1, bounds="()")
         for name in ("classifier_dropout", "dropout", "attention_dropout"):
             check_range(name, getattr(self, name), 0, 1, optional=True)
@@ -168,6 +163,10 @@ class FinetuneConfig(RunConfig):
             if self.task == "regression":
                 raise ValueError("labels are for classification; a regression task has none")
         self.check_loop_fields()
+
+    def tokens_per_example(self, model=None) -> int | None:
+        """A window's tokens: ``max_len`` (``None``: the model's window, not known before it is read)."""
+        return self.max_len
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -16,7 +16,8 @@ import math
 import torch
 from torch import nn
 
-from qkv.config import DecoderConfig, ModelConfig
+from qkv.config import ModelConfig
+from qkv.config_sections import DecoderConfig
 from qkv.models.parts import check_parts
 from qkv.nn.attend import BackendPlan
 from qkv.nn.attention import MultiHeadAttention
@@ -308,7 +309,7 @@ def build_encoder_decoder(config: ModelConfig, *, init: bool = True, decoder_sta
     """The encoder–decoder (:class:`qkv.models.seq2seq.EncoderDecoder`) described by ``config``:
     encoder and decoder of the same width, heads and feed-forward; the decoder's vocabulary, depth,
     start and end tokens, output scale and logits bias from ``config.decoder``
-    (:class:`~qkv.config.DecoderConfig`; ``None``: one vocabulary — the decoder reads the encoder's
+    (:class:`~qkv.config_sections.DecoderConfig`; ``None``: one vocabulary — the decoder reads the encoder's
     token table —, ``n_layers`` each, start token 1). The LM head is tied to the decoder's table.
 
     Every position scheme works: relative ones (relative, T5, ALiBi, RoPE) act in the decoder's

@@ -11,6 +11,7 @@ from typing import Any
 from qkv.config import ModelConfig
 from qkv.models.parts import check_parts
 from qkv.training.distributed import STRATEGIES
+from qkv.training.loop_fields import check_loop_values
 from qkv.training.optim import SCHEDULES
 from qkv.training.precision import PRECISIONS
 from qkv.validation import (check_batch_tokens, check_choice, check_field_types, check_int, check_positive,
@@ -115,13 +116,27 @@ class RunConfig:
         cls.check_keys(data)
         return cls(**data)
 
+    #: What :meth:`tokens_per_example` counts, in messages.
+    EXAMPLE_TOKENS = "max_len"
+
+    def tokens_per_example(self, model: ModelConfig | None = None) -> int | None:
+        """The tokens one training example is to the model (``None``: not known before the model is
+        read); each run configuration states its own. ``model``: the run's model, when it is known."""
+        raise NotImplementedError(f"{type(self).__name__} does not state its tokens per example")
+
+    def check_batch_size(self, tokens_per_example: int | None) -> None:
+        """``ValueError`` when ``batch_size`` or ``eval_batch_size`` examples of ``tokens_per_example``
+        tokens are above the largest batch (:data:`qkv.validation.MAX_BATCH_TOKENS`)."""
+        for name in ("batch_size", "eval_batch_size"):
+            check_batch_tokens(name, getattr(self, name), tokens_per_example, length_name=self.EXAMPLE_TOKENS)
+
     def check_loop_fields(self) -> None:
         """``ValueError`` for a bad ``precision``, ``device`` or ``threads`` (``adaptive`` needs a
         ``time_budget``), or a run too long or a batch too large to start (the upper limits of
-        :mod:`qkv.validation`) — the fields of the shared training loop."""
+        :mod:`qkv.validation`; a batch in :meth:`tokens_per_example`) — the fields of the shared
+        training loop."""
         check_run_length(self)
-        for name in ("batch_size", "eval_batch_size"):
-            check_batch_tokens(name, getattr(self, name), getattr(self, "max_len", None) or 1)  # (image runs: none)
+        self.check_batch_size(self.tokens_per_example())
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
         check_choice("strategy", getattr(self, "strategy", "ddp"), STRATEGIES)  # (runs without the field: ddp)
@@ -248,20 +263,15 @@ class TrainConfig(RunConfig):
         object.__setattr__(self, "out", str(self.out))
         if not self.corpus:
             raise ValueError("corpus is empty: give at least one file, folder or dataset:NAME")
-        for name in ("steps", "batch_size", "grad_accum", "eval_every", "save_every", "eval_batches",
-                     "eval_batch_size", "vocab_size", "log_every"):
+        check_loop_values(self)
+        for name in ("eval_batches", "eval_batch_size", "vocab_size"):
             check_int(name, getattr(self, name), low=1)
         check_int("max_len", self.max_len, low=3)
         if self.vocab_size > MAX_VOCAB_SIZE:  # the tokenizer trainer aborts the process on absurd sizes
             raise ValueError(f"vocab_size={self.vocab_size:,} is above {MAX_VOCAB_SIZE:,} (the largest vocabularies "
                              "in use hold about 256,000 tokens); choose a smaller --vocab-size")
-        check_int("warmup_steps", self.warmup_steps, low=0)
-        check_choice("schedule", self.schedule, SCHEDULES)
-        for name in ("lr", "clip_norm", "position_lr_scale"):
-            check_range(name, getattr(self, name), 0, bounds="(")
-        check_range("weight_decay", self.weight_decay, 0)
+        check_range("position_lr_scale", self.position_lr_scale, 0, bounds="(")
         check_range("eval_fraction", self.eval_fraction, 0, 1, bounds="()")
-        check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 10)", optional=True)
         self.check_loop_fields()
         if self.init_from is not None:
             if not isinstance(self.init_from, str) or not self.init_from:
@@ -275,6 +285,10 @@ class TrainConfig(RunConfig):
         check_choice("objective", self.objective, OBJECTIVES)
         if self.objective == "clm":
             _check_clm(self)
+
+    def tokens_per_example(self, model: ModelConfig | None = None) -> int:
+        """A block's tokens: ``max_len``."""
+        return self.max_len
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -65,7 +65,7 @@ def check_captioner(model) -> ImageCaptioner:
 
 
 @torch.no_grad()
-def _greedy(model: ImageCaptioner, x: Tensor, max_new_tokens: int, eos: int) -> Tensor:
+def _greedy(model: ImageCaptioner, x: Tensor, max_new_tokens: int, eos: int | None) -> Tensor:
     """``(B,K,R,W)`` → ``(B, 1 + n)`` greedy ids over a KV cache."""
     kv = model.decoder.project_context(model.encoder(x).last_hidden_state)  # per layer: the patches' keys, values
     cache = KVCache(len(model.decoder.layers), capacity=1 + max_new_tokens)
@@ -76,7 +76,8 @@ def _greedy(model: ImageCaptioner, x: Tensor, max_new_tokens: int, eos: int) -> 
         tok = F.linear(h, model.decoder_weight).argmax(-1)  # (B,C)(C,V) -> (B,)
         tok = torch.where(live, tok, torch.full_like(tok, model.pad_token_id))
         seqs = torch.cat([seqs, tok[:, None]], 1)  # (B,t) -> (B,t+1)
-        live &= tok != eos
+        if eos is not None:
+            live &= tok != eos
         if not bool(live.any()):
             break
     return seqs
@@ -84,15 +85,18 @@ def _greedy(model: ImageCaptioner, x: Tensor, max_new_tokens: int, eos: int) -> 
 
 @torch.no_grad()
 def caption_with_attention(model, tokenizer, pixels: Tensor, *, max_new_tokens: int | None = None,
-                           attention: bool = True, batch_size: int = 256) -> Captions:
+                           attention: bool = True, batch_size: int = 256, eos_token_id: int | None = EOS) -> Captions:
     """Caption pictures greedily; with ``attention``, each written token's cross-attention weights.
 
     Args:
         model: an :class:`~qkv.models.vision.ImageCaptioner` (eval mode is set for the call).
-        tokenizer: its tokenizer (``qkv.load(run).tokenizer``; ``id_to_token``).
+        tokenizer: its tokenizer (``qkv.load(run).tokenizer``; ``id_to_token``); ``None``: words are the ids
+            written as numbers.
         pixels: ``(B,K,R,W)`` pixel values of the model's size (:func:`qkv.data.images.pixel_values`).
         max_new_tokens: the most tokens written per caption; default the decoder's window less one.
         attention: also return ``cross_attentions``. batch_size: pictures decoded at once.
+        eos_token_id: the token that ends a caption (default the caption grammar's ``[EOS]``); ``None``:
+            every caption runs to ``max_new_tokens``.
 
     Returns:
         :class:`Captions`.
@@ -116,7 +120,7 @@ def caption_with_attention(model, tokenizer, pixels: Tensor, *, max_new_tokens: 
         ids_parts, att_parts = [], []
         for i in range(0, len(pixels), batch_size):
             x = pixels[i:i + batch_size].to(model.decoder_weight.device)
-            ids = _greedy(model, x, n, EOS)
+            ids = _greedy(model, x, n, eos_token_id)
             ids_parts.append(ids)
             if attention:
                 out = model(x, decoder_input_ids=ids[:, :-1], output_attentions=True)  # queries that wrote ids[:, 1:]
@@ -128,10 +132,11 @@ def caption_with_attention(model, tokenizer, pixels: Tensor, *, max_new_tokens: 
     att = None
     if attention:
         att = torch.cat([F.pad(a, (0, 0, 0, width - 1 - a.shape[3])) for a in att_parts])  # (B,L,H,n,T)
+    name = (lambda t: tokenizer.id_to_token(t) or "[UNK]") if tokenizer is not None else str
     words = []
     for row in ids[:, 1:].tolist():
-        end = row.index(EOS) if EOS in row else len(row)
-        words.append([tokenizer.id_to_token(t) or "[UNK]" for t in row[:end]])
+        end = row.index(eos_token_id) if eos_token_id in row else len(row)
+        words.append([name(t) for t in row[:end]])
     return Captions([" ".join(w) for w in words], words, ids, att, image.prefix, tuple(image.grid))
 
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkv.config import ModelConfig
+from qkv.data.caption_grammar import SPECIALS
 from qkv.training.config import RunConfig
-from qkv.training.optim import SCHEDULES
-from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range
+from qkv.training.loop_fields import RecipeLoopFields, check_loop_values
+from qkv.validation import check_choice, check_field_types, check_int, check_range
 
 __all__ = ["CaptionTrainConfig", "CAPTION_RECIPES", "caption_model_config"]
 
@@ -63,7 +64,7 @@ def caption_model_config(recipe: str, vocab_size: int, size: tuple[int, ...], ch
 
 
 @dataclass(frozen=True)
-class CaptionTrainConfig(RunConfig):
+class CaptionTrainConfig(RecipeLoopFields, RunConfig):
     """A captioning run (``qkv pretrain --objective caption``).
 
     Unset (``None``) training settings come from the recipe (:meth:`resolved`).
@@ -75,7 +76,7 @@ class CaptionTrainConfig(RunConfig):
             canvases are its test split.
         label_smoothing: of the loss.
         eval_sample: held-out canvases captioned at each evaluation during training (all at the end).
-        the rest: the training loop's (:class:`~qkv.training.config.LoopConfig`).
+        the rest: the training loop's (:class:`~qkv.training.loop_fields.RecipeLoopFields`).
     """
 
     out: str
@@ -84,25 +85,10 @@ class CaptionTrainConfig(RunConfig):
     model: dict[str, Any] = field(default_factory=dict)
     data: str | None = None
     label_smoothing: float | None = None
-    steps: int | None = None
-    time_budget: float | None = None
-    batch_size: int | None = None
-    grad_accum: int = 1
-    lr: float | None = None
-    weight_decay: float | None = None
-    warmup_steps: int | None = None
-    schedule: str | None = None
-    clip_norm: float = 1.0
-    eval_every: int | None = None
-    save_every: int | None = None
     eval_sample: int = 500
     eval_batch_size: int = 250
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
-    threads: int | str | None = None
-    progress: bool = True
-    log_every: int = 20
+
+    EXAMPLE_TOKENS = "tokens per canvas and caption"
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -112,29 +98,27 @@ class CaptionTrainConfig(RunConfig):
             raise ValueError(f"unknown caption recipe (--preset) {self.preset!r}; allowed: {', '.join(CAPTION_RECIPES)}")
         if not isinstance(self.model, dict):
             raise ValueError(f"model overrides must be a dict of ModelConfig fields, got {self.model!r}")
-        for name in ("steps", "batch_size", "eval_every", "save_every"):
-            check_int(name, getattr(self, name), optional=True)
-        for name in ("grad_accum", "eval_sample", "eval_batch_size", "log_every"):
+        for name in ("eval_sample", "eval_batch_size"):
             check_int(name, getattr(self, name))
-        check_int("warmup_steps", self.warmup_steps, low=0, optional=True)
-        check_choice("schedule", self.schedule, SCHEDULES, optional=True)
         if self.label_smoothing is not None:
             check_range("label_smoothing", self.label_smoothing, 0, 1)
-        for name in ("lr", "clip_norm", "weight_decay"):
-            if getattr(self, name) is not None:
-                check_range(name, getattr(self, name), 0, bounds="(" if name != "weight_decay" else "[")
-        check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 12)", optional=True)
+        check_loop_values(self, minutes=" of minutes (e.g. 12)")
         self.check_loop_fields()
 
     def resolved(self) -> CaptionTrainConfig:
         """A copy with every unset setting taken from the recipe (``time_budget`` only when neither it
         nor ``steps`` is set)."""
-        recipe = CAPTION_RECIPES[self.preset]
-        changes = {k: recipe[k] for k in ("data", "label_smoothing", "batch_size", "lr", "weight_decay",
-                                          "warmup_steps", "schedule") if getattr(self, k) is None}
-        if self.steps is None and self.time_budget is None:
-            changes.update({k: recipe[k] for k in ("steps", "time_budget") if k in recipe})
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **self.recipe_changes(CAPTION_RECIPES[self.preset],
+                                                               ("data", "label_smoothing")))
+
+    def tokens_per_example(self, model: ModelConfig | None = None) -> int:
+        """The tokens one training example is to the model: the canvas's image tokens (patches, +1 for
+        [CLS]) and the caption's window (``max_len``) — of ``model`` (the run's, sized for the data), or
+        before the data is read, of the recipe's model."""
+        if model is None:
+            image = CAPTION_RECIPES[self.preset]["model"]["image"]
+            model = caption_model_config(self.preset, len(SPECIALS), tuple(image["size"]), image["channels"])
+        return model.image.n_tokens + model.max_len
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

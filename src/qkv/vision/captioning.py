@@ -19,7 +19,6 @@ Run folder::
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +36,6 @@ from qkv.data.images import pixel_values
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.models.vision_builders import build_image_captioner
 from qkv.training.distributed import refuse_world
-from qkv.training.engine import run_training
-from qkv.training.lifecycle import resume_eval, run_session
-from qkv.training.precision import resolve_precision
 from qkv.translation.metrics import score
 from qkv.vision.caption import caption_with_attention
 from qkv.vision.caption_config import CaptionTrainConfig, caption_model_config
@@ -52,6 +48,7 @@ from qkv.vision.caption_scores import (
     report_markdown,
     text_scores,
 )
+from qkv.vision.run_setup import vision_run
 
 __all__ = ["CaptionBatch", "CaptionObjective", "CaptionResult", "train_captions", "encode_captions", "score_captions"]
 
@@ -203,26 +200,14 @@ def train_captions(cfg: CaptionTrainConfig, *, data: tuple[CaptionSet, CaptionSe
         raise ImageDataError(f"held-out canvases ({held.name}) do not match the training canvases ({train.name})")
     tokenizer = caption_tokenizer(train.names)
     config = caption_model_config(cfg.preset, tokenizer.get_vocab_size(), train.size, train.channels, cfg.model)
-    with run_session(cfg.device, cfg.out, resume=resume) as (info, run):
-        if resume and run.finished(cfg, files=("qkv.json", "model.safetensors", "report.json")) is not None:
-            report = json.loads((run.out / "report.json").read_text(encoding="utf-8"))
-            return CaptionResult(run.out, int(run.meta().get("steps_done", 0)), "complete", report)
-        precision, note = resolve_precision(cfg.precision, info.device)
-        if note and cfg.progress:
-            print(f"qkv pretrain --objective caption: {note}", flush=True)
-        summary = {"train_canvases": len(train), "held_out_canvases": len(held), "train": train.name,
-                   "held_out": held.name, "size": list(train.size), "grid": list(train.grid),
-                   "held_out_links": len(held.held_out)}
-        fingerprint = _fingerprint(train, held)
-        if run.resume:
-            run.check_config(cfg)
-            if run.meta().get("data_sha256") != fingerprint:
-                raise ImageDataError(f"--resume: the canvases differ from those {run.out} was started with; resume "
-                                     "with the same data, or start a new run")
-        else:
-            run.create({"kind": "caption", "train_config": cfg.to_dict(), "model_config": config.to_dict(),
-                        "data": summary, "data_sha256": fingerprint, "precision": precision})
-        torch.manual_seed(cfg.seed)
+    summary = {"train_canvases": len(train), "held_out_canvases": len(held), "train": train.name,
+               "held_out": held.name, "size": list(train.size), "grid": list(train.grid),
+               "held_out_links": len(held.held_out)}
+    with vision_run(cfg, kind="caption", what="canvases", model_config=config, summary=summary,
+                    fingerprint=lambda: _fingerprint(train, held), resume=resume) as started:
+        run = started.run
+        if started.report is not None:
+            return CaptionResult(run.out, started.steps_done, "complete", started.report)
         model = build_image_captioner(config)
         objective = CaptionObjective(train, held, tokenizer, max_len=config.max_len, batch_size=cfg.batch_size,
                                      seed=cfg.seed, label_smoothing=cfg.label_smoothing, eval_sample=cfg.eval_sample,
@@ -232,15 +217,15 @@ def train_captions(cfg: CaptionTrainConfig, *, data: tuple[CaptionSet, CaptionSe
             print(f"qkv pretrain --objective caption: {len(train)} canvases ({train.name}), held out {len(held)} "
                   f"({held.name}); {config.image.n_tokens} image tokens, vocabulary {config.vocab_size}; {span}, "
                   f"batch {cfg.batch_size}, lr {cfg.lr:g}", flush=True)
-        result = run_training(cfg, objective, model=model, run=run, info=info, precision=precision,
-                              title=f"{cfg.preset} on {train.name}", clock=clock, resume_eval=resume_eval,
-                              on_backward=on_backward)
+        result = started.train(objective, model, title=f"{cfg.preset} on {train.name}", clock=clock,
+                               on_backward=on_backward)
         if result.status != "complete":
             return CaptionResult(run.out, result.steps_done, result.status, None)
         report = score_captions(model.eval(), tokenizer, train, held, batch_size=cfg.eval_batch_size)
         report.update(held_out=held.name, train_minutes=round(result.elapsed_s / 60, 2), steps=result.steps_done,
-                      precision=precision, canvases_per_s=round((result.steps_done - result.start_step) * cfg.batch_size
-                                                                * cfg.grad_accum / max(result.train_s, 1e-9), 1))
+                      precision=started.precision,
+                      canvases_per_s=round((result.steps_done - result.start_step) * cfg.batch_size * cfg.grad_accum
+                                           / max(result.train_s, 1e-9), 1))
         atomic_write_text(run.out / "report.json", report_json(report))
         atomic_write_text(run.out / "report.md", report_markdown(report))
         run.update(report={"exact_match": report["model"]["exact_match"], "bleu": report["model"]["bleu"],

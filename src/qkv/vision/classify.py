@@ -34,11 +34,9 @@ from qkv.data.images import ImageSet, pixel_values
 from qkv.models.heads import TaskConfig
 from qkv.models.vision_builders import build_image_classifier
 from qkv.training.distributed import refuse_world
-from qkv.training.engine import run_training
-from qkv.training.lifecycle import resume_eval, run_session
-from qkv.training.precision import resolve_precision
 from qkv.vision.augment import augment_batch
 from qkv.vision.config import ImageTrainConfig, model_config
+from qkv.vision.run_setup import vision_run
 
 __all__ = ["ImageBatch", "ImageClassificationObjective", "ImageResult", "train_images", "read_image_data",
            "accuracy", "split_images"]
@@ -204,25 +202,13 @@ def train_images(cfg: ImageTrainConfig, *, resume: bool = False, clock=time.mono
         train, held = transform(train, "train"), transform(held, "held")
     config = _model_config(cfg, train)
     task = TaskConfig("sequence-classification", train.classes, pooling=cfg.pooling, classifier_dropout=0.0)
-    with run_session(cfg.device, cfg.out, resume=resume) as (info, run):
-        if resume and run.finished(cfg, files=("qkv.json", "model.safetensors", "report.json")) is not None:
-            report = json.loads((run.out / "report.json").read_text(encoding="utf-8"))
-            return ImageResult(run.out, int(run.meta().get("steps_done", 0)), "complete", report)
-        precision, note = resolve_precision(cfg.precision, info.device)
-        if note and cfg.progress:
-            print(f"qkv pretrain --objective image: {note}", flush=True)
-        summary = {"train_images": len(train), "held_out_images": len(held), "held_out": how,
-                   "classes": list(train.classes), "size": list(train.size), "channels": train.channels}
-        fingerprint = _fingerprint(train, held)
-        if run.resume:
-            run.check_config(cfg)
-            if run.meta().get("data_sha256") != fingerprint:
-                raise ImageDataError(f"--resume: the images differ from those {run.out} was started with; resume "
-                                     "with the same data, or start a new run")
-        else:
-            run.create({"kind": "image", "train_config": cfg.to_dict(), "model_config": config.to_dict(),
-                        "data": summary, "data_sha256": fingerprint, "precision": precision})
-        torch.manual_seed(cfg.seed)
+    summary = {"train_images": len(train), "held_out_images": len(held), "held_out": how,
+               "classes": list(train.classes), "size": list(train.size), "channels": train.channels}
+    with vision_run(cfg, kind="image", what="images", model_config=config, summary=summary,
+                    fingerprint=lambda: _fingerprint(train, held), resume=resume) as started:
+        run = started.run
+        if started.report is not None:
+            return ImageResult(run.out, started.steps_done, "complete", started.report)
         model = build_image_classifier(config, task)
         objective = ImageClassificationObjective(train, held, batch_size=cfg.batch_size, seed=cfg.seed,
                                                  augment=cfg.augment, label_smoothing=cfg.label_smoothing,
@@ -232,9 +218,8 @@ def train_images(cfg: ImageTrainConfig, *, resume: bool = False, clock=time.mono
             print(f"qkv pretrain --objective image: {len(train)} images ({train.name}), {len(train.classes)} classes, "
                   f"held out {len(held)} ({how}); {config.image.n_tokens} tokens per image; {span}, batch "
                   f"{cfg.batch_size}, lr {cfg.lr:g}, augment {','.join(cfg.augment) or 'none'}", flush=True)
-        result = run_training(cfg, objective, model=model, run=run, info=info, precision=precision,
-                              title=f"{cfg.preset} on {train.name}", clock=clock, resume_eval=resume_eval,
-                              on_backward=on_backward)
+        result = started.train(objective, model, title=f"{cfg.preset} on {train.name}", clock=clock,
+                               on_backward=on_backward)
         if result.status != "complete":
             return ImageResult(run.out, result.steps_done, result.status, None)
         report = accuracy(model, held, batch_size=cfg.eval_batch_size)
@@ -243,7 +228,7 @@ def train_images(cfg: ImageTrainConfig, *, resume: bool = False, clock=time.mono
         report.update(majority_baseline=float((held.labels == majority).mean()), held_out=how,
                       train_minutes=round(result.elapsed_s / 60, 2), steps=result.steps_done,
                       images_per_s=round((result.steps_done - result.start_step) * cfg.batch_size * cfg.grad_accum
-                                         / max(result.train_s, 1e-9), 1), precision=precision)
+                                         / max(result.train_s, 1e-9), 1), precision=started.precision)
         atomic_write_text(run.out / "report.json", json.dumps(report, indent=2))
         run.update(report={k: report[k] for k in ("accuracy", "majority_baseline", "train_minutes")})
         return ImageResult(run.out, result.steps_done, "complete", report)

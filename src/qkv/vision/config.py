@@ -14,8 +14,8 @@ from typing import Any
 
 from qkv.config import ModelConfig
 from qkv.training.config import RunConfig
-from qkv.training.optim import SCHEDULES
-from qkv.validation import check_choice, check_field_types, check_int, check_positive, check_range
+from qkv.training.loop_fields import RecipeLoopFields, check_loop_values
+from qkv.validation import check_choice, check_field_types, check_int, check_range
 
 __all__ = ["ImageTrainConfig", "RECIPES", "AUGMENTATIONS", "OBJECTIVES", "model_config"]
 
@@ -60,7 +60,7 @@ def model_config(recipe: str, overrides: dict[str, Any] | None = None, **fields:
 
 
 @dataclass(frozen=True)
-class ImageTrainConfig(RunConfig):
+class ImageTrainConfig(RecipeLoopFields, RunConfig):
     """An image-classification run (``objective="image"``; the only image objective so far).
 
     Unset (``None``) training settings come from the recipe (:meth:`resolved`).
@@ -75,7 +75,7 @@ class ImageTrainConfig(RunConfig):
         pooling: ``cls``, ``mean`` or ``pooler`` (image classification).
         eval_sample: held-out images scored at each evaluation during training (the whole
             held-out set at the end).
-        the rest: the training loop's (:class:`~qkv.training.config.LoopConfig`).
+        the rest: the training loop's (:class:`~qkv.training.loop_fields.RecipeLoopFields`).
     """
 
     out: str
@@ -88,25 +88,10 @@ class ImageTrainConfig(RunConfig):
     augment: tuple[str, ...] | None = None
     label_smoothing: float | None = None
     pooling: str | None = None
-    steps: int | None = None
-    time_budget: float | None = None
-    batch_size: int | None = None
-    grad_accum: int = 1
-    lr: float | None = None
-    weight_decay: float | None = None
-    warmup_steps: int | None = None
-    schedule: str | None = None
-    clip_norm: float = 1.0
-    eval_every: int | None = None
-    save_every: int | None = None
     eval_sample: int = 2000
     eval_batch_size: int = 500
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
-    threads: int | str | None = None
-    progress: bool = True
-    log_every: int = 20
+
+    EXAMPLE_TOKENS = "tokens per image"
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -122,30 +107,24 @@ class ImageTrainConfig(RunConfig):
         for a in self.augment or ():
             check_choice("augment", a, AUGMENTATIONS)
         check_choice("pooling", self.pooling, ("cls", "mean", "pooler"), optional=True)
-        for name in ("steps", "batch_size", "eval_every", "save_every"):
-            check_int(name, getattr(self, name), optional=True)
-        for name in ("grad_accum", "eval_sample", "eval_batch_size", "log_every"):
+        for name in ("eval_sample", "eval_batch_size"):
             check_int(name, getattr(self, name))
-        check_int("warmup_steps", self.warmup_steps, low=0, optional=True)
-        check_choice("schedule", self.schedule, SCHEDULES, optional=True)
         check_range("eval_fraction", self.eval_fraction, 0, 1, bounds="()")
         if self.label_smoothing is not None:
             check_range("label_smoothing", self.label_smoothing, 0, 1)
-        for name in ("lr", "clip_norm", "weight_decay"):
-            if getattr(self, name) is not None:
-                check_range(name, getattr(self, name), 0, bounds="(" if name != "weight_decay" else "[")
-        check_positive("time_budget", self.time_budget, unit=" of minutes (e.g. 15)", optional=True)
+        check_loop_values(self, minutes=" of minutes (e.g. 15)")
         self.check_loop_fields()
 
     def resolved(self) -> ImageTrainConfig:
         """A copy with every unset setting taken from the recipe (``time_budget`` only when neither it
         nor ``steps`` is set)."""
-        recipe = RECIPES[self.preset]
-        changes = {k: recipe[k] for k in ("data", "augment", "label_smoothing", "pooling", "batch_size", "lr",
-                                          "weight_decay", "warmup_steps", "schedule") if getattr(self, k) is None}
-        if self.steps is None and self.time_budget is None:
-            changes.update({k: recipe[k] for k in ("steps", "time_budget") if k in recipe})
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **self.recipe_changes(RECIPES[self.preset],
+                                                               ("data", "augment", "label_smoothing", "pooling")))
+
+    def tokens_per_example(self, model: ModelConfig | None = None) -> int:
+        """The tokens one image is to the model: its patches, +1 for [CLS] — of ``model`` (the run's,
+        sized for the data), or before the data is read, of the recipe's model."""
+        return (model or model_config(self.preset)).image.n_tokens
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -35,6 +35,7 @@ from qkv.data.images import IMAGE_SUFFIXES, read_image
 from qkv.errors import QkvError
 from qkv.models.vision import ImageCaptioner, ImageClassifier
 from qkv.vision.attention_maps import image_attentions, rollout, to_grid
+from qkv.vision.caption import caption_with_attention
 from qkv.vision.figures import maps_over_picture
 from qkv.vision.pictures import is_picture_spec, load_image_model, read_pictures
 
@@ -112,21 +113,18 @@ def _eos_id(tokenizer, model: ImageCaptioner) -> int | None:
     return None
 
 
-@torch.no_grad()
 def _caption(model: ImageCaptioner, tokenizer, x: torch.Tensor) -> tuple[list[str], np.ndarray]:
-    """Greedy caption of ``(1,K,R,W)``: the written words (up to the end token) and ``(L,H,U,T)`` their
-    cross-attention (row u: the decoder position that wrote word u)."""
+    """Greedy caption of ``(1,K,R,W)`` (:func:`~qkv.vision.caption.caption_with_attention`): the written
+    words up to and with the end token, and ``(L,H,U,T)`` their cross-attention (row u: the decoder
+    position that wrote word u)."""
     eos = _eos_id(tokenizer, model)
-    ids = model.generate(x, max_new_tokens=model.decoder.max_len - 1, eos_token_id=eos)[0]  # (1+n,)
-    written = ids[1:].tolist()
-    if eos is not None and eos in written:
-        written = written[:written.index(eos) + 1]
-    if not written:
+    written = caption_with_attention(model, tokenizer, x, batch_size=1, eos_token_id=eos)
+    row = written.ids[0, 1:].tolist()  # (n,)
+    n = row.index(eos) + 1 if eos is not None and eos in row else len(row)
+    if not n:
         return [], np.zeros((0,))
-    out = model(x, decoder_input_ids=ids[None, :len(written)], output_attentions=True)  # inputs that wrote them
-    cross = torch.stack([a[0].float() for a in out.cross_attentions]).numpy()  # L × (H,U,T) -> (L,H,U,T)
     name = (lambda i: tokenizer.id_to_token(i) or str(i)) if tokenizer is not None else str
-    return [name(i) for i in written], cross
+    return [name(i) for i in row[:n]], written.cross_attentions[0, :, :, :n].numpy()  # (L,H,n,T) -> (L,H,U,T)
 
 
 @torch.no_grad()
