@@ -68,14 +68,32 @@ def _docs(tmp: Path) -> tuple[Path, Path]:
     return docs, rows
 
 
-def _writers(tmp: Path, model: Path) -> dict[str, list[str]]:
+def _classifier(tmp: Path, model: Path) -> Path:
+    """A tiny random sequence classifier with ``model``'s tokenizer (what ``qkv predict`` reads)."""
+    import torch
+
+    from qkv.checkpoints.io import load, save
+    from qkv.config import ModelConfig
+    from qkv.models.heads import TaskConfig
+    from qkv.models.task_builders import build_task_model
+
+    clf = tmp / "clf"
+    if not clf.exists():
+        torch.manual_seed(0)
+        tok = load(model).tokenizer
+        cfg = ModelConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_len=32)
+        save(build_task_model(cfg, TaskConfig("sequence-classification", ("a", "b"))), clf, tokenizer=tok)
+    return clf
+
+
+def _writers(tmp: Path, model: Path, clf: Path | None = None) -> dict[str, list[str]]:
     """``case: argv`` of a command that writes, each writing into ``tmp / "out"``."""
     docs, rows = _docs(tmp)
     out = str(tmp / "out")
     return {
         "embed": ["embed", str(model), str(docs), "--out", out + ".npy"],
         "index": ["index", str(model), str(docs), "--out", out],
-        "predict": ["predict", str(model), str(docs), "--out", out + ".jsonl"],
+        "predict": ["predict", str(clf or model), str(docs), "--out", out + ".jsonl"],
         "convert": ["convert", str(model), out],
         "pretrain": ["pretrain", "--corpus", str(docs), "--out", out, "--preset", "tiny", "--vocab-size", "120",
                      "--max-len", "16", "--steps", "1", "--no-progress"],
@@ -139,7 +157,8 @@ def test_every_training_subcommand_and_objective_has_a_failure_case(tmp_path, mo
 @pytest.mark.parametrize("case", ["embed", "index", "predict", "convert", "pretrain", "finetune", "train-embeddings",
                                   "lab", "analyze", "inspect", "findings"])
 def test_a_full_disk_is_one_line_saying_so_and_naming_the_path(case, tmp_path, model_folder, monkeypatch, capsys):
-    argv = _writers(tmp_path, model_folder)[case]
+    clf = _classifier(tmp_path, model_folder) if case == "predict" else None
+    argv = _writers(tmp_path, model_folder, clf)[case]
     monkeypatch.setenv("QKV_FAULT_RAISE", "fs.publish:ENOSPC")
     code, lines, err = _run(argv, capsys)
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
