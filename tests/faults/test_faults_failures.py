@@ -102,9 +102,11 @@ def _writers(tmp: Path, model: Path, clf: Path | None = None) -> dict[str, list[
         "train-embeddings": ["train-embeddings", str(model), "--corpus", str(docs), "--out", out, "--steps", "1",
                              "--no-progress"],
         "lab": ["lab", "seq2seq", "--task", "reverse", "--out", out, "--steps", "1", "--preset", "tiny"],
-        "analyze": ["analyze", str(model), "--corpus", str(docs), "--out", out, "--quiet", "--max-docs", "4"],
+        "analyze": ["analyze", str(model), "--corpus", str(docs), "--out", out, "--quiet", "--max-docs", "4",
+                    "--max-len", "32"],
         "inspect": ["inspect", str(model), "a short text", "--out", out],
-        "findings": ["findings", "kobayashi", str(model), "--data", str(docs), "--out", out, "--texts", "2"],
+        "findings": ["findings", "kobayashi", str(model), "--data", str(docs), "--out", out, "--texts", "2",
+                     "--max-len", "32"],
     }
 
 
@@ -170,8 +172,10 @@ _NEEDS = {"pretrain caption": "dataset-fashion-mnist (Debian)", "pretrain transl
           "sword-text-sparv (Debian)"}
 
 
-@pytest.mark.parametrize("case", ["pretrain mlm", "pretrain clm", "pretrain image", "pretrain caption",
-                                  "pretrain translation", "finetune", "train-embeddings", "lab seq2seq"])
+@pytest.mark.parametrize("case", ["pretrain mlm", "pretrain clm", "pretrain image",
+                                  pytest.param("pretrain caption", marks=pytest.mark.slow),  # reads Fashion-MNIST
+                                  pytest.param("pretrain translation", marks=pytest.mark.slow),  # aligns the Bibles
+                                  "finetune", "train-embeddings", "lab seq2seq"])
 def test_a_run_failing_at_its_first_step_leaves_run_json_failed_with_the_reason(case, tmp_path, model_folder,
                                                                                  monkeypatch, capsys):
     argv = _trainers(tmp_path, model_folder)[case]

@@ -18,6 +18,7 @@ import torch
 
 from qkv._fs import atomic_write_text
 from qkv.analysis import plots
+from qkv.analysis.capture import model_window
 from qkv.analysis.figures import abnar_figure, head_grid_figure, kobayashi_figure, michel_figure
 from qkv.analysis.findings import TARGETS, abnar_zuidema, kobayashi_shares, michel_pruning
 from qkv.analysis.hooked import Batch, encode_texts
@@ -128,6 +129,10 @@ def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: i
     model, tokenizer, model_name = model_and_tokenizer(model_path)
     if not is_qkv(model):
         raise AnalysisInputError("qkv findings needs a qkv model (the hooks); load the folder with qkv.load")
+    window = model_window(model)
+    if window is not None and max_len > window:
+        raise AnalysisInputError(f"max_len={max_len} (--max-len) is above the model's window of {window} positions; "
+                                 f"choose --max-len {window} or less")
     model.eval()
     result, figures = _run(name, model, tokenizer, data, n_texts=n_texts, max_len=max_len, seed=seed, step=step,
                            single=single, flow=flow, target=target)
