@@ -45,10 +45,14 @@ PAPER = {
 _CHUNK = 32  # texts per forward pass
 
 
-def _labelled(model, documents) -> tuple[list[str], torch.Tensor]:
+def _check_classifier(model) -> None:
     if not isinstance(model, SequenceClassifier) or model.task.task != "sequence-classification":
         raise AnalysisInputError("this finding needs a sequence classifier (a folder written by qkv finetune "
                                  "--task sequence-classification)")
+
+
+def _labelled(model, documents) -> tuple[list[str], torch.Tensor]:
+    _check_classifier(model)
     ids = {name: i for i, name in enumerate(model.task.labels)}
     unknown = sorted({str(y) for y in documents.labels if y not in ids}) if documents.labels else ["(no labels)"]
     if unknown:
@@ -129,6 +133,8 @@ def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: i
     model, tokenizer, model_name = model_and_tokenizer(model_path)
     if not is_qkv(model):
         raise AnalysisInputError("qkv findings needs a qkv model (the hooks); load the folder with qkv.load")
+    if name != "kobayashi":  # the model's kind first: a masked LM is the wrong model at any --max-len
+        _check_classifier(model)
     window = model_window(model)
     if window is not None and max_len > window:
         raise AnalysisInputError(f"max_len={max_len} (--max-len) is above the model's window of {window} positions; "
