@@ -114,7 +114,7 @@ def _describe(name: str, r) -> str:
             + " / ".join(f"{x:.3f}" for x in r.token_share[:3]) + ". Mean share of each query's attention.")
 
 
-def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: int = 64, max_len: int = 64,
+def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: int = 64, max_len: int | None = None,
                  seed: int = 0, step: int = 4, single: bool = False, flow: bool = True, target: str = "probability"):
     """Measure finding ``name`` (one of :data:`FINDINGS`) on a model folder and write it into ``out_dir``.
 
@@ -128,7 +128,7 @@ def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: i
         raise AnalysisInputError(f"unknown finding {name!r}; choose one of {', '.join(FINDINGS)}")
     if target not in TARGETS:
         raise AnalysisInputError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    if n_texts < 2 or max_len < 4 or step < 1:
+    if n_texts < 2 or (max_len is not None and max_len < 4) or step < 1:
         raise AnalysisInputError(f"need texts ≥ 2, max_len ≥ 4 and step ≥ 1; got {n_texts}, {max_len}, {step}")
     model, tokenizer, model_name = model_and_tokenizer(model_path)
     if not is_qkv(model):
@@ -136,7 +136,9 @@ def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: i
     if name != "kobayashi":  # the model's kind first: a masked LM is the wrong model at any --max-len
         _check_classifier(model)
     window = model_window(model)
-    if window is not None and max_len > window:
+    if max_len is None:  # the default: 64 tokens, or the model's window where it is shorter
+        max_len = min(64, window or 64)
+    elif window is not None and max_len > window:
         raise AnalysisInputError(f"max_len={max_len} (--max-len) is above the model's window of {window} positions; "
                                  f"choose --max-len {window} or less")
     model.eval()
