@@ -28,7 +28,7 @@ import errno
 import os
 import time
 
-__all__ = ["fault_point", "POINTS", "InjectedFault"]
+__all__ = ["POINTS", "InjectedFault", "fault_point"]
 
 POINTS = ("checkpoint.write", "checkpoint.latest", "finalise.model", "finalise.run_json")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import qkv.data.readers as readers
+from qkv.data import readers
 from qkv.cli import build_parser, main
 
 KINDS = ("csv", "tsv", "jsonl", "txt")
