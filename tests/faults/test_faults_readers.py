@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from qkv.data import readers
 from qkv.cli import build_parser, main
+from qkv.data import readers
 
 KINDS = ("csv", "tsv", "jsonl", "txt")
 ROWS = (("d1", "first document about cats", "a"), ("d2", "second document about dogs", "b"),
