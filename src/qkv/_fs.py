@@ -177,6 +177,7 @@ def publish_file(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
     """Put the finished file ``tmp`` at ``dest``: fsync, the permissions of a normal new file
     (temp files are created 0600), one rename, fsync of the folder."""
     tmp, dest = Path(tmp), Path(dest)
+    fault_point("fs.publish")
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.chmod(tmp, 0o666 & ~_umask())
@@ -279,6 +280,7 @@ def publish_dir(tmp: str | os.PathLike, dest: str | os.PathLike, *, how: str = "
     """
     tmp, dest = Path(tmp), Path(dest)
     check_choice("how", how, PUBLISH_HOW)
+    fault_point("fs.publish")
     if sync:
         for f in tmp.iterdir():
             if f.is_file():

@@ -157,7 +157,8 @@ def analyze(
     window = model_window(model)
     max_len = opts.max_len or window or 512
     if window is not None and max_len > window:
-        raise AnalysisInputError(f"max_len {max_len} exceeds the model's window of {window} positions")
+        raise AnalysisInputError(f"max_len {max_len} (--max-len) exceeds the model's window of {window} "
+                                 f"positions; choose --max-len {window} or less")
     contexts = tokenize_corpus(
         documents.texts, tokenizer, max_len=max_len, long_text=opts.long_text,
         max_windows_per_doc=opts.max_windows_per_doc,

@@ -121,7 +121,8 @@ def add_analysis_parsers(sub) -> None:
     f.add_argument("--out", required=True, help="output folder (created)")
     f.add_argument("--texts", type=int, default=64, metavar="N",
                    help="seeded sample of N texts (michel: 2N, half to rank the heads, half to score; default 64)")
-    f.add_argument("--max-len", type=int, default=64, help="cut each text to this many tokens (default 64)")
+    f.add_argument("--max-len", type=int, default=None, help="cut each text to this many tokens (default 64, or "
+                   "the model's window where it is shorter; a value above the window is refused)")
     f.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     f.add_argument("--step", type=int, default=4, help="michel: heads pruned between two evaluations (default 4)")
     f.add_argument("--single", action="store_true", help="michel: also switch off each head alone (L·H evaluations)")

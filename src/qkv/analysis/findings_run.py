@@ -18,6 +18,7 @@ import torch
 
 from qkv._fs import atomic_write_text
 from qkv.analysis import plots
+from qkv.analysis.capture import model_window
 from qkv.analysis.figures import abnar_figure, head_grid_figure, kobayashi_figure, michel_figure
 from qkv.analysis.findings import TARGETS, abnar_zuidema, kobayashi_shares, michel_pruning
 from qkv.analysis.hooked import Batch, encode_texts
@@ -44,10 +45,14 @@ PAPER = {
 _CHUNK = 32  # texts per forward pass
 
 
-def _labelled(model, documents) -> tuple[list[str], torch.Tensor]:
+def _check_classifier(model) -> None:
     if not isinstance(model, SequenceClassifier) or model.task.task != "sequence-classification":
         raise AnalysisInputError("this finding needs a sequence classifier (a folder written by qkv finetune "
                                  "--task sequence-classification)")
+
+
+def _labelled(model, documents) -> tuple[list[str], torch.Tensor]:
+    _check_classifier(model)
     ids = {name: i for i, name in enumerate(model.task.labels)}
     unknown = sorted({str(y) for y in documents.labels if y not in ids}) if documents.labels else ["(no labels)"]
     if unknown:
@@ -109,7 +114,7 @@ def _describe(name: str, r) -> str:
             + " / ".join(f"{x:.3f}" for x in r.token_share[:3]) + ". Mean share of each query's attention.")
 
 
-def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: int = 64, max_len: int = 64,
+def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: int = 64, max_len: int | None = None,
                  seed: int = 0, step: int = 4, single: bool = False, flow: bool = True, target: str = "probability"):
     """Measure finding ``name`` (one of :data:`FINDINGS`) on a model folder and write it into ``out_dir``.
 
@@ -123,11 +128,19 @@ def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: i
         raise AnalysisInputError(f"unknown finding {name!r}; choose one of {', '.join(FINDINGS)}")
     if target not in TARGETS:
         raise AnalysisInputError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    if n_texts < 2 or max_len < 4 or step < 1:
+    if n_texts < 2 or (max_len is not None and max_len < 4) or step < 1:
         raise AnalysisInputError(f"need texts ≥ 2, max_len ≥ 4 and step ≥ 1; got {n_texts}, {max_len}, {step}")
     model, tokenizer, model_name = model_and_tokenizer(model_path)
     if not is_qkv(model):
         raise AnalysisInputError("qkv findings needs a qkv model (the hooks); load the folder with qkv.load")
+    if name != "kobayashi":  # the model's kind first: a masked LM is the wrong model at any --max-len
+        _check_classifier(model)
+    window = model_window(model)
+    if max_len is None:  # the default: 64 tokens, or the model's window where it is shorter
+        max_len = min(64, window or 64)
+    elif window is not None and max_len > window:
+        raise AnalysisInputError(f"max_len={max_len} (--max-len) is above the model's window of {window} positions; "
+                                 f"choose --max-len {window} or less")
     model.eval()
     result, figures = _run(name, model, tokenizer, data, n_texts=n_texts, max_len=max_len, seed=seed, step=step,
                            single=single, flow=flow, target=target)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qkv._fs import check_output_path, make_temp_file, publish_file
+from qkv._fs import check_output_path, disk_full, make_temp_file, publish_file
 from qkv.embeddings.errors import EmbeddingError, OutputFormatError
 
 __all__ = ["open_writer", "output_format", "OUTPUT_FORMATS", "VectorWriter", "PARQUET_PIP"]
@@ -74,14 +74,28 @@ class VectorWriter(ABC):
             bad = [ids[i] for i in np.flatnonzero(~np.isfinite(vectors).all(axis=1))[:5]]
             raise EmbeddingError(f"non-finite (NaN/inf) vectors for document(s) {bad}: the model produces "
                                  "NaN/inf — its weights are damaged or it overflows; check the model folder")
-        self._write(ids, vectors)
+        try:
+            self._write(ids, vectors)
+        except Exception as e:
+            raise self._full(e)
         self.rows += len(ids)
 
     def commit(self) -> Path:
-        self._finish()
-        publish_file(self.tmp, self.path)  # with the permissions of a normal new file
+        try:
+            self._finish()
+            publish_file(self.tmp, self.path)  # with the permissions of a normal new file
+        except Exception as e:
+            raise self._full(e)
         self._done = True
         return self.path
+
+    def _full(self, exc: Exception) -> Exception:
+        """A full disk named as such, with the output's path (not the temporary file's); else ``exc``."""
+        full = disk_full(exc, self.path)
+        if full is None:
+            return exc
+        full.__cause__ = exc
+        return full
 
     def abort(self) -> None:
         if not self._done:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from qkv._faults import fault_point
 from qkv.errors import QkvError
 from qkv.training import distributed as qdist
 from qkv.training.budget import BudgetClock, TimedScheduler
@@ -199,6 +200,7 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
 
 def _train_step(r: _Run, step: int) -> tuple[float, float, float]:
     """One optimiser step up to (not including) the update: ``(loss, grad norm, tokens)``."""
+    fault_point("train.step")
     cfg, info = r.cfg, r.info
     if cfg.grad_accum == 1 and not info.distributed:
         loss, micro = _one_batch(r, step)
