@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qkv._fs import check_output_path, disk_full, make_temp_file, publish_file
+from qkv._disk import disk_full
+from qkv._fs import check_output_path, make_temp_file, publish_file
 from qkv.embeddings.errors import EmbeddingError, OutputFormatError
 
 __all__ = ["open_writer", "output_format", "OUTPUT_FORMATS", "VectorWriter", "PARQUET_PIP"]
