@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from qkv.config import ModelConfig
 from qkv.hardware import precision_unsupported
