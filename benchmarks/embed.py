@@ -53,6 +53,8 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from qkv.embeddings.embedder import Embedder  # noqa: E402
 from qkv.hardware import cpu_features, precision_unsupported  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmark helpers
+from peak_memory import mark_peak, measure_alone, print_peak  # noqa: E402
 
 
 def minilm_folder() -> Path:
@@ -168,43 +170,16 @@ def gemm_gflops(n: int = 1024, reps: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_mb() -> float:
-    """This process's peak resident MB (VmHWM: unlike ``ru_maxrss``, not inherited across exec)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-
-
-def _reset_peak() -> bool:
-    """Restart the VmHWM mark at the current resident size (Linux ``clear_refs`` 5); False where refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def peak_memory(names: list[str], folder: Path, tmp: Path, texts: list[str], args) -> dict[str, dict]:
     """Each of ``names`` (qkv-* and ort-*) alone in a fresh process: resident MB once its model is
     loaded (and warmed up on two batches), and the peak while it embeds all ``texts`` (the mark
     restarted after loading where the kernel allows; else the peak includes loading)."""
-    import subprocess
-
     (tmp / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
     out = {}
     for name in names:
-        done = subprocess.run([sys.executable, __file__, "--memory-child", name, "--memory-folder", str(tmp),
-                               "--model-folder", str(folder), "--max-len", str(args.max_len), "--batch-size",
-                               str(args.batch_size), "--threads", str(args.threads)],
-                              capture_output=True, text=True, check=True)
-        before, peak, reset = done.stdout.split()[-3:]
-        out[name] = {"loaded_mb": float(before), "peak_mb": float(peak), "growth_mb": float(peak) - float(before),
-                     "peak_includes_loading": reset != "1"}
+        out[name] = measure_alone([__file__, "--memory-child", name, "--memory-folder", tmp, "--model-folder",
+                                   folder, "--max-len", args.max_len, "--batch-size", args.batch_size,
+                                   "--threads", args.threads])
     return out
 
 
@@ -220,10 +195,9 @@ def memory_child(name: str, tmp: Path, folder: Path, args) -> None:
         impl = ORTEmbedder(path, BertTokenizerFast.from_pretrained(str(folder)), args.max_len, args.batch_size,
                            args.threads)
     impl.embed(texts[:2 * args.batch_size])  # warm-up, as in the timing
-    reset = _reset_peak()
-    before = _rss_mb()
+    mark = mark_peak()
     impl.embed(texts)
-    print(before, _peak_mb(), int(reset))
+    print_peak(mark)
 
 
 def main(argv: list[str] | None = None) -> int:

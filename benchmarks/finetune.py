@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +63,8 @@ from qkv.hardware import cpu_features, precision_unsupported  # noqa: E402
 from qkv.models.heads import TaskConfig  # noqa: E402
 from qkv.models.task_builders import attach_task_head  # noqa: E402
 from qkv.training.optim import build_optimizer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmark helpers
+from peak_memory import mark_peak, measure_alone, print_peak  # noqa: E402
 
 
 def minilm() -> Path:
@@ -170,17 +171,9 @@ def peak_memory(args) -> dict[str, dict[str, float]]:
                    Path(tmp) / "batches.pt")
         del ours, hf
         for side in ("qkv", "transformers"):
-            done = subprocess.run([sys.executable, __file__, "--alone", side, "--precision", args.precision,
-                                   "--lr", str(args.lr), "--folder", tmp], capture_output=True, text=True,
-                                  check=True)
-            before, peak = map(float, done.stdout.split()[-2:])
-            out[side] = {"before_mb": before, "peak_mb": peak}
+            out[side] = measure_alone([__file__, "--alone", side, "--precision", args.precision, "--lr",
+                                       args.lr, "--folder", tmp])
     return out
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def alone(side: str, folder: Path, args) -> None:
@@ -196,17 +189,11 @@ def alone(side: str, folder: Path, args) -> None:
     model.train()
     data = torch.load(folder / "batches.pt")
     opt = build_optimizer(model, lr=args.lr, weight_decay=0.01)
-    before = _rss_mb()
+    mark = mark_peak()
     for b in data:
         step(side, model, opt, b, _autocast(args.precision))
-    print(before, _peak_mb())
+    print_peak(mark)
 
-
-def _peak_mb() -> float:
-    """This process's peak resident MB (VmHWM: unlike ``ru_maxrss``, not inherited from the parent across
-    exec)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 #: the largest |loss_qkv − loss_Trainer| accepted at any step of ``--trainer`` (printed with the result)
 LOSS_TOLERANCE = {"fp32": 2e-3, "bf16": 5e-2}
@@ -352,7 +339,7 @@ def main(argv=None) -> int:
     if args.memory:
         r["memory"] = peak_memory(args)
         print("resident MB, each side alone (before the steps → peak): " + "; ".join(
-            f"{k} {v['before_mb']:.0f} → {v['peak_mb']:.0f}" for k, v in r["memory"].items()))
+            f"{k} {v['loaded_mb']:.0f} → {v['peak_mb']:.0f}" for k, v in r["memory"].items()))
     if args.trainer:
         t = r["trainer"] = versus_trainer(args)
         print(f"end to end, {args.steps} steps: qkv finetune {t['wall_s']['qkv']:.1f} s (training loop "

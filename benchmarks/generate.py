@@ -39,6 +39,8 @@ from qkv.hardware import precision_unsupported  # noqa: E402
 from qkv.inference import for_inference  # noqa: E402
 from qkv.models.builders import build_causal_lm  # noqa: E402
 from qkv.nn.kv_cache import KVCache  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmark helpers
+from peak_memory import mark_peak, measure_alone, print_peak  # noqa: E402
 
 SIZES = {
     "tiny": dict(vocab_size=512, d_model=64, n_heads=2, n_layers=2),
@@ -179,34 +181,12 @@ def precision_table(model, prompt_len: int, new: int, reps: int, precisions: lis
     return rows
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_mb() -> float:
-    """This process's peak resident MB (VmHWM: unlike ``ru_maxrss``, not inherited across exec)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-
-
-def _reset_peak() -> bool:
-    """Restart the VmHWM mark at the current resident size (Linux ``clear_refs`` 5); False where refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def peak_memory(model, precisions: list[str], batch: int, new: int) -> list[dict]:
     """Peak resident memory of greedy generation, each side alone in a fresh process that loads only its
     own model (written here into a temporary folder): qkv in each precision this CPU offers, and
     transformers fp32. Resident MB once the model is loaded and prepared, and the peak while it
     generates ``new`` tokens for ``batch`` prompts of 16 tokens (the mark restarted after loading where
     the kernel allows; else the peak includes loading)."""
-    import subprocess
     import tempfile
 
     import qkv
@@ -217,12 +197,9 @@ def peak_memory(model, precisions: list[str], batch: int, new: int) -> list[dict
         copy_to_gpt2(model).save_pretrained(Path(tmp) / "hf")
         sides = [f"qkv-{p}" for p in precisions if precision_unsupported(p, torch.device("cpu")) is None]
         for side in sides + ["transformers-fp32"]:
-            done = subprocess.run([sys.executable, __file__, "--alone", side, "--folder", tmp, "--new-tokens",
-                                   str(new), "--batches", str(batch)], capture_output=True, text=True, check=True)
-            before, peak, reset = done.stdout.split()[-3:]
-            rows.append({"side": side, "batch": batch, "new_tokens": new, "loaded_mb": float(before),
-                         "peak_mb": float(peak), "growth_mb": float(peak) - float(before),
-                         "peak_includes_loading": reset != "1"})
+            measured = measure_alone([__file__, "--alone", side, "--folder", tmp, "--new-tokens", new,
+                                      "--batches", batch])
+            rows.append({"side": side, "batch": batch, "new_tokens": new, **measured})
     return rows
 
 
@@ -241,14 +218,13 @@ def alone(side: str, folder: Path, batch: int, new: int) -> None:
 
         model = transformers.GPT2LMHeadModel.from_pretrained(str(folder / "hf")).eval()
     ids = torch.randint(0, model.config.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(batch))
-    reset = _reset_peak()
-    before = _rss_mb()
+    mark = mark_peak()
     if library == "qkv":
         generate(model, ids, max_new_tokens=new)
     else:
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
                        min_new_tokens=new, pad_token_id=0)
-    print(before, _peak_mb(), int(reset))
+    print_peak(mark)
 
 
 def build_parser() -> argparse.ArgumentParser:

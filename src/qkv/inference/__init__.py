@@ -20,7 +20,10 @@ gradients — an ordinary qkv model to every API (``qkv.embed``, ``qkv.save``, t
 The kinds of linear map in a layer: ``"qkv"`` (the attention's query/key/value maps), ``"out"``
 (its output map), ``"ffn_in"`` and ``"ffn_out"`` (the feed-forward block's first and second maps).
 Maps outside the layers (pooler, task heads, ELECTRA's embedding projection) stay float32 in int8
-mode. :func:`inference_precision` reads a model's precision off its maps.
+mode. The output map of a head tied to the token embeddings (a masked LM's, a causal LM's: ``h · Eᵀ``
+over the whole vocabulary, the largest single product of a decode step) gets its own copy of E in
+bf16 (bfloat16) and in int8 (int8 with one scale per row, unsmoothed), made from the table as the
+state loads; the embedding lookup keeps the float32 table (:meth:`qkv.nn.maps.LinearMaps.vocab_proj`). :func:`inference_precision` reads a model's precision off its maps.
 
 Raises :class:`~qkv.errors.QkvError` for a precision that is unknown or not offered on the device
 (:func:`check_precision`: one line saying why).
@@ -36,7 +39,7 @@ from qkv.hardware import precision_unsupported
 from qkv.inference.calibration import calibration_sequences, input_maxima
 from qkv.models.kinds import build_kind, encoder_of, model_kind
 from qkv.nn.linear import InferenceLinear, Int8Linear, smoothing_scale
-from qkv.nn.maps import INT8_KINDS, LINEAR_KINDS, PRECISIONS, LinearMaps
+from qkv.nn.maps import INT8_KINDS, LINEAR_KINDS, PRECISIONS, VOCAB_PROJ, LinearMaps
 from qkv.validation import check_choice
 
 __all__ = ["SMOOTHING", "for_inference", "for_inference_calibrated", "check_precision", "inference_precision"]
@@ -140,7 +143,10 @@ def _input_scales(model: nn.Module, state: dict, kinds, calibration, alpha: floa
     fp32.load_state_dict(state)
     fp32.eval().requires_grad_(False)
     probe = build_kind(config, kind, task, maps=LinearMaps("int8", int8_kinds=kinds), causal=causal)
-    names = [name for name, m in probe.named_modules() if isinstance(m, Int8Linear)]
+    # a tied head's vocab_proj is filled from the token table and not smoothed: the calibration runs
+    # the encoder only, and never reaches the head
+    names = [name for name, m in probe.named_modules()
+             if isinstance(m, Int8Linear) and name.rpartition(".")[2] != VOCAB_PROJ]
     if not names:
         return {}
     try:

@@ -260,7 +260,8 @@ def build_causal_lm(config: ModelConfig, *, init: bool = True, maps: LinearMaps 
     if config.embedding_size not in (None, config.d_model):
         raise ValueError(f"embedding_size={config.embedding_size} (≠ d_model={config.d_model}): the LM head "
                          "ties its output map to C-wide token embeddings")
-    model = CausalLM(build_encoder(config, init=False, causal=True, maps=maps), config=config)
+    model = CausalLM(build_encoder(config, init=False, causal=True, maps=maps),
+                     vocab_proj=maps.vocab_proj(config.d_model, config.vocab_size), config=config)
     if init:
         init_weights(model, config.initializer_range)
     return model

@@ -6,7 +6,9 @@ Legend: B batch, T length, C model width, V vocabulary, N predicted positions in
 The stack is an :class:`~qkv.nn.encoder.Encoder` built with ``causal=True``: query i attends to
 keys 0 … i only (the textbook's masked self-attention, Prince §12.7). The head is GPT-2's:
 ``logits = h · Eᵀ`` with E the token embedding table (tied: one tensor, no copy, no bias); a
-pre-LN stack normalises ``h`` first (its final norm, GPT-2's ``ln_f``).
+pre-LN stack normalises ``h`` first (its final norm, GPT-2's ``ln_f``). A model prepared for bf16 or
+int8 inference multiplies by its own bfloat16 or int8 copy of E instead (``vocab_proj``, see
+:meth:`qkv.nn.maps.LinearMaps.vocab_proj`); its logits are float32 all the same.
 
 Next-token loss (Hugging Face's convention): ``labels`` has the shape of ``input_ids`` (usually
 the ids themselves, :data:`IGNORE_INDEX` where not predicted, e.g. padding); position t's logits
@@ -24,6 +26,7 @@ from qkv.generation.loop import generate
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.nn.encoder import Encoder
 from qkv.nn.kv_cache import KVCache
+from qkv.nn.maps import VOCAB_PROJ, tie_to_table
 
 __all__ = ["CausalLM", "CausalLMOutput", "IGNORE_INDEX", "shift_labels"]
 
@@ -64,17 +67,23 @@ class CausalLM(nn.Module):
 
     Args:
         decoder: an :class:`~qkv.nn.encoder.Encoder` built with ``causal=True``.
+        vocab_proj: the head's own ``C → V`` map of a model prepared for bf16 or int8 inference
+            (:meth:`qkv.nn.maps.LinearMaps.vocab_proj`, filled from the token table when the state
+            is loaded), or ``None``: the head multiplies by the table itself.
         config: the :class:`~qkv.config.ModelConfig` the model was built from (kept as
             ``.config``; saving and exporting read it), or ``None``.
     """
 
-    def __init__(self, decoder: Encoder, *, config=None):
+    def __init__(self, decoder: Encoder, *, vocab_proj: nn.Module | None = None, config=None):
         super().__init__()
         if not isinstance(decoder, Encoder) or not decoder.causal:
             raise ValueError("CausalLM needs a qkv Encoder built with causal=True "
                              "(qkv.models.builders.build_causal_lm makes one)")
         self.config = config
         self.decoder = decoder
+        self.vocab_proj = vocab_proj
+        if vocab_proj is not None:
+            tie_to_table(self, "decoder.embeddings.tokens.weight", VOCAB_PROJ)
 
     @property
     def decoder_weight(self) -> Tensor:
@@ -82,7 +91,9 @@ class CausalLM(nn.Module):
         return self.decoder.embeddings.tokens.weight
 
     def logits(self, h: Tensor) -> Tensor:
-        """``(…,C)`` hidden states → ``(…,V)`` next-token logits."""
+        """``(…,C)`` hidden states → ``(…,V)`` next-token logits, float32."""
+        if self.vocab_proj is not None:
+            return self.vocab_proj(h).float()  # (…,C)(C,V) -> (…,V) in bf16 / int8, float32 out
         return F.linear(h, self.decoder_weight)  # (…,C)(C,V) -> (…,V)
 
     def forward(

@@ -10,6 +10,9 @@ Sparse prediction: with ``labels``, only the N labelled positions (label ≠ -10
 tokens in BERT pretraining) go through the head. The vocabulary projection is ``O(N·C·V)``
 instead of ``O(B·T·C·V)`` — for a small model it is most of the compute — and the loss is the
 same mean cross-entropy over the labelled positions.
+
+Prepared for bf16 or int8 inference, the head multiplies by its own bfloat16 or int8 copy of E
+(``head.vocab_proj``, see :meth:`qkv.nn.maps.LinearMaps.vocab_proj`) and adds b in float32.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import Tensor, nn
 
 from qkv.nn.encoder import Encoder
 from qkv.nn.activations import get_activation
-from qkv.nn.maps import TRAINING, LinearMaps
+from qkv.nn.maps import TRAINING, VOCAB_PROJ, LinearMaps, tie_to_table
 
 __all__ = ["MaskedLM", "MaskedLMHead", "MaskedLMOutput", "IGNORE_INDEX"]
 
@@ -61,7 +64,9 @@ class MaskedLMHead(nn.Module):
         norm: the transform's norm, ``(…,C) -> (…,C)`` (BERT: a LayerNorm).
         activation: a name in :data:`qkv.nn.activations.ACTIVATIONS` (BERT: ``gelu``).
         dense_bias: a bias in the dense C → C map (BERT: yes; ModernBERT: no).
-        maps: how the dense map is made (default: trainable).
+        maps: how the dense map is made (default: trainable); in bf16 and int8 the head also gets its
+            own output map ``vocab_proj`` (:meth:`qkv.nn.maps.LinearMaps.vocab_proj`), which the
+            :class:`MaskedLM` holding the head fills from the token table.
     """
 
     def __init__(self, d_model: int, vocab_size: int, *, norm: nn.Module, activation: str = "gelu",
@@ -71,10 +76,14 @@ class MaskedLMHead(nn.Module):
         self.activation = get_activation(activation)
         self.norm = norm
         self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.vocab_proj = maps.vocab_proj(d_model, vocab_size)
 
     def forward(self, h: Tensor, decoder_weight: Tensor) -> Tensor:
-        """``(…,C)`` hidden states and ``(V,C)`` decoder weight → ``(…,V)`` logits."""
+        """``(…,C)`` hidden states and ``(V,C)`` decoder weight → ``(…,V)`` logits (float32 with
+        ``vocab_proj``, which then stands for ``decoder_weight``)."""
         h = self.norm(self.activation(self.dense(h)))  # (…,C) -> (…,C)
+        if self.vocab_proj is not None:
+            return self.vocab_proj(h).float() + self.bias  # (…,C)(C,V) -> (…,V) in bf16 / int8, + b in float32
         # a bfloat16 inference map's output meets the float32 token table in float32
         return F.linear(h.to(decoder_weight.dtype), decoder_weight, self.bias)  # (…,C)(C,V) -> (…,V)
 
@@ -97,6 +106,8 @@ class MaskedLM(nn.Module):
         self.encoder = encoder
         self.head = head
         self.sparse_prediction = sparse_prediction
+        if head.vocab_proj is not None:
+            tie_to_table(self, "encoder.embeddings.tokens.weight", f"head.{VOCAB_PROJ}")
 
     @property
     def decoder_weight(self) -> Tensor:
