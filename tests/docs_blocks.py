@@ -6,7 +6,8 @@ page's source (an HTML comment, so the rendered page stays clean):
 
 * ``<!-- docs-test: not run — REASON -->``: not run; the reason is reported with the count.
 * ``<!-- docs-test: run with "OLD" → "NEW"; "OLD2" → "NEW2" -->``: run after these substitutions
-  (the cut-down size of a training command, a fixture folder for a placeholder path).
+  (the cut-down size of a training command, a fixture folder for a placeholder path); a quote inside
+  OLD or NEW is written ``\\"``.
 * ``<!-- docs-test: file PATH -->`` on a data block (a JSON grid, a config): written to PATH in the
   page's folder, for the blocks after it that read that file.
 * ``<!-- docs-test: needs PKG, PKG2 -->`` (alone, or before ``; run with …``): the block needs these
@@ -31,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!--\s*docs-test:\s*(?P<body>.*?)\s*-->\s*$")
-SUBSTITUTION = re.compile(r'"(?P<old>[^"]*)"\s*→\s*"(?P<new>[^"]*)"')
+SUBSTITUTION = re.compile(r'"(?P<old>(?:[^"\\]|\\.)*)"\s*→\s*"(?P<new>(?:[^"\\]|\\.)*)"')
 PROGRAMS = {"bash": "shell", "sh": "shell", "python": "python"}
 
 #: the pages whose every block is run, marked not run, or (a data block) written or counted
@@ -124,6 +125,11 @@ def parse_file_marker(body: str) -> str | None:
     return path
 
 
+def _unescape(text: str) -> str:
+    """A substitution's text with ``\\"`` read as a quote and ``\\\\`` as a backslash."""
+    return re.sub(r"\\(.)", r"\1", text)
+
+
 def parse_marker(body: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
     """``(skip reason, substitutions)`` of a marker's body (see the module docstring).
 
@@ -136,7 +142,7 @@ def parse_marker(body: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
             raise ValueError(f"marker {body!r}: say why the block is not run")
         return reason, ()
     if body.startswith("run with"):
-        subs = tuple((m["old"], m["new"]) for m in SUBSTITUTION.finditer(body))
+        subs = tuple((_unescape(m["old"]), _unescape(m["new"])) for m in SUBSTITUTION.finditer(body))
         if not subs:
             raise ValueError(f"marker {body!r}: no \"OLD\" → \"NEW\" substitution")
         return None, subs

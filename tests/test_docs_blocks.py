@@ -89,6 +89,7 @@ def test_every_marker_parses_and_every_substitution_occurs():
     assert parse_marker("not run — needs the network") == ("needs the network", ())
     assert parse_marker('run with "--steps 2000" → "--steps 2"; "a" → "b"') == (
         None, (("--steps 2000", "--steps 2"), ("a", "b")))
+    assert parse_marker(r'run with "f(\"a\")" → "f(\"b\", 1)"') == (None, (('f("a")', 'f("b", 1)'),))
     for bad in ("not run", "run with nothing", "skip it"):
         with pytest.raises(ValueError):
             parse_marker(bad)
