@@ -195,7 +195,7 @@ def _labelled_files(work: Path, pydoc_texts: list[str]) -> None:
 
 
 def _pictures(work: Path) -> None:
-    """Grey pictures for the vision page: ``pictures/`` (two classes of ten 28 × 28 pictures: stripes
+    """Grey pictures for the vision page: ``pictures/`` (two classes of forty 28 × 28 pictures: stripes
     across or down), ``shoe.png`` and ``shirt.jpg`` (28 × 28), ``canvas1.png`` and ``canvas2.png`` (56 × 56)."""
     rng = np.random.default_rng(0)
 
@@ -207,7 +207,7 @@ def _pictures(work: Path) -> None:
 
     for name, across in (("across", True), ("down", False)):
         (work / "pictures" / name).mkdir(parents=True)
-        for i in range(10):
+        for i in range(40):  # more than one batch of the vit-digits recipe (64) after its held-out share
             picture(28, across).save(work / "pictures" / name / f"{i}.png")
     picture(28, True).save(work / "shoe.png")
     picture(28, False).save(work / "shirt.jpg", quality=95)
