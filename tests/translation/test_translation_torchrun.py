@@ -23,8 +23,8 @@ FIXED = [("one two", "uno dos"), ("three", "tres"), ("four five six", "cuatro ci
 OPTIONS = dict(preset="tiny", steps=6, eval_every=3, train_pairs=FIXED * 8, held_out=FIXED, progress=False,
                vocab_size=64, batch_tokens=48)
 
-# run by torchrun: train_translation with OPTIONS into argv[1]; argv[2] = "fail": the run fails on
-# every rank at the first reading of its clock (once a step) after the checkpoint of step 3
+# run by torchrun: train_translation with OPTIONS into argv[1] with strategy argv[3]; argv[2] = "fail":
+# the run fails on every rank at the first reading of its clock (once a step) after the checkpoint of step 3
 SCRIPT = """
 import sys
 from pathlib import Path
@@ -40,14 +40,14 @@ def clock():
         raise RuntimeError("stopped by the test")
     return float(calls[0])
 
-train_translation("en-es", out=sys.argv[1], clock=clock, **options)
+train_translation("en-es", out=sys.argv[1], clock=clock, strategy=sys.argv[3], **options)
 """
 
 
-def _torchrun(script: Path, out: Path, mode: str, nproc: int = 2) -> subprocess.CompletedProcess:
+def _torchrun(script: Path, out: Path, mode: str, strategy: str = "ddp") -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(random.randint(20000, 40000)), str(script), str(out), mode]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(random.randint(20000, 40000)), str(script), str(out), mode, strategy]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -80,9 +80,10 @@ def _script(tmp_path: Path) -> Path:
     return script
 
 
-def test_two_processes_compute_what_one_process_with_both_batches_computes(one_process, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_compute_what_one_process_with_both_batches_computes(one_process, tmp_path, strategy):
     out = tmp_path / "run"
-    r = _torchrun(_script(tmp_path), out, "new")
+    r = _torchrun(_script(tmp_path), out, "new", strategy)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "train_pairs.py"]  # one run folder
     meta = json.loads((out / "run.json").read_text())
