@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import shutil
 
 import numpy as np
@@ -257,6 +258,126 @@ def test_viewer_at_512_tokens_with_every_method_and_export(tiny_tokenizer, tmp_p
             "const done = arguments[0]; window.qkvViewer.exportPNG('matrix').then(done, e => done('error ' + e))")
         assert png.startswith("data:image/png;base64,")
         assert base64.b64decode(png.split(",", 1)[1])[:4] == b"\x89PNG"
+        assert not [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        drv.quit()
+
+
+# ---------------------------------------------------------------- a translation's page
+SOURCES = ["in the beginning God created the heaven", "and the earth was without form", "and God said"]
+
+
+@pytest.fixture(scope="module")
+def translation(tmp_path_factory):
+    """A random 2 + 2-layer, 3-head encoder–decoder with a subword vocabulary, one sentence inspected
+    (distinct sizes: 2 layers, 3 heads, S ≠ T)."""
+    import torch
+
+    from qkv.analysis.seq2seq_inspect import inspect_seq2seq
+    from qkv.config import ModelConfig
+    from qkv.models.builders import build_encoder_decoder
+    from qkv.translation.subwords import BOS, EOS, PAD, train_subwords
+
+    tok = train_subwords(SOURCES + ["en el principio creó Dios los cielos"], vocab_size=70)
+    cfg = ModelConfig.from_flat(vocab_size=tok.get_vocab_size(), type_vocab_size=0, pad_token_id=PAD,
+                                decoder=dict(start_token_id=BOS, eos_token_id=EOS), d_model=48, n_heads=3, d_ff=64,
+                                n_layers=2, max_len=48, position="sinusoidal", norm="pre", dropout=0.0)
+    torch.manual_seed(0)
+    model = build_encoder_decoder(cfg).eval()
+    return inspect_seq2seq(model, tok, SOURCES[0], max_new_tokens=6)
+
+
+def _page_data(page: str) -> dict:
+    import json
+    from html.parser import HTMLParser
+
+    class Collect(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.open, self.data, self.inside = [], None, False
+
+        def handle_starttag(self, tag, attrs):
+            if tag not in ("meta", "input", "br", "img", "option"):
+                self.open.append(tag)
+            self.inside = dict(attrs).get("id") == "qkv-data"
+
+        def handle_endtag(self, tag):
+            if tag != "option":
+                assert self.open.pop() == tag, tag
+
+        def handle_data(self, data):
+            if self.inside:
+                self.data, self.inside = data, False
+
+    p = Collect()
+    p.feed(page)
+    p.close()
+    assert p.open == []  # every element closed
+    return json.loads(p.data)
+
+
+def test_a_translation_page_shows_cross_decoder_and_encoder_attention(translation, tmp_path):
+    from qkv.analysis.seq2seq_inspect import write_seq2seq_inspection
+
+    ins = translation
+    paths = write_seq2seq_inspection(ins, tmp_path / "ins")
+    page = paths["viewer"].read_text(encoding="utf-8")
+    data = _page_data(page)
+    L, H, T, S = ins.cross_attentions.shape
+    assert (L, H) == (2, 3) and S == len(ins.source_tokens) and T == len(ins.target_tokens)
+    assert data["order"] == ["cross", "decoder", "encoder"] and (data["n_layers"], data["n_heads"]) == (L, H)
+    cross = data["methods"]["cross"]
+    assert len(cross["layers"]) == L and cross["per_head"]
+    assert cross["keys"]["tokens"] == ins.source_tokens
+    rows = [f"{a}→{b}" for a, b in zip(ins.target_tokens, ins.output_tokens)]
+    assert cross["queries"]["tokens"] == rows and data["tokens"] == ins.target_tokens
+    assert data["methods"]["encoder"]["queries"]["tokens"] == ins.source_tokens
+    assert "keys" not in data["methods"]["decoder"]  # the page's tokens: the target
+    assert cross["keys"]["special"][-1] and not cross["keys"]["special"][0]  # [EOS] is grey
+    for t in ins.source_tokens:
+        assert json.dumps(t)[1:-1] in page
+    for remote in ('src="http', 'href="http', "<link", "<script src"):
+        assert remote not in page
+
+
+def test_a_translation_page_in_headless_chromium(translation, tmp_path):
+    from qkv.analysis.seq2seq_inspect import write_seq2seq_inspection
+
+    drv = open_chromium(tmp_path)
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    ins = translation
+    page = write_seq2seq_inspection(ins, tmp_path / "ins")["viewer"]
+    L, H, T, S = ins.cross_attentions.shape
+    try:
+        drv.get(page.as_uri())
+        wait_ready(drv)
+        names = lambda sel: [o.get_attribute("value") for o in Select(drv.find_element(By.ID, sel)).options]  # noqa: E731
+        assert names("method") == ["cross", "decoder", "encoder"]
+        assert names("layer") == [str(l) for l in range(L)] and names("head") == [*map(str, range(H)), "all"]
+        layer, head, q = L - 1, H - 1, T - 1
+        Select(drv.find_element(By.ID, "layer")).select_by_value(str(layer))
+        Select(drv.find_element(By.ID, "head")).select_by_value(str(head))
+        cross = dequantize_attention(quantize_attention(ins.cross_attentions))
+        left = drv.find_elements(By.CSS_SELECTOR, 'g.tok[data-side="left"]')
+        right = drv.find_elements(By.CSS_SELECTOR, 'g.tok[data-side="right"]')
+        assert [g.text for g in right] == ins.source_tokens and len(left) == T
+        assert len(drv.find_elements(By.CSS_SELECTOR, "#lines line.attn")) == int((cross[layer, head] >= MIN_WEIGHT).sum())
+        ActionChains(drv).move_to_element(left[q]).perform()
+        lines = drv.find_elements(By.CSS_SELECTOR, "#lines line.attn")
+        want = {j for j in range(S) if cross[layer, head, q, j] >= MIN_WEIGHT}
+        assert {int(x.get_attribute("data-to")) for x in lines} == want
+        assert drv.execute_script("const m = document.getElementById(\"matrix\"); return [m.width, m.height]") == [S, T]
+        assert len(drv.find_elements(By.CSS_SELECTOR, "#modelview canvas.thumb")) == L * H
+        # the encoder's view: the source on both sides
+        Select(drv.find_element(By.ID, "method")).select_by_value("encoder")
+        WebDriverWait(drv, 30).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, 'g.tok[data-side="left"]')) == S)
+        right = drv.find_elements(By.CSS_SELECTOR, 'g.tok[data-side="right"]')
+        left = drv.find_elements(By.CSS_SELECTOR, 'g.tok[data-side="left"]')
+        assert len(left) == len(right) == S
+        assert drv.execute_script("const m = document.getElementById(\"matrix\"); return [m.width, m.height]") == [S, S]
         assert not [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
     finally:
         drv.quit()

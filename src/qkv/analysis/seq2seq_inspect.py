@@ -1,5 +1,6 @@
 """Inspect one source through an encoder–decoder: greedy output, and the encoder, decoder and
-cross-attention maps of every layer as heatmaps (``qkv inspect`` on an encoder–decoder folder).
+cross-attention maps of every layer as heatmaps and in the interactive viewer page
+(``viewer.html``, :mod:`qkv.analysis.viewer_html`) — ``qkv inspect`` on an encoder–decoder folder.
 
 Legend: L layers, H heads, S source tokens, T target tokens. Layers and heads from 0.
 """
@@ -15,6 +16,7 @@ import torch
 from qkv._fs import atomic_write_text
 from qkv.analysis import plots
 from qkv.analysis.inputs import AnalysisInputError
+from qkv.analysis.viewer_html import render_viewer
 from qkv.checkpoints.io import unpack
 
 __all__ = ["Seq2SeqInspection", "inspect_seq2seq", "write_seq2seq_inspection", "output_folder"]
@@ -100,11 +102,12 @@ def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None =
 
 def write_seq2seq_inspection(ins: Seq2SeqInspection, out_dir: str | Path, formats=("png",)) -> dict[str, Path]:
     """Write per layer ``cross_attention_layer_K.png`` (decoder × source, every head),
-    ``decoder_attention_layer_K.png`` and ``encoder_attention_layer_K.png``, and ``generated.txt``."""
+    ``decoder_attention_layer_K.png`` and ``encoder_attention_layer_K.png``, ``generated.txt``, and
+    ``viewer.html`` (the three views per layer and head, target rows over source columns)."""
     out = output_folder(out_dir)
     paths: dict[str, Path] = {}
+    rows = [f"{a}→{b}" for a, b in zip(ins.target_tokens, ins.output_tokens)]
     for layer in range(ins.cross_attentions.shape[0]):
-        rows = [f"{a}→{b}" for a, b in zip(ins.target_tokens, ins.output_tokens)]
         for name, attn, q, k in (("cross", ins.cross_attentions, rows, ins.source_tokens),
                                  ("decoder", ins.decoder_attentions, rows, ins.target_tokens),
                                  ("encoder", ins.encoder_attentions, ins.source_tokens, ins.source_tokens)):
@@ -115,4 +118,28 @@ def write_seq2seq_inspection(ins: Seq2SeqInspection, out_dir: str | Path, format
                 paths[f"{name}_{layer}" + ("" if fmt == "png" else f"_{fmt}")] = path
     paths["generated"] = out / "generated.txt"
     atomic_write_text(paths["generated"], " ".join(t for t in ins.output_tokens if t != "[PAD]") + "\n")
+    paths["viewer"] = out / "viewer.html"
+    atomic_write_text(paths["viewer"], seq2seq_viewer(ins, rows))
     return paths
+
+
+def _special(tokens: list[str]) -> list[bool]:
+    return [t.startswith("[") and t.endswith("]") for t in tokens]
+
+
+def seq2seq_viewer(ins: Seq2SeqInspection, rows: list[str]) -> str:
+    """The viewer page of ``ins``: views ``cross`` (rows: ``rows``, one per decoder position, over the
+    source tokens), ``decoder`` (rows over the target tokens) and ``encoder`` (source × source)."""
+    L, H, T, S = ins.cross_attentions.shape
+    source = (ins.source_tokens, _special(ins.source_tokens))
+    target = (ins.target_tokens, _special(ins.target_tokens))
+    queries = (rows, _special(ins.target_tokens))
+    output = " ".join(t for t in ins.output_tokens if t != "[PAD]")
+    return render_viewer(ins.target_tokens, target[1], None, title=f"qkv attention — translation of {ins.text!r}",
+                         subtitle=f"{S} source tokens → {T} target tokens · {L} layers × {H} heads",
+                         maps={"cross": ins.cross_attentions, "decoder": ins.decoder_attentions,
+                               "encoder": ins.encoder_attentions},
+                         axes={"cross": {"queries": queries, "keys": source}, "decoder": {"queries": queries},
+                               "encoder": {"queries": source, "keys": source}},
+                         notes=[f"source: {' '.join(ins.source_tokens)}", f"output (greedy): {output}",
+                                "rows of the cross and decoder views: a decoder input → the token it predicts"])

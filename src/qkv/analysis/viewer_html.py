@@ -7,7 +7,10 @@ method's maps per layer as base64 of zlib-deflated little-endian uint16 ``round(
 is written at the top of ``viewer.js`` (the browser test relies on it).
 
 Methods: ``raw`` and ``value_norm`` hold ``(L,H,T,T)`` maps, ``rollout`` and ``flow`` ``(L,T,T)``
-(see :mod:`qkv.analysis.inspect_methods`).
+(see :mod:`qkv.analysis.inspect_methods`). A translation (``qkv inspect`` of an encoder–decoder) has
+the views ``cross`` ``(L,H,T,S)`` — each target token over the source tokens —, ``decoder``
+``(L,H,T,T)`` and ``encoder`` ``(L,H,S,S)``: a method whose queries or keys are not the page's
+tokens names its own (``queries`` / ``keys``: ``(tokens, special)``).
 
 With a ``picture`` (``qkv inspect`` of an image model) the tokens are the [CLS] token and the
 patches, and the page also shows the picture with the selected token's attention over its patches
@@ -28,9 +31,10 @@ import numpy as np
 __all__ = ["render_viewer", "quantize_attention", "encode_maps", "METHOD_HELP"]
 
 _STATIC = files("qkv.analysis") / "static"
-_ORDER = ("raw", "value_norm", "rollout", "flow")
+_ORDER = ("raw", "value_norm", "rollout", "flow", "cross", "decoder", "encoder")
 _TITLES = {"raw": "raw attention", "value_norm": "value-norm weighted", "rollout": "attention rollout",
-           "flow": "attention flow"}
+           "flow": "attention flow", "cross": "cross-attention (target × source)",
+           "decoder": "decoder self-attention", "encoder": "encoder self-attention"}
 #: What each method shows, in one sentence (the viewer prints it under the controls).
 METHOD_HELP = {
     "raw": "Raw attention: each head's softmax weights α (rows sum to 1).",
@@ -40,6 +44,10 @@ METHOD_HELP = {
                "layers 0…ℓ multiplied — how much each output position draws from each input token.",
     "flow": "Attention flow (Abnar & Zuidema 2020): the maximum flow from each position after layer ℓ to each input "
             "token through the layers' graph (capacities 0.5·A + 0.5·I), rows normalised.",
+    "cross": "Cross-attention: each decoder position (row: its input → the token it predicts) over the source "
+             "tokens (columns); rows sum to 1.",
+    "decoder": "Decoder self-attention (causal): each decoder position over the target tokens before it and itself.",
+    "encoder": "Encoder self-attention: each source token over the source tokens.",
 }
 
 
@@ -58,16 +66,20 @@ def encode_maps(maps: np.ndarray) -> list[str]:
     return [base64.b64encode(zlib.compress(q[i].tobytes(), 6)).decode("ascii") for i in range(len(q))]
 
 
-def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, title: str, subtitle: str,
+def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray | None, *, title: str, subtitle: str,
                   maps: dict[str, np.ndarray] | None = None, notes: list[str] | tuple[str, ...] = (),
                   ablation: tuple[np.ndarray, str] | None = None, parity: str | None = None,
-                  importance: tuple[dict[str, np.ndarray], str] | None = None, picture: dict | None = None) -> str:
+                  importance: tuple[dict[str, np.ndarray], str] | None = None, picture: dict | None = None,
+                  axes: dict[str, dict[str, tuple[list[str], list[bool]]]] | None = None) -> str:
     """The viewer page for ``attn (L,H,T,T)`` and the other methods' ``maps``.
 
     Args:
         tokens, special: the T tokens and which are special (drawn grey).
-        attn: ``(L,H,T,T)`` raw attention weights.
-        maps: more methods: ``value_norm`` ``(L,H,T,T)`` (rows summing to 1), ``rollout`` / ``flow`` ``(L,T,T)``.
+        attn: ``(L,H,T,T)`` raw attention weights (``None``: a translation's page, ``maps`` only).
+        maps: more methods: ``value_norm`` ``(L,H,T,T)`` (rows summing to 1), ``rollout`` / ``flow`` ``(L,T,T)``;
+            a translation's ``cross`` ``(L,H,T,S)``, ``decoder`` ``(L,H,T,T)``, ``encoder`` ``(L,H,S,S)``.
+        axes: per method, its ``queries`` and/or ``keys`` as ``(tokens, special)`` where they are not
+            ``tokens`` (e.g. ``{"cross": {"keys": (source, special)}}``).
         notes: lines shown above the views (e.g. why a method is missing).
         ablation: ``((L,H) changes, what they measure)`` of switching each head off, or ``None``.
         importance: ``({method: (T,) scores}, what they are the importance to)`` of each token, or ``None``.
@@ -75,13 +87,21 @@ def render_viewer(tokens: list[str], special: list[bool], attn: np.ndarray, *, t
         picture: for an image model, ``{"png": base64 PNG, "size": [R, W], "grid": [rows, cols], "patch",
             "stride", "prefix": tokens before the patches, "query": the token shown by default}``.
     """
-    every = {"raw": np.asarray(attn), **(maps or {})}
+    every = {**({} if attn is None else {"raw": np.asarray(attn)}), **(maps or {})}
     order = [m for m in _ORDER if m in every]
-    L, H = every["raw"].shape[:2]
+    if not order:
+        raise ValueError("render_viewer needs attention maps: give attn or maps")
+    L, H = every[order[0]].shape[:2]
+    methods = {m: {"per_head": every[m].ndim == 4, "layers": encode_maps(every[m])} for m in order}
+    for m, sides in (axes or {}).items():
+        for which, (toks, spec) in sides.items():
+            if which not in ("queries", "keys"):
+                raise ValueError(f"axes[{m!r}] names {which!r}; allowed: queries, keys")
+            methods[m][which] = {"tokens": list(toks), "special": [bool(x) for x in spec]}
     data = {
         "tokens": list(tokens), "special": [bool(s) for s in special], "n_layers": int(L), "n_heads": int(H),
         "order": order, "titles": {m: _TITLES[m] for m in order}, "help": {m: METHOD_HELP[m] for m in order},
-        "methods": {m: {"per_head": every[m].ndim == 4, "layers": encode_maps(every[m])} for m in order},
+        "methods": methods,
         "encoding": "deflate-uint16-base64", "notes": list(notes), "parity": parity,
         "ablation": None if ablation is None else {"values": np.asarray(ablation[0]).round(6).tolist(),
                                                    "metric": ablation[1]},

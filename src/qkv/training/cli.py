@@ -107,7 +107,8 @@ def add_pretrain_parser(sub) -> None:
         "one), tokenises the corpus once into a cached memory-mapped array, trains with dynamic masking, "
         "evaluates on held-out text, and writes a run folder (metrics.jsonl, curve.png, checkpoints, "
         "the final model loadable with qkv.load). Under `torchrun --nproc_per_node=K` it trains on K "
-        "processes. SIGINT/SIGTERM save a checkpoint and exit; --resume continues bit-identically.",
+        "processes (--objective translation too: each process takes its share of the token-budget batches, "
+        "--grad-accum of them per step). SIGINT/SIGTERM save a checkpoint and exit; --resume continues bit-identically.",
     )
     p.add_argument("--corpus", action="append", default=None, metavar="SPEC",
                    help="training text: a file (.txt, .jsonl, .gz), a folder, or dataset:NAME[:SPLIT] "
@@ -202,7 +203,7 @@ def config_from_args(args: argparse.Namespace):
 _TRANSLATION = {"corpus": None, "preset": "preset", "vocab_size": "vocab_size", "steps": "steps",
                 "time_budget": "time_budget", "lr": "lr", "warmup_steps": "warmup", "seed": "seed",
                 "precision": "precision", "eval_every": "eval_every", "objective": None, "progress": "progress",
-                "threads": "threads"}
+                "threads": "threads", "grad_accum": "grad_accum", "strategy": "strategy"}
 
 
 def _run_kind(args: argparse.Namespace) -> str | None:
@@ -241,7 +242,7 @@ def _run_translation(args: argparse.Namespace) -> int:
         bad = other + (["--config"] if args.config else []) + (["--model"] if args.model else [])
         raise ValueError(f"{', '.join(bad)}: not option(s) of --objective translation; it reads --corpus, --preset, "
                          "--vocab-size, --steps, --time-budget, --lr, --warmup-steps, --seed, --precision, "
-                         "--eval-every, --threads")
+                         "--eval-every, --threads, --grad-accum, --strategy")
     if args.resume:
         stored = read_run(Path(args.out))["train_config"]
         kw = {k: stored[k] for k in ("preset", "steps", "time_budget", "seed", "precision", "eval_every",

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "setup", "teardown", "all_sum", "resolve_device", "refuse_world", "DEVICES", "STRATEGIES",
-           "per_process_batch"]
+__all__ = ["DistInfo", "setup", "teardown", "all_sum", "gather_lists", "resolve_device", "refuse_world", "DEVICES",
+           "STRATEGIES", "per_process_batch"]
 
 DEVICES = ("auto", "cpu", "cuda")
 #: How a run is spread over processes (:mod:`qkv.training.strategy`): ``ddp`` (whole model in every
@@ -84,6 +84,15 @@ def all_sum(t: torch.Tensor) -> torch.Tensor:
         t = t.clone()
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def gather_lists(items: list) -> list[list]:
+    """Every rank's ``items`` (picklable), in rank order, on every rank (``[items]`` in a world of one)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [items]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, items)
+    return out
 
 
 def per_process_batch(batch_size: int, started_world: int, world: int) -> int:

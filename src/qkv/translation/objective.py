@@ -9,6 +9,13 @@ batch holds verses of similar length and little padding. Epoch ``e`` visits the 
 permutation seeded by ``(seed, e)``; :meth:`TranslationBatches.batch` ``(i)`` is therefore a pure
 function of ``i`` (what resumption needs). A pair whose source or target does not fit the model's
 window is not trained on: :attr:`TranslationBatches.left_out` counts them (the run reports it).
+
+Under ``torchrun`` (K processes) rank ``r`` trains on batches ``r, K + r, 2K + r, …`` of that
+sequence: micro-batch ``i`` of rank ``r`` is batch ``i·K + r``, so K processes accumulating ``g``
+micro-batches each take the same ``g·K`` batches per optimiser step as one process accumulating
+``g·K`` (the engine normalises the loss by the target tokens of all of them). The held-out pairs are
+split the same way: each rank translates every K-th pair, the translations are gathered and every
+rank scores them all; the teacher-forced loss is summed over the ranks.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch import Tensor
 
 from qkv.checkpoints.io import save
 from qkv.models.mlm import IGNORE_INDEX
+from qkv.training.distributed import all_sum, gather_lists
 from qkv.translation.metrics import score
 from qkv.translation.subwords import EOS, PAD
 from qkv.translation.translate import translate
@@ -105,17 +113,21 @@ class TranslationBatches:
 class TranslationObjective:
     """Cross-entropy of the target given the source (teacher forcing, label smoothing ``smoothing``),
     on :class:`TranslationBatches`; held out: BLEU and chrF of greedy translations of ``held_out``
-    pairs ``(source, target)`` and their teacher-forced loss."""
+    pairs ``(source, target)`` and their teacher-forced loss. ``rank`` of ``world_size``: the share
+    of batches and held-out pairs this process takes (see the module docstring)."""
 
     metric, metric_label, loss_label = "bleu", "BLEU (greedy)", "loss"
 
     def __init__(self, batches: TranslationBatches, tokenizer, held_out: Sequence[tuple[str, str]], *,
-                 smoothing: float = 0.1, eval_batch_size: int = 64):
+                 smoothing: float = 0.1, eval_batch_size: int = 64, rank: int = 0, world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.batches, self.tokenizer, self.held_out = batches, tokenizer, list(held_out)
         self.smoothing, self.eval_batch_size = smoothing, eval_batch_size
+        self.rank, self.world_size = rank, world_size
 
     def batch(self, index: int) -> TranslationBatch:
-        return self.batches.batch(index)
+        return self.batches.batch(index * self.world_size + self.rank)
 
     def units(self, batch: TranslationBatch) -> Tensor:
         return (batch.labels != IGNORE_INDEX).sum()
@@ -125,30 +137,40 @@ class TranslationObjective:
                      sparse_logits=True).loss
 
     @torch.no_grad()
-    def _eval_loss(self, model) -> float:
+    def _eval_loss(self, model, pairs: list[tuple[str, str]]) -> float:
+        """The teacher-forced loss over ``pairs`` of every rank (each rank gives its own share)."""
         window = model.encoder.max_len
-        src = encode_side(self.tokenizer, [s for s, _ in self.held_out])
-        tgt = encode_side(self.tokenizer, [t for _, t in self.held_out])
+        src = encode_side(self.tokenizer, [s for s, _ in pairs]) if pairs else []
+        tgt = encode_side(self.tokenizer, [t for _, t in pairs]) if pairs else []
         fits = [i for i in range(len(src)) if len(src[i]) <= window and len(tgt[i]) <= window]
-        total, n = 0.0, 0
+        total = torch.zeros(2, dtype=torch.float64)  # (loss sum, target tokens)
         for a in range(0, len(fits), self.eval_batch_size):
             rows = fits[a:a + self.eval_batch_size]
             b = make_batch([src[i] for i in rows], [tgt[i] for i in rows])
             k = int((b.labels != IGNORE_INDEX).sum())
-            total += float(model(b.input_ids, b.attention_mask, labels=b.labels, sparse_logits=True).loss) * k
-            n += k
-        return total / max(n, 1)
+            total[0] += float(model(b.input_ids, b.attention_mask, labels=b.labels, sparse_logits=True).loss) * k
+            total[1] += k
+        total = all_sum(total)
+        return float(total[0] / max(float(total[1]), 1.0))
+
+    def _translations(self, model, pairs: list[tuple[str, str]]) -> list[str]:
+        """Greedy translations of every held-out pair: this rank's share, gathered from all ranks."""
+        mine = translate(model, self.tokenizer, [s for s, _ in pairs], batch_size=self.eval_batch_size,
+                         too_long="copy") if pairs else []
+        hyps: list[str] = [""] * len(self.held_out)
+        for r, part in enumerate(gather_lists(mine)):
+            hyps[r::self.world_size] = part
+        return hyps
 
     def evaluate(self, model) -> dict:
         if not self.held_out:
             return {}
         was = model.training
         model.eval()
+        mine = self.held_out[self.rank::self.world_size]
         try:
-            hyps = translate(model, self.tokenizer, [s for s, _ in self.held_out], batch_size=self.eval_batch_size,
-                             too_long="copy")
-            s = score(hyps, [t for _, t in self.held_out])
-            loss = self._eval_loss(model)
+            s = score(self._translations(model, mine), [t for _, t in self.held_out])
+            loss = self._eval_loss(model, mine)
         finally:
             model.train(was)
         return {"bleu": round(s.bleu, 3), "chrf": round(s.chrf, 3), "eval_loss": round(loss, 5),

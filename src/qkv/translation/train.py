@@ -11,6 +11,14 @@ Held out: BLEU of greedy translations of the first ``eval_pairs`` validation pai
 Without ``out`` the run is in memory. With ``out`` it is a run folder (:mod:`qkv.training.lifecycle`:
 ``run.json``, ``tokenizer.json``, ``metrics.jsonl``, ``curve.png``, checkpoints, ``resume=True``)
 that ends with ``out/model``, a qkv model folder with its tokenizer (``qkv translate out/model …``).
+
+Under ``torchrun --nproc-per-node K`` (a run folder is needed) the K processes train data-parallel
+through the engine's strategies (:mod:`qkv.training.strategy`, ``ddp`` or ``fsdp``): rank 0 learns the
+subwords and creates the folder, the others read its tokenizer; each optimiser step takes
+``batches_per_step`` token-budget batches of the one sequence of batches, ``batches_per_step / K``
+on each rank (:class:`~qkv.translation.objective.TranslationObjective`), so the run computes what
+one process accumulating ``batches_per_step`` batches computes. A resumed run keeps its
+``batches_per_step`` on any number of processes that divides it.
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ from qkv.config import ModelConfig
 from qkv.data.bible import bible_pairs
 from qkv.models.builders import build_encoder_decoder
 from qkv.training.config import LoopConfig, RunConfig
-from qkv.training.distributed import refuse_world
+from qkv.training import distributed as qdist
 from qkv.training.engine import TrainResult, run_training
-from qkv.training.lifecycle import open_run, resume_eval
+from qkv.training.lifecycle import resume_eval, run_session
+from qkv.training.rundir import RunError
 from qkv.training.precision import PRECISIONS, resolve_precision
 from qkv.translation.baselines import parse_direction
 from qkv.translation.errors import TranslationError
@@ -81,6 +90,9 @@ class TranslationRunConfig(RunConfig):
     eval_pairs: int
     eval_every: int | None
     precision: str
+    #: token-budget batches per optimiser step, over all processes (runs from before torchrun: 1)
+    batches_per_step: int = 1
+    strategy: str = "ddp"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +124,7 @@ def train_translation(direction: str = "en-es", *, preset: str = "small", steps:
                       train_pairs: Sequence | None = None, held_out: Sequence | None = None, eval_pairs: int = 200,
                       eval_every: int | None = None, seed: int = 0, precision: str = "fp32", progress: bool = True,
                       threads: int | str | None = None, clock: Callable[[], float] = time.monotonic,
-                      **recipe) -> TranslationRun:
+                      grad_accum: int = 1, strategy: str = "ddp", **recipe) -> TranslationRun:
     """Train an encoder–decoder to translate (see the module docstring).
 
     Args:
@@ -129,13 +141,16 @@ def train_translation(direction: str = "en-es", *, preset: str = "small", steps:
         threads: intra-op CPU threads (``"adaptive"``, with a time budget: one thread or all, by
             measured step time — for a machine shared with other jobs); not part of the run's
             configuration (a resumed run may change it).
+        grad_accum: batches each process accumulates per optimiser step (the run's
+            ``batches_per_step`` is ``grad_accum`` × the number of processes; a resumed run keeps
+            its own and ignores this).
+        strategy: under torchrun, ``ddp`` or ``fsdp`` (:mod:`qkv.training.strategy`).
 
     Raises:
-        TranslationError: no pairs, a bad direction. ValueError: a bad option; started under
-            torchrun (one process only, for now).
+        TranslationError: no pairs, a bad direction. ValueError: a bad option; torchrun without
+            ``out``. RunError: a resumed run's batches per step do not split over the processes.
         DatasetNotInstalledError: the Bible packages are missing.
     """
-    refuse_world("translation training runs in one process here (no torchrun yet); run it without torchrun")
     source, target = parse_direction(direction)
     check_choice("precision", precision, PRECISIONS)
     check_positive("time_budget", time_budget, unit=" of minutes (e.g. 30)", optional=True)
@@ -144,6 +159,9 @@ def train_translation(direction: str = "en-es", *, preset: str = "small", steps:
         raise ValueError(f"threads={threads!r} must be a number ≥ 1 or 'adaptive'")
     if threads == "adaptive" and time_budget is None:
         raise ValueError("threads='adaptive' needs a time_budget (a step-count run keeps a fixed thread count)")
+    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+        raise ValueError(f"grad_accum={grad_accum!r} must be an int ≥ 1 (batches per process and step)")
+    check_choice("strategy", strategy, qdist.STRATEGIES)
     unknown = sorted(set(recipe) - {"vocab_size", "batch_tokens", "lr", "warmup", "smoothing"})
     if unknown:
         raise ValueError(f"unknown recipe option(s) {unknown}; allowed: vocab_size, batch_tokens, lr, warmup, "
@@ -156,47 +174,68 @@ def train_translation(direction: str = "en-es", *, preset: str = "small", steps:
                   "held-out")[:eval_pairs]
     cfg = TranslationRunConfig(direction, data, preset, r["vocab_size"], steps or r["steps"], time_budget,
                                r["batch_tokens"], r["lr"], r["warmup"], r["smoothing"], seed, len(held), eval_every,
-                               precision)
+                               precision, grad_accum, strategy)
     if out is None:
+        qdist.refuse_world("translation training under torchrun writes a run folder: give out (--out)")
         if resume:
             raise ValueError("resume=True continues the run in a folder: give out")
-        return _train(cfg, train, held, None, progress, clock, threads)
-    with open_run(out, resume=resume) as run:
+        return _train(cfg, train, held, None, None, progress, clock, threads)
+    with run_session("cpu", out, resume=resume) as (info, run):
         if resume:
+            stored = run.meta()["train_config"].get("batches_per_step", 1)
+            cfg = cfg.replace(batches_per_step=stored)
             run.check_config(cfg)
-        return _train(cfg, train, held, run, progress, clock, threads)
+            if stored % info.world_size:  # the batches per step stay those the run started with
+                raise RunError(f"--resume on {info.world_size} processes: the run takes {stored} batch(es) per "
+                               f"step, which do not split over {info.world_size} processes; continue it on a "
+                               "number of processes that divides it")
+        else:
+            cfg = cfg.replace(batches_per_step=grad_accum * info.world_size)
+        return _train(cfg, train, held, run, info, progress, clock, threads)
 
 
-def _train(cfg: TranslationRunConfig, train: list, held: list, run, progress: bool, clock,
+def _tokenizer(cfg: TranslationRunConfig, train: list, run, info) -> Tokenizer:
+    """The run's subwords: learned (by rank 0 of a new run), or read from the run folder."""
+    if run is not None and (run.resume or not info.is_main):
+        if not run.resume:
+            torch.distributed.barrier()  # rank 0 learns the subwords and creates the run folder first
+        return Tokenizer.from_file(str(run.out / "tokenizer.json"))
+    return train_subwords([t for pair in train for t in pair], vocab_size=cfg.vocab_size)
+
+
+def _train(cfg: TranslationRunConfig, train: list, held: list, run, info, progress: bool, clock,
            threads) -> TranslationRun:
+    info = info or qdist.DistInfo(0, 1, 0, torch.device("cpu"))
+    progress = progress and info.is_main
     used, note = resolve_precision(cfg.precision)
     if note and progress:
         print(f"qkv translation: {note}", flush=True)
-    if run is not None and run.resume:
-        tokenizer = Tokenizer.from_file(str(run.out / "tokenizer.json"))
-    else:
-        tokenizer = train_subwords([t for pair in train for t in pair], vocab_size=cfg.vocab_size)
+    tokenizer = _tokenizer(cfg, train, run, info)
     model_cfg = preset_config(cfg.preset, tokenizer.get_vocab_size())
-    if run is not None and not run.resume:
+    if run is not None and not run.resume and info.is_main:
         run.create({"kind": "translation", "train_config": cfg.to_dict(), "precision": used,
-                    "model_config": model_cfg.to_dict()},
+                    "model_config": model_cfg.to_dict(), "world_size": info.world_size},
                    write=lambda tmp: tokenizer.save(str(tmp / "tokenizer.json")))
+        if info.distributed:
+            torch.distributed.barrier()
     batches = TranslationBatches(encode_side(tokenizer, [s for s, _ in train]),
                                  encode_side(tokenizer, [t for _, t in train]), batch_tokens=cfg.batch_tokens,
                                  max_len=model_cfg.max_len, seed=cfg.seed)
     if progress:
         print(f"qkv translation: {batches.pairs} training pairs in {len(batches)} batches "
               f"({batches.left_out} longer than the window of {model_cfg.max_len} tokens left out), "
-              f"vocabulary {tokenizer.get_vocab_size()}", flush=True)
+              f"vocabulary {tokenizer.get_vocab_size()}"
+              + (f"; {info.world_size} processes" if info.distributed else ""), flush=True)
     torch.manual_seed(cfg.seed)
     model = build_encoder_decoder(model_cfg)
     loop = LoopConfig(steps=cfg.steps if cfg.time_budget is None else None, time_budget=cfg.time_budget, lr=cfg.lr,
                       weight_decay=0.01, betas=(0.9, 0.98), eps=1e-8, warmup_steps=cfg.warmup, clip_norm=1.0,
                       seed=cfg.seed, eval_every=cfg.eval_every, log_every=10, progress=progress,
-                      threads=threads,
+                      threads=threads, grad_accum=cfg.batches_per_step // info.world_size, strategy=cfg.strategy,
                       save_every=(cfg.eval_every or 500) if run is not None else None)
-    objective = TranslationObjective(batches, tokenizer, held, smoothing=cfg.smoothing)
-    result = run_training(loop, objective, model=model, run=run, precision=used,
+    objective = TranslationObjective(batches, tokenizer, held, smoothing=cfg.smoothing, rank=info.rank,
+                                     world_size=info.world_size)
+    result = run_training(loop, objective, model=model, run=run, info=info, precision=used,
                           title=f"translation {cfg.direction}", clock=clock, resume_eval=resume_eval)
     model.eval()
     return TranslationRun(model, tokenizer, result, batches.pairs, batches.left_out,

@@ -1,12 +1,14 @@
 // qkv's offline attention viewer: everything it shows is in the page (no network).
 // DOM contract (the browser test relies on it):
-//   select#method (raw, value_norm, rollout, flow: those the page holds), select#layer (0…L-1),
+//   select#method (raw, value_norm, rollout, flow — or a translation's cross, decoder, encoder: those the page
+//   holds), select#layer (0…L-1),
 //   select#head (0…H-1 and "all"; disabled for rollout and flow, which combine the heads);
-//   svg#headview: tokens g.tok[data-side=left|right][data-i]; lines #lines line.attn[data-from][data-to]
+//   svg#headview: tokens g.tok[data-side=left|right][data-i] (left: the method's queries, right: its keys — a
+//   translation's cross-attention: target tokens over source tokens); lines #lines line.attn[data-from][data-to]
 //   [data-head][data-weight]; a hovered (or clicked: pinned) token has class "active" and the tokens on the
 //   other side it attends to (or that attend to it) class "highlight" and a data-weight; above 64 tokens lines
 //   are drawn only for the hovered or pinned token;
-//   canvas#matrix (T×T cells, rows = queries) with #info naming the cell under the pointer;
+//   canvas#matrix (queries × keys cells, rows = queries) with #info naming the cell under the pointer;
 //   #modelview canvas.thumb[data-layer][data-head] (data-head "all" for rollout/flow), click selects;
 //   #legend span (one per head while all heads are drawn); #ablation div.abl[data-layer][data-head][data-value];
 //   #notes li; span.exports button.export[data-view][data-format];
@@ -17,10 +19,12 @@
 (function () {
   "use strict";
   const D = JSON.parse(document.getElementById("qkv-data").textContent);
-  const L = D.n_layers, H = D.n_heads, T = D.tokens.length, LONG = T > 64;
+  const L = D.n_layers, H = D.n_heads, T = D.tokens.length, GAP = 240, PAD = 8;
   const $ = function (id) { return document.getElementById(id); };
   const NS = "http://www.w3.org/2000/svg";
-  const ROW = LONG ? 14 : 20, COLW = LONG ? 120 : 150, GAP = 240, PAD = 8;
+  // a method's queries (rows) and keys (columns): its own tokens where it has them, else the page's
+  function side(m, which) { return D.methods[m][which] || {tokens: D.tokens, special: D.special}; }
+  let Q, K, TQ, TK, LONG, ROW, COLW, CELL;  // the shown method's (shape())
   const state = {method: D.order[0], layer: 0, head: 0, hover: null, pinned: null, minWeight: 0.02, scale: "map"};
   const maps = {};  // method → per layer Uint16Array, laid out (H,T,T) or (T,T)
 
@@ -37,8 +41,9 @@
   function perHead(method) { return D.methods[method].per_head; }
   // the weight of query i on key j in layer l, head h (rollout and flow: the layer's one map)
   function weight(l, h, i, j, method) {
-    const m = method || state.method, a = maps[m][l];
-    return (perHead(m) ? a[(h * T + i) * T + j] : a[i * T + j]) / 65535;
+    const m = method || state.method, a = maps[m][l], tq = side(m, "queries").tokens.length;
+    const tk = side(m, "keys").tokens.length;
+    return (perHead(m) ? a[(h * tq + i) * tk + j] : a[i * tk + j]) / 65535;
   }
   function heads() {
     if (!perHead(state.method)) return [0];
@@ -68,20 +73,29 @@
   if (D.parity) $("parity").textContent = D.parity;
 
   // ---------------------------------------------------------------- head view
-  const svg = $("headview");
-  if (LONG) svg.classList.add("long");
-  svg.setAttribute("width", 2 * COLW + GAP);
-  svg.setAttribute("height", T * ROW + 2 * PAD);
+  const svg = $("headview"), matrix = $("matrix");
   function y(i) { return PAD + i * ROW + ROW / 2; }
-  const toks = {left: [], right: []};
-  for (const side of ["left", "right"]) {
-    for (let i = 0; i < T; i++) {
+  let toks = {left: [], right: []}, lines = null;
+  function shape() {  // the head view's tokens and the matrix's size for the shown method
+    Q = side(state.method, "queries"); K = side(state.method, "keys"); TQ = Q.tokens.length; TK = K.tokens.length;
+    LONG = Math.max(TQ, TK) > 64; ROW = LONG ? 14 : 20; COLW = LONG ? 120 : 150;
+    CELL = Math.max(1, Math.min(16, Math.floor(640 / Math.max(TQ, TK))));
+    matrix.width = TK; matrix.height = TQ;
+    matrix.style.width = (TK * CELL) + "px"; matrix.style.height = (TQ * CELL) + "px";
+    svg.replaceChildren(); svg.classList.toggle("long", LONG); toks = {left: [], right: []};
+    svg.setAttribute("width", 2 * COLW + GAP);
+    svg.setAttribute("height", Math.max(TQ, TK) * ROW + 2 * PAD);
+    for (const side of ["left", "right"]) tokenColumn(side, side === "left" ? Q : K);
+    lines = el("g", {id: "lines"}, svg);
+  }
+  function tokenColumn(side, S) {
+    for (let i = 0; i < S.tokens.length; i++) {
       const g = el("g", {"class": "tok", "data-side": side, "data-i": i}, svg);
-      if (D.special[i]) g.classList.add("special");
+      if (S.special[i]) g.classList.add("special");
       const x = side === "left" ? 0 : COLW + GAP;
       el("rect", {x: x, y: y(i) - ROW / 2 + 1, width: COLW, height: ROW - 2, rx: 3}, g);
       const t = el("text", {x: side === "left" ? COLW - 6 : x + 6, y: y(i), "text-anchor": side === "left" ? "end" : "start"}, g);
-      t.textContent = D.tokens[i];
+      t.textContent = S.tokens[i];
       g.addEventListener("mouseenter", function () { state.hover = {side: side, i: i}; render(); });
       g.addEventListener("mouseleave", function () { state.hover = null; render(); });
       g.addEventListener("click", function () {
@@ -91,7 +105,6 @@
       toks[side].push(g);
     }
   }
-  const lines = el("g", {id: "lines"}, svg);
 
   function renderHead() {
     lines.replaceChildren();
@@ -105,9 +118,9 @@
     if (hv || !LONG) {
       for (const h of hs) {
         const stroke = many ? hue(h) : "#2b6cb0";
-        for (let i = 0; i < T; i++) {
+        for (let i = 0; i < TQ; i++) {
           if (hv && hv.side === "left" && hv.i !== i) continue;
-          for (let j = 0; j < T; j++) {
+          for (let j = 0; j < TK; j++) {
             if (hv && hv.side === "right" && hv.i !== j) continue;
             const w = weight(l, h, i, j);
             if (w < state.minWeight) continue;
@@ -118,10 +131,10 @@
         }
       }
     }
-    if (!hv) return LONG ? T + " tokens: hover (or click to pin) a token to draw its lines." : "Hover a token.";
+    if (!hv) return LONG ? Math.max(TQ, TK) + " tokens: hover (or click to pin) a token to draw its lines." : "Hover a token.";
     toks[hv.side][hv.i].classList.add("active");
     const other = hv.side === "left" ? "right" : "left", mean = [];
-    for (let k = 0; k < T; k++) {
+    for (let k = 0; k < (hv.side === "left" ? TK : TQ); k++) {
       let s = 0;
       for (const h of hs) s += hv.side === "left" ? weight(l, h, hv.i, k) : weight(l, h, k, hv.i);
       mean.push(s / hs.length);
@@ -134,34 +147,31 @@
       g.querySelector("rect").style.fillOpacity = String(Math.min(1, 0.15 + w));
     });
     const order = mean.map((w, k) => [w, k]).sort((a, b) => b[0] - a[0]).slice(0, 8);
-    return (hv.side === "left" ? D.tokens[hv.i] + " attends to:\n" : "attending to " + D.tokens[hv.i] + ":\n") +
-      order.map(p => p[0].toFixed(3) + "  " + D.tokens[p[1]]).join("\n");
+    return (hv.side === "left" ? Q.tokens[hv.i] + " attends to:\n" : "attending to " + K.tokens[hv.i] + ":\n") +
+      order.map(p => p[0].toFixed(3) + "  " + (hv.side === "left" ? K : Q).tokens[p[1]]).join("\n");
   }
 
   // ---------------------------------------------------------------- matrix view and colour scale
-  const matrix = $("matrix"), CELL = Math.max(1, Math.min(16, Math.floor(640 / T)));
-  matrix.width = T; matrix.height = T;
-  matrix.style.width = matrix.style.height = (T * CELL) + "px";
   function cellValue(l, i, j) {
     const hs = heads();
     let s = 0;
     for (const h of hs) s += weight(l, h, i, j);
     return s / hs.length;
   }
-  function paint(canvas, l, h, method) {  // one map into a T×T canvas under the current colour scale
-    const m = method || state.method, one = h === undefined ? null : h, vals = new Float32Array(T * T);
+  function paint(canvas, l, h, method) {  // one map into a TQ×TK canvas under the current colour scale
+    const m = method || state.method, one = h === undefined ? null : h, vals = new Float32Array(TQ * TK);
     let top = 0;
-    for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
+    for (let i = 0; i < TQ; i++) for (let j = 0; j < TK; j++) {
       const v = one === null ? cellValue(l, i, j) : weight(l, one, i, j, m);
-      vals[i * T + j] = v; if (v > top) top = v;
+      vals[i * TK + j] = v; if (v > top) top = v;
     }
-    const ctx = canvas.getContext("2d"), img = ctx.createImageData(T, T);
-    for (let i = 0; i < T; i++) {
+    const ctx = canvas.getContext("2d"), img = ctx.createImageData(TK, TQ);
+    for (let i = 0; i < TQ; i++) {
       let rowTop = 0;
-      if (state.scale === "row") for (let j = 0; j < T; j++) rowTop = Math.max(rowTop, vals[i * T + j]);
+      if (state.scale === "row") for (let j = 0; j < TK; j++) rowTop = Math.max(rowTop, vals[i * TK + j]);
       const hi = state.scale === "fixed" ? 1 : state.scale === "row" ? rowTop : top;
-      for (let j = 0; j < T; j++) {
-        const c = rgb(hi > 0 ? vals[i * T + j] / hi : 0), p = 4 * (i * T + j);
+      for (let j = 0; j < TK; j++) {
+        const c = rgb(hi > 0 ? vals[i * TK + j] / hi : 0), p = 4 * (i * TK + j);
         img.data[p] = c[0]; img.data[p + 1] = c[1]; img.data[p + 2] = c[2]; img.data[p + 3] = 255;
       }
     }
@@ -178,9 +188,9 @@
   let matrixTop = 1;
   matrix.addEventListener("mousemove", function (e) {
     const r = matrix.getBoundingClientRect();
-    const j = Math.floor((e.clientX - r.left) / r.width * T), i = Math.floor((e.clientY - r.top) / r.height * T);
-    if (i < 0 || j < 0 || i >= T || j >= T) return;
-    $("info").textContent = label() + "\nquery " + i + " " + D.tokens[i] + " → key " + j + " " + D.tokens[j] + ": " +
+    const j = Math.floor((e.clientX - r.left) / r.width * TK), i = Math.floor((e.clientY - r.top) / r.height * TQ);
+    if (i < 0 || j < 0 || i >= TQ || j >= TK) return;
+    $("info").textContent = label() + "\nquery " + i + " " + Q.tokens[i] + " → key " + j + " " + K.tokens[j] + ": " +
       cellValue(state.layer, i, j).toFixed(4);
   });
 
@@ -196,7 +206,7 @@
       lab.className = "rowlabel"; lab.textContent = "L" + l; mv.appendChild(lab);
       for (let h = 0; h < cols; h++) {
         const c = document.createElement("canvas"), all = !perHead(state.method);
-        c.className = "thumb"; c.width = T; c.height = T;
+        c.className = "thumb"; c.width = TK; c.height = TQ;
         c.title = all ? "L0…L" + l + " combined" : "L" + l + "H" + h;
         c.dataset.layer = l; c.dataset.head = all ? "all" : h;
         paint(c, l, all ? 0 : h);
@@ -237,7 +247,7 @@
         d.style.background = v >= 0 ? "rgba(49,130,206," + s + ")" : "rgba(229,62,62," + s + ")";
         d.addEventListener("click", function () {
           state.layer = l; state.head = h; $("layer").value = String(l); $("head").value = String(h);
-          if (!perHead(state.method)) { state.method = "raw"; $("method").value = "raw"; buildThumbs(); }
+          if (!perHead(state.method)) { state.method = "raw"; $("method").value = "raw"; shape(); buildThumbs(); }
           render();
         });
         box.appendChild(d);
@@ -321,14 +331,14 @@
       return new XMLSerializer().serializeToString(clone);
     }
     if (view === "matrix") {
-      const size = T * CELL, left = T <= 64 ? 90 : 10, top = 30;
-      let body = title + '<image x="' + left + '" y="' + top + '" width="' + size + '" height="' + size +
+      const w = TK * CELL, size = TQ * CELL, left = TQ <= 64 ? 90 : 10, top = 30;
+      let body = title + '<image x="' + left + '" y="' + top + '" width="' + w + '" height="' + size +
         '" preserveAspectRatio="none" style="image-rendering:pixelated" href="' + matrix.toDataURL() + '"/>';
-      if (T <= 64) for (let i = 0; i < T; i++) {
+      if (TQ <= 64) for (let i = 0; i < TQ; i++) {
         body += '<text x="' + (left - 4) + '" y="' + (top + (i + 0.7) * CELL) + '" font-size="' + Math.min(11, CELL) +
-          '" text-anchor="end">' + esc(D.tokens[i]) + "</text>";
+          '" text-anchor="end">' + esc(Q.tokens[i]) + "</text>";
       }
-      return wrapSVG(left + size + 20, top + size + 50, body + scaleSVG(left, top + size + 8));
+      return wrapSVG(left + Math.max(w, 200) + 20, top + size + 50, body + scaleSVG(left, top + size + 8));
     }
     if (view === "model") {
       const cols = perHead(state.method) ? H : 1;
@@ -385,7 +395,7 @@
   // ---------------------------------------------------------------- wiring
   async function setMethod(m) {
     await load(m);
-    state.method = m; buildThumbs(); render();
+    state.method = m; state.hover = state.pinned = null; shape(); buildThumbs(); render();
   }
   $("method").addEventListener("change", function () { setMethod($("method").value); });
   $("layer").addEventListener("change", function () { state.layer = +$("layer").value; render(); });
@@ -397,7 +407,7 @@
   window.qkvViewer = {state: state, render: render, data: D, weight: weight, exportSVG: exportSVG, exportPNG: exportPNG,
                       setMethod: setMethod};
   Promise.all(D.order.map(load)).then(function () {
-    buildThumbs(); buildAblation(); buildImportance(); render();
+    shape(); buildThumbs(); buildAblation(); buildImportance(); render();
     document.body.dataset.ready = "1";
   });
 })();
