@@ -89,12 +89,12 @@ class _Spy:
 
     def __init__(self, monkeypatch, watched: Path):
         self.watched, self.seen, self.depth = watched, [], 0
-        csv_rows, json_lines, raw_lines = readers.csv_rows, readers._json_lines, readers._raw_lines
+        csv_rows, json_lines, raw_lines = readers.csv_rows, readers.json_lines, readers.raw_lines
         monkeypatch.setattr(readers, "csv_rows", lambda fh, path, fmt, **kw: self._wrap(
             csv_rows(fh, path, fmt, **kw), path, fmt))
-        monkeypatch.setattr(readers, "_json_lines", lambda fh, path, *a, **kw: self._wrap(
+        monkeypatch.setattr(readers, "json_lines", lambda fh, path, *a, **kw: self._wrap(
             json_lines(fh, path, *a, **kw), path, "jsonl"))
-        monkeypatch.setattr(readers, "_raw_lines", lambda fh, path, *a, **kw: self._wrap(
+        monkeypatch.setattr(readers, "raw_lines", lambda fh, path, *a, **kw: self._wrap(
             raw_lines(fh, path, *a, **kw), path, "text"))
 
     def _wrap(self, items, path, kind):
