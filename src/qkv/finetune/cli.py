@@ -121,6 +121,9 @@ def add_finetune_parsers(sub) -> None:
                    help="inference precision: fp32, bf16 (CPUs with AVX-512 BF16 or AMX, GPUs with bf16) or int8 "
                    "(CPU; see docs/inference.md for the accuracy bounds) (default: fp32)")
     q.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    q.add_argument("--mirror", action="store_true",
+                   help="image classifiers: average each picture's probabilities with its mirror image's "
+                   "(test-time mirroring; for models trained with --augment flip)")
     q.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
     q.set_defaults(func=_predict)
 
@@ -164,6 +167,9 @@ def _predict(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-tokens {args.batch_tokens} must be ≥ 1")
     if is_image_model_folder(args.run):
         return _predict_pictures(args)
+    if args.mirror:
+        raise QkvError("--mirror is for image classifiers (each picture also scored mirrored); "
+                       f"{args.run} is not one: drop --mirror")
     pictures = [s for s in args.input if is_picture_spec(s)]
     if pictures and Path(args.run).exists():
         raise QkvError(f"{args.run} is a text model; it reads text, not pictures ({pictures[0]}): give it a text "
@@ -183,7 +189,8 @@ def _predict(args: argparse.Namespace) -> int:
 def _predict_pictures(args: argparse.Namespace) -> int:
     from qkv.vision.predict import predict_pictures
 
-    info = predict_pictures(args.run, args.input, args.out, replace=args.force, batch_size=args.batch_size)
+    info = predict_pictures(args.run, args.input, args.out, replace=args.force, batch_size=args.batch_size,
+                            mirror=args.mirror)
     for note in info["notes"]:
         print(f"note: {note}")
     print(f"wrote {info['inputs']} predictions to {info['out']}")

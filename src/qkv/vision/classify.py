@@ -36,6 +36,7 @@ from qkv.models.vision_builders import build_image_classifier
 from qkv.training.distributed import refuse_world
 from qkv.vision.augment import augment_batch
 from qkv.vision.config import ImageTrainConfig, model_config
+from qkv.vision.mirror import class_probabilities
 from qkv.vision.run_setup import vision_run
 
 __all__ = ["ImageBatch", "ImageClassificationObjective", "ImageResult", "train_images", "read_image_data",
@@ -95,8 +96,11 @@ def read_image_data(cfg: ImageTrainConfig) -> tuple[ImageSet, ImageSet, str]:
     return train, held, how
 
 
-def accuracy(model, images: ImageSet, *, batch_size: int = 500, limit: np.ndarray | None = None) -> dict:
-    """Held-out ``accuracy``, ``eval_loss`` and ``correct_per_class`` of ``model`` (eval mode, no grad)."""
+def accuracy(model, images: ImageSet, *, batch_size: int = 500, limit: np.ndarray | None = None,
+             mirror: bool = False) -> dict:
+    """Held-out ``accuracy``, ``eval_loss`` (cross-entropy, nats per image) and ``per_class`` accuracy
+    of ``model`` (eval mode, no grad); with ``mirror``, of the probabilities averaged with each
+    image's mirror image's (:func:`qkv.vision.mirror.class_probabilities`)."""
     idx = np.arange(len(images)) if limit is None else limit
     was = model.training
     model.eval()
@@ -105,9 +109,9 @@ def accuracy(model, images: ImageSet, *, batch_size: int = 500, limit: np.ndarra
         for i in range(0, len(idx), batch_size):
             take = idx[i:i + batch_size]
             y = torch.as_tensor(images.labels[take])
-            logits = model(pixel_values(images.pixels[take])).logits.float()  # (B,L)
-            loss += float(F.cross_entropy(logits, y, reduction="sum"))
-            pred = logits.argmax(-1)
+            probs = class_probabilities(model, pixel_values(images.pixels[take]), mirror=mirror)  # (B,L)
+            loss += float(F.nll_loss(probs.clamp_min(1e-30).log(), y, reduction="sum"))
+            pred = probs.argmax(-1)
             correct += int((pred == y).sum())
             preds.append(pred.numpy())
     model.train(was)
@@ -223,6 +227,9 @@ def train_images(cfg: ImageTrainConfig, *, resume: bool = False, clock=time.mono
         if result.status != "complete":
             return ImageResult(run.out, result.steps_done, result.status, None)
         report = accuracy(model, held, batch_size=cfg.eval_batch_size)
+        if "flip" in cfg.augment:  # trained on mirror images too: report test-time mirroring beside
+            mirrored = accuracy(model, held, batch_size=cfg.eval_batch_size, mirror=True)
+            report.update(accuracy_mirrored=mirrored["accuracy"], per_class_mirrored=mirrored["per_class"])
         counts = np.bincount(train.labels, minlength=len(train.classes))
         majority = int(counts.argmax())
         report.update(majority_baseline=float((held.labels == majority).mean()), held_out=how,
@@ -230,5 +237,6 @@ def train_images(cfg: ImageTrainConfig, *, resume: bool = False, clock=time.mono
                       images_per_s=round((result.steps_done - result.start_step) * cfg.batch_size * cfg.grad_accum
                                          / max(result.train_s, 1e-9), 1), precision=started.precision)
         atomic_write_text(run.out / "report.json", json.dumps(report, indent=2))
-        run.update(report={k: report[k] for k in ("accuracy", "majority_baseline", "train_minutes")})
+        run.update(report={k: report[k] for k in ("accuracy", "accuracy_mirrored", "majority_baseline", "train_minutes")
+                           if k in report})
         return ImageResult(run.out, result.steps_done, "complete", report)

@@ -21,6 +21,7 @@ import torch
 from qkv._fs import atomic_write_text, check_output_path
 from qkv.errors import QkvError
 from qkv.models.vision import ImageClassifier
+from qkv.vision.mirror import class_probabilities
 from qkv.vision.pictures import load_image_model, picture_files, read_pictures
 
 __all__ = ["PicturePredictions", "classify_pictures", "predict_pictures"]
@@ -52,13 +53,15 @@ def _classifier(model, where) -> ImageClassifier:
 
 
 @torch.no_grad()
-def classify_pictures(model: ImageClassifier, files: list[Path], *, batch_size: int = 64) -> PicturePredictions:
-    """The class probabilities of each picture (the model in eval mode, restored after)."""
+def classify_pictures(model: ImageClassifier, files: list[Path], *, batch_size: int = 64,
+                      mirror: bool = False) -> PicturePredictions:
+    """The class probabilities of each picture (the model in eval mode, restored after); with
+    ``mirror``, averaged with its mirror image's (:mod:`qkv.vision.mirror`)."""
     x, notes = read_pictures(files, model.config.image)  # (N,K,R,W) — every file read before any is scored
     was = model.training
     model.eval()
     try:
-        probs = torch.cat([torch.softmax(model(x[i:i + batch_size]).logits.float(), dim=-1)  # (b,L)
+        probs = torch.cat([class_probabilities(model, x[i:i + batch_size], mirror=mirror)  # (b,L)
                            for i in range(0, len(x), batch_size)])  # (N,L)
     finally:
         model.train(was)
@@ -66,13 +69,14 @@ def classify_pictures(model: ImageClassifier, files: list[Path], *, batch_size: 
 
 
 def predict_pictures(run, inputs: list[str], out: str | os.PathLike, *, replace: bool = False,
-                     batch_size: int = 64) -> dict:
+                     batch_size: int = 64, mirror: bool = False) -> dict:
     """``qkv predict MODEL PICTURE… --out FILE``: the class of every picture into JSONL ``out``.
 
     Args:
         run: an image classifier's run or model folder, or what :func:`qkv.load` returned.
         inputs: PNG/JPEG files or folders of them (at any depth).
         out: the ``.jsonl`` file (written atomically). replace: replace an existing ``out``.
+        mirror: average each picture's probabilities with its mirror image's (``--mirror``).
 
     Returns:
         ``{"inputs": N, "out": …, "notes": […]}``.
@@ -82,7 +86,7 @@ def predict_pictures(run, inputs: list[str], out: str | os.PathLike, *, replace:
         raise QkvError(f"--batch-size {batch_size} must be ≥ 1")
     files = picture_files(inputs)
     model, _ = load_image_model(run, command="qkv predict", what="an image classifier")
-    result = classify_pictures(_classifier(model, run), files, batch_size=batch_size)
+    result = classify_pictures(_classifier(model, run), files, batch_size=batch_size, mirror=mirror)
     lines = [json.dumps({"id": str(f), **rec}, ensure_ascii=False) for f, rec in zip(files, result.records())]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

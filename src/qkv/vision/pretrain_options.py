@@ -96,8 +96,10 @@ def caption_config(args: argparse.Namespace, given: dict) -> CaptionTrainConfig:
 def report_image_run(result) -> None:
     """Print a finished image run's held-out accuracy and where it went."""
     r = result.report
+    mirrored = (f"; {r['accuracy_mirrored']:.4f} with each image also scored mirrored" if "accuracy_mirrored" in r
+                else "")
     print(f"held-out accuracy {r['accuracy']:.4f} on {r['eval_images']} images ({r['held_out']}; majority "
-          f"baseline {r['majority_baseline']:.4f}) after {r['train_minutes']:g} min of training")
+          f"baseline {r['majority_baseline']:.4f}{mirrored}) after {r['train_minutes']:g} min of training")
     print(f"run folder: {result.out}  (report: {result.out / 'report.json'}, curve: {result.out / 'curve.png'}; "
           f"model: qkv.load('{result.out}'))")
 
