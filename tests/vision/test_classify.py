@@ -32,6 +32,13 @@ def test_a_test_sized_run_learns_digits(digits_run):
     assert (result.out / "metrics.jsonl").exists()
 
 
+def test_metrics_log_images_per_second(digits_run):
+    _, result = digits_run
+    rows = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert steps and all(r["images_per_s"] > 0 and "tokens_per_s" not in r for r in steps)
+
+
 def test_the_saved_model_loads_and_predicts_the_same(digits_run):
     cfg, result = digits_run
     from qkv.data.image_datasets import open_images

@@ -210,11 +210,20 @@ def _train_step(r: _Run, step: int) -> tuple[float, float, float]:
         r.on_backward(step + 1, r.model)
     clip = cfg.clip_norm if cfg.clip_norm is not None else math.inf
     grad_norm = local_value(torch.nn.utils.clip_grad_norm_(r.model.parameters(), clip)).item()
-    masks = [getattr(b, "attention_mask", None) for b in micro]
-    tokens = sum(float(m.sum()) for m in masks if m is not None)
+    tokens = sum(_throughput_units(r.objective, b) for b in micro)
     if info.distributed:
         tokens = qdist.all_sum(torch.tensor(tokens, dtype=torch.float64)).item()
     return loss, grad_norm, tokens
+
+
+def _throughput_units(objective, batch) -> float:
+    """What a batch counts for the logged rate: the objective's ``rate_count`` (e.g. images), else the
+    real tokens of its ``attention_mask`` (none: 0)."""
+    count = getattr(objective, "rate_count", None)
+    if count is not None:
+        return float(count(batch))
+    mask = getattr(batch, "attention_mask", None)
+    return float(mask.sum()) if mask is not None else 0.0
 
 
 def _units(r: _Run, batch) -> torch.Tensor:
@@ -377,14 +386,14 @@ def _shared_progress(r: _Run) -> float:
 def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar: RunBar, governor, timed: bool) -> None:
     p.rate.add(tokens)
     if _every(r.cfg.log_every, p.done) or (not timed and p.done == r.cfg.steps):
-        tps = p.rate.rate()
-        row = {"step": p.done, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps,
+        tps, unit = p.rate.rate(), getattr(r.objective, "rate_unit", "tokens")
+        row = {"step": p.done, "loss": loss, "lr": lr, "grad_norm": grad_norm, f"{unit}_per_s": tps,
                "elapsed_s": round(r.clock.elapsed_s, 3), **({"threads": governor.current} if governor else {})}
         if r.info.is_main:
             r.record(row)
         if r.on_log is not None:
             r.on_log(row)
-        bar.show(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}", **({"step": p.done} if timed else {}))
+        bar.show(loss=f"{loss:.3f}", **{f"{unit[:3]}_s": f"{tps:,.0f}"}, **({"step": p.done} if timed else {}))
     bar.advance(r.clock.elapsed_s)
 
 

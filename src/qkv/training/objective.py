@@ -38,7 +38,9 @@ class Objective(Protocol):
     same); ``evaluate(model)`` the held-out figures, ``eval_loss`` and :attr:`metric` among them,
     all ranks together (``{}``); ``describe(ev)`` one line of them; ``save(model, out)`` writes the
     final model into the run folder (nothing); ``metric``, ``metric_label``, ``loss_label`` name
-    the curve's figures.
+    the curve's figures; ``rate_unit`` and ``rate_count(b)`` what the logged rate counts
+    (``metrics.jsonl``'s ``{rate_unit}_per_s``; default ``tokens``: the real tokens of the batch's
+    ``attention_mask``) — image classification counts ``images``.
     """
 
     def batch(self, index: int) -> Any: ...

@@ -129,6 +129,7 @@ class ImageClassificationObjective:
     fixed sample."""
 
     metric, metric_label, loss_label = "accuracy", "held-out accuracy", "loss"
+    rate_unit = "images"  # metrics.jsonl logs images_per_s (an image batch has no token mask)
 
     def __init__(self, train: ImageSet, held: ImageSet, *, batch_size: int, seed: int, augment: tuple[str, ...],
                  label_smoothing: float, eval_sample: int, eval_batch_size: int):
@@ -153,6 +154,9 @@ class ImageClassificationObjective:
         x = pixel_values(self.train.pixels[take])
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         return ImageBatch(augment_batch(x, self.augment, g), torch.as_tensor(self.train.labels[take]))
+
+    def rate_count(self, batch: ImageBatch) -> int:
+        return len(batch.labels)
 
     def units(self, batch: ImageBatch) -> torch.Tensor:
         return torch.tensor(float(len(batch.labels)))
