@@ -12,7 +12,8 @@ import torch
 
 import qkv
 from qkv.training.config import LoopConfig
-from qkv.training.engine import TrainingError, gradients, run_training
+from qkv.training.engine import TrainingError, run_training
+from qkv.training.step import gradients
 
 SRC = Path(qkv.__file__).resolve().parent
 
@@ -20,7 +21,7 @@ SRC = Path(qkv.__file__).resolve().parent
 def test_backward_is_called_in_exactly_one_module():
     calls = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
                    if re.search(r"\.backward\(", p.read_text(encoding="utf-8")))
-    assert calls == ["training/engine.py"], calls
+    assert calls == ["training/step.py"], calls
 
 
 @dataclass(frozen=True)

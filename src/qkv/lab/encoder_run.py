@@ -40,7 +40,8 @@ from qkv.models.builders import build_masked_lm
 from qkv.checkpoints.io import load, save
 from qkv.training.config import LoopConfig
 from qkv.training.distributed import refuse_world
-from qkv.training.engine import TrainResult, gradients, run_training
+from qkv.training.engine import TrainResult, run_training
+from qkv.training.step import gradients
 from qkv.training.lifecycle import open_run
 from qkv.training.metrics import read_metrics
 from qkv.training.precision import resolve_precision

@@ -1,5 +1,6 @@
-"""The training engine: one explicit loop for every objective qkv trains — the only module of qkv
-that calls ``backward``.
+"""The training engine: one explicit loop for every objective qkv trains — the loop that every run
+of qkv goes through (one step's gradients: :mod:`qkv.training.step`, the only module that calls
+``backward``).
 
     for step in range(start, steps):           (or: until the time budget is spent)
         micro-batches → forward → loss normalised by the global unit count → backward
@@ -20,18 +21,15 @@ the unit count — masked tokens, examples, labelled tokens — over all ranks a
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from qkv._faults import fault_point
 from qkv.errors import QkvError
 from qkv.training import distributed as qdist
 from qkv.training.budget import BudgetClock, TimedScheduler
@@ -39,17 +37,17 @@ from qkv.training.checkpoint import latest_checkpoint
 from qkv.training.config import LoopConfig
 from qkv.training.health import unhealthy
 from qkv.training.lifecycle import RunFolder
-from qkv.training.metrics import append_metrics, plot_curve, truncate_metrics
-from qkv.training.objective import Objective, move_batch
+from qkv.training.metrics import plot_curve, truncate_metrics
+from qkv.training.objective import Objective
 from qkv.training.optim import build_optimizer, build_scheduler, warmup_warning
-from qkv.training.precision import autocast
-from qkv.training.progress import RunBar, TokenRate
-from qkv.training.sharding import local_value
+from qkv.training.progress import RunBar
 from qkv.training.stop import StepAbandoned, stop_requests
-from qkv.training.strategy import Strategy, make_strategy
+from qkv.training.run_state import Progress, RunState
+from qkv.training.step import train_step
+from qkv.training.strategy import make_strategy
 from qkv.training.threads import thread_governor
 
-__all__ = ["TrainResult", "TrainingError", "run_training", "seed_for", "gradients", "DIVERGENCE"]
+__all__ = ["TrainResult", "TrainingError", "run_training", "DIVERGENCE"]
 
 #: What a non-finite loss does: ``raise`` :class:`TrainingError` (pretraining, fine-tuning) or
 #: ``report`` it — the run stops before that step with status ``diverged`` (the lab's runs).
@@ -91,50 +89,6 @@ class TrainResult:
     train_s: float = 0.0
     start_step: int = 0
     model: torch.nn.Module | None = None
-
-
-def seed_for(seed: int, step: int, micro: int, rank: int) -> int:
-    """The seed of micro-batch ``micro`` of optimiser step ``step`` on ``rank`` (dropout)."""
-    return (seed * 1_000_003 + step * 1009 + micro * 31 + rank * 7919) % (2**63 - 1)
-
-
-def gradients(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor], *, precision: str = "fp32",
-              device: torch.device | str = "cpu") -> float:
-    """The loss ``loss_fn()`` at the model's present weights, its gradients left in each
-    parameter's ``.grad`` (cleared first) — one backward pass, no optimiser step. The caller reads
-    the gradients, then clears them (``model.zero_grad(set_to_none=True)``)."""
-    model.zero_grad(set_to_none=True)
-    with autocast(precision, device):
-        loss = loss_fn()
-    loss.float().backward()
-    return float(loss.detach())
-
-
-@dataclass
-class _Run:
-    cfg: LoopConfig
-    info: qdist.DistInfo
-    run: RunFolder | None
-    model: torch.nn.Module
-    ddp: torch.nn.Module  # what the loss runs through (DistributedDataParallel, or the sharded model)
-    strategy: Strategy
-    objective: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    precision: str
-    budget: BudgetClock | None
-    clock: BudgetClock  # counts training time (the budget's clock in a time-budgeted run)
-    on_backward: Callable | None
-    on_log: Callable | None
-    divergence: str
-    title: str
-    history: list[dict]
-    writes: bool  # this process writes the run folder
-
-    def record(self, row: dict) -> None:
-        self.history.append(row)
-        if self.writes:
-            append_metrics(self.run.out / "metrics.jsonl", row)
 
 
 def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunFolder | None = None,
@@ -192,87 +146,13 @@ def run_training(cfg, objective: Objective, *, model: torch.nn.Module, run: RunF
     if run is not None:
         run.start()
     budget = train_clock if timed else None
-    r = _Run(cfg, info, run, model, ddp, strategy, objective, optimizer, scheduler, precision, budget, train_clock,
-             on_backward, on_log, divergence, title, history, writes)
+    r = RunState(cfg, info, run, model, ddp, strategy, objective, optimizer, scheduler, precision, budget,
+                 train_clock, on_backward, on_log, divergence, title, history, writes)
     last_eval = resume_eval(state) if resume_eval is not None else None
     return _loop(r, start, last_eval, state.get("train_loss"))
 
 
-def _train_step(r: _Run, step: int) -> tuple[float, float, float]:
-    """One optimiser step up to (not including) the update: ``(loss, grad norm, tokens)``."""
-    fault_point("train.step")
-    cfg, info = r.cfg, r.info
-    if cfg.grad_accum == 1 and not info.distributed:
-        loss, micro = _one_batch(r, step)
-    else:
-        loss, micro = _accumulate(r, step)
-    if r.on_backward is not None:
-        r.on_backward(step + 1, r.model)
-    clip = cfg.clip_norm if cfg.clip_norm is not None else math.inf
-    grad_norm = local_value(torch.nn.utils.clip_grad_norm_(r.model.parameters(), clip)).item()
-    tokens = sum(_throughput_units(r.objective, b) for b in micro)
-    if info.distributed:
-        tokens = qdist.all_sum(torch.tensor(tokens, dtype=torch.float64)).item()
-    return loss, grad_norm, tokens
-
-
-def _throughput_units(objective, batch) -> float:
-    """What a batch counts for the logged rate: the objective's ``rate_count`` (e.g. images), else the
-    real tokens of its ``attention_mask`` (none: 0)."""
-    count = getattr(objective, "rate_count", None)
-    if count is not None:
-        return float(count(batch))
-    mask = getattr(batch, "attention_mask", None)
-    return float(mask.sum()) if mask is not None else 0.0
-
-
-def _units(r: _Run, batch) -> torch.Tensor:
-    units = getattr(r.objective, "units", None)
-    return units(batch) if units is not None else torch.ones(())
-
-
-def _one_batch(r: _Run, step: int) -> tuple[float, list]:
-    """One micro-batch in one process: what :func:`_accumulate` computes (the scale n / n is 1,
-    exactly), without its bookkeeping — a step of a tiny lab model is ~2 ms."""
-    b = move_batch(r.objective.batch(step), r.info.device)
-    n = float(_units(r, b))
-    _seed(seed_for(r.cfg.seed, step, 0, r.info.rank), r.info.device)  # dropout
-    with autocast(r.precision, r.info.device):
-        loss = r.objective.loss(r.ddp, b)
-    (loss.float() if n > 0 else loss.float() * 0.0).backward()
-    return float(loss.detach()) * n / max(n, 1.0), [b]
-
-
-def _accumulate(r: _Run, step: int) -> tuple[float, list]:
-    """``grad_accum`` micro-batches on every rank, the loss normalised by the global unit count."""
-    cfg, info, obj = r.cfg, r.info, r.objective
-    micro = [move_batch(obj.batch(step * cfg.grad_accum + m), info.device) for m in range(cfg.grad_accum)]
-    counts = [_units(r, b) for b in micro]
-    n_global = qdist.all_sum(torch.stack(counts).sum().double().cpu()).item()
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    for m, b in enumerate(micro):
-        _seed(seed_for(cfg.seed, step, m, info.rank), info.device)  # dropout
-        last = m == cfg.grad_accum - 1
-        sync = contextlib.nullcontext() if last else r.strategy.no_sync(r.ddp)
-        with sync:
-            with autocast(r.precision, info.device):
-                loss = obj.loss(r.ddp, b)
-            n = counts[m].item()
-            # DDP averages gradients over ranks: scale so the sum is the global unit mean
-            (loss.float() * (n * info.world_size / max(n_global, 1.0))).backward()
-        loss_sum += loss.detach().double().cpu() * n
-    return (qdist.all_sum(loss_sum) / max(n_global, 1.0)).item(), micro
-
-
-def _seed(seed: int, device: torch.device) -> None:
-    """Seed the generators a step draws from: the CPU's, and the run's GPU (``torch.manual_seed``
-    would also queue a seed for every CUDA device, with a stack trace each time — 0.3 ms a step)."""
-    torch.default_generator.manual_seed(seed)
-    if device.type == "cuda":
-        torch.cuda.manual_seed(seed)
-
-
-def _diverged(r: _Run, done: int, loss: float, grad_norm: float) -> bool:
+def _diverged(r: RunState, done: int, loss: float, grad_norm: float) -> bool:
     """Whether step ``done + 1`` must not update the weights: a non-finite loss (or, when
     divergence is reported, gradient). Raises :class:`TrainingError` where divergence raises."""
     if r.divergence == "report":
@@ -284,21 +164,10 @@ def _diverged(r: _Run, done: int, loss: float, grad_norm: float) -> bool:
     return False
 
 
-@dataclass
-class _Progress:
-    start: int
-    done: int
-    final_eval: dict | None
-    loss: float | None
-    status: str = "complete"
-    aside_s: float = 0.0  # seconds of evaluations and checkpoints
-    rate: TokenRate = field(default_factory=TokenRate)
-
-
-def _loop(r: _Run, start: int, last_eval: dict | None, last_loss: float | None) -> TrainResult:
+def _loop(r: RunState, start: int, last_eval: dict | None, last_loss: float | None) -> TrainResult:
     cfg, info = r.cfg, r.info
     timed = r.budget is not None
-    p = _Progress(start, start, last_eval, last_loss)
+    p = Progress(start, start, last_eval, last_loss)
     # an in-memory run without a bar is silent; a run with a folder prints its evaluations
     bar = RunBar(enabled=cfg.progress and info.is_main, steps=cfg.steps, start=start, echo=r.run is not None,
                  budget_s=r.budget.budget_s if timed else None, elapsed_s=r.clock.elapsed_s)
@@ -325,7 +194,7 @@ def _every(n: int | None, done: int) -> bool:
     return n is not None and done % n == 0
 
 
-def _step(r: _Run, p: _Progress, stop, bar, governor, timed: bool) -> bool:
+def _step(r: RunState, p: Progress, stop, bar, governor, timed: bool) -> bool:
     """Run one optimiser step with its logging, evaluation and checkpoint; False when the loop ends."""
     cfg = r.cfg
     if timed:
@@ -339,7 +208,7 @@ def _step(r: _Run, p: _Progress, stop, bar, governor, timed: bool) -> bool:
     t_step = time.perf_counter()
     try:
         stop.abandonable = True
-        loss, grad_norm, tokens = _train_step(r, p.done)
+        loss, grad_norm, tokens = train_step(r, p.done)
     except StepAbandoned:  # stopped inside gradient accumulation: keep the steps completed
         r.optimizer.zero_grad(set_to_none=True)
         if r.writes and (p.done > p.start or latest_checkpoint(r.run.out) is None):
@@ -373,7 +242,7 @@ def _step(r: _Run, p: _Progress, stop, bar, governor, timed: bool) -> bool:
     return True
 
 
-def _shared_progress(r: _Run) -> float:
+def _shared_progress(r: RunState) -> float:
     # every rank trains at the same learning rate and stops at the same step: rank 0's clock decides
     share = r.budget.progress()
     if r.info.distributed:
@@ -383,7 +252,7 @@ def _shared_progress(r: _Run) -> float:
     return share
 
 
-def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar: RunBar, governor, timed: bool) -> None:
+def _log(r: RunState, p: Progress, lr, loss, grad_norm, tokens, bar: RunBar, governor, timed: bool) -> None:
     p.rate.add(tokens)
     if _every(r.cfg.log_every, p.done) or (not timed and p.done == r.cfg.steps):
         tps, unit = p.rate.rate(), getattr(r.objective, "rate_unit", "tokens")
@@ -393,11 +262,12 @@ def _log(r: _Run, p: _Progress, lr, loss, grad_norm, tokens, bar: RunBar, govern
             r.record(row)
         if r.on_log is not None:
             r.on_log(row)
-        bar.show(loss=f"{loss:.3f}", **{f"{unit[:3]}_s": f"{tps:,.0f}"}, **({"step": p.done} if timed else {}))
+        rate = {{"tokens": "tok_s", "images": "img_s"}.get(unit, f"{unit}_s"): f"{tps:,.0f}"}
+        bar.show(loss=f"{loss:.3f}", **rate, **({"step": p.done} if timed else {}))
     bar.advance(r.clock.elapsed_s)
 
 
-def _checkpoint(r: _Run, p: _Progress) -> None:
+def _checkpoint(r: RunState, p: Progress) -> None:
     if r.writes or (r.run is not None and r.strategy.collective_save):
         t0 = time.perf_counter()
         what = unhealthy(r.model, p.final_eval, r.strategy.collective_save) if r.divergence != "report" else None
@@ -412,7 +282,7 @@ def _checkpoint(r: _Run, p: _Progress) -> None:
         p.aside_s += time.perf_counter() - t0
 
 
-def _evaluate(r: _Run, p: _Progress, bar) -> dict:
+def _evaluate(r: RunState, p: Progress, bar) -> dict:
     t0 = time.perf_counter()
     evaluate = getattr(r.objective, "evaluate", None)
     with r.strategy.evaluating(r.model):
@@ -426,7 +296,7 @@ def _evaluate(r: _Run, p: _Progress, bar) -> dict:
     return ev
 
 
-def _finalise(r: _Run, p: _Progress, timed: bool, train_s: float) -> TrainResult:
+def _finalise(r: RunState, p: Progress, timed: bool, train_s: float) -> TrainResult:
     """The run's end: the final evaluation (a diverged run's weights as they are), then — with a
     run folder — its checkpoint, curve, final model and status."""
     obj = r.objective
