@@ -117,16 +117,17 @@ def first_sequences(lengths: list[int]) -> dict[int, int]:
 def runs_by_length(lengths: list[int]) -> list[tuple[int, int, int]]:
     """Runs of consecutive sequences of equal length n > 0: ``(first packed row, m sequences, n)``.
 
-    Length-sorted batches give one run per distinct length; each run is a view, never a copy.
+    Length-sorted batches give one run per distinct length; each run is a view, never a copy. An
+    empty sequence ends a run: the run's m sequences are then the m that follow its first one.
     """
     runs: list[tuple[int, int, int]] = []
-    at = 0
+    at, joins = 0, False  # joins: the previous sequence is non-empty, the last of the last run
     for n in lengths:
-        if n:
-            if runs and runs[-1][2] == n and runs[-1][0] + runs[-1][1] * n == at:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
-            else:
-                runs.append((at, 1, n))
+        if n and joins and runs[-1][2] == n:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
+        elif n:
+            runs.append((at, 1, n))
+        joins = n > 0
         at += n
     return runs
 
