@@ -21,8 +21,8 @@ _LAZY = {
     "build_causal_lm": "qkv.models.builders",
     "embed": "qkv.embeddings.embedder",
     "TaskConfig": "qkv.models.heads",
-    "SequenceClassifier": "qkv.models.heads",
-    "TokenClassifier": "qkv.models.heads",
+    "SequenceClassifier": "qkv.models.task_models",
+    "TokenClassifier": "qkv.models.task_models",
     "attach_task_head": "qkv.models.task_builders",
     "pipeline": "qkv.pipelines.factory",
 }

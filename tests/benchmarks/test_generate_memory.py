@@ -3,24 +3,13 @@ memory (tiny model); ``--device cuda`` without a GPU says so. No timing or size 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "generate.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("qkv_bench_generate_memory", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_support import load_script
 
 
 def test_each_side_alone_reports_its_resident_memory():
-    bench = _load()
+    bench = load_script("generate")
     rows = bench.peak_memory(bench.build_model("tiny", 40), ["fp32", "int8"], 2, 4)
     sides = [r["side"] for r in rows]
     assert sides[-1] == "transformers-fp32" and "qkv-fp32" in sides
@@ -29,11 +18,11 @@ def test_each_side_alone_reports_its_resident_memory():
 
 
 def test_help_lists_memory_and_device():
-    text = _load().build_parser().format_help()
+    text = load_script("generate").build_parser().format_help()
     assert "--memory" in text and "--device" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the script times it")
 def test_device_cuda_without_a_gpu_says_so(capsys):
-    assert _load().main(["--device", "cuda"]) == 0
+    assert load_script("generate").main(["--device", "cuda"]) == 0
     assert "no CUDA GPU" in capsys.readouterr().out

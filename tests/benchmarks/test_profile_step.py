@@ -5,22 +5,12 @@ asserted."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_step.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("qkv_bench_profile_step", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_support import load_script
 
 
 @pytest.mark.parametrize("op, group", [
@@ -32,7 +22,7 @@ def _load():
     ("aten::embedding", "other"),
 ])
 def test_ops_fall_into_their_groups(op, group):
-    assert _load().group_of(op) == group
+    assert load_script("profile_step").group_of(op) == group
 
 
 def test_quick_profiles_every_workload(tmp_path, capsys):
@@ -41,11 +31,7 @@ def test_quick_profiles_every_workload(tmp_path, capsys):
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("all-MiniLM-L6-v2 is not installed")
     out = tmp_path / "p.json"
-    threads = torch.get_num_threads()
-    try:
-        assert _load().main(["--quick", "--json", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert load_script("profile_step").main(["--quick", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     for name in ("finetune qkv fp32", "finetune transformers fp32", "decode qkv fp32", "decode transformers fp32",
                  "embed qkv fp32"):
@@ -58,5 +44,5 @@ def test_quick_profiles_every_workload(tmp_path, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the script profiles it")
 def test_device_cuda_without_a_gpu_says_so(capsys):
-    assert _load().main(["--device", "cuda"]) == 0
+    assert load_script("profile_step").main(["--device", "cuda"]) == 0
     assert "no CUDA GPU" in capsys.readouterr().out

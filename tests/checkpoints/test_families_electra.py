@@ -13,7 +13,7 @@ from qkv.config import ModelConfig
 from qkv.models.builders import build_discriminator, build_encoder, build_masked_lm
 from qkv.models.discriminator import Discriminator
 from qkv.errors import CheckpointError
-from qkv.models.heads import TokenClassifier
+from qkv.models.task_models import TokenClassifier
 from qkv.nn.encoder import Encoder
 
 transformers = pytest.importorskip("transformers")

@@ -10,8 +10,9 @@ from families_support import TAGS, batch, close_at_real, perturb
 
 import qkv
 from qkv.errors import CheckpointError
-from qkv.models.heads import SequenceClassifier, TaskConfig, TokenClassifier
+from qkv.models.heads import TaskConfig
 from qkv.models.task_builders import attach_task_head
+from qkv.models.task_models import SequenceClassifier, TokenClassifier
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,7 +12,7 @@ import qkv
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
 from qkv.errors import CheckpointError
-from qkv.models.heads import TokenClassifier
+from qkv.models.task_models import TokenClassifier
 from qkv.models.mlm import MaskedLM
 from qkv.nn.encoder import Encoder
 

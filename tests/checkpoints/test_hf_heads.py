@@ -12,7 +12,8 @@ from qkv.cli import main
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
 from qkv.errors import CheckpointError
-from qkv.models.heads import SequenceClassifier, TaskConfig, TokenClassifier
+from qkv.models.heads import TaskConfig
+from qkv.models.task_models import SequenceClassifier, TokenClassifier
 from qkv.models.mlm import IGNORE_INDEX, MaskedLM
 from qkv.models.task_builders import build_task_model
 

@@ -20,6 +20,15 @@ import torch
 from safetensors.torch import load_file
 
 STEPS = 12
+#: Subcommands whose results go to standard output or a network socket: they write no file that a full
+#: disk could cut short or that could overwrite one of the user's.
+WRITES_NOTHING = {
+    "search": "prints results",
+    "generate": "prints text",
+    "caption": "prints captions",
+    "fill-mask": "prints predictions",
+    "serve": "answers requests",
+}
 TINY_ARGS = ["--corpus", "dataset:pydoc", "--preset", "tiny", "--model", json.dumps({"max_len": 40, "dropout": 0.0}),
              "--vocab-size", "300", "--max-len", "24", "--batch-size", "4", "--warmup-steps", "2",
              "--eval-every", "4", "--eval-batches", "2", "--eval-batch-size", "8", "--save-every", "3",

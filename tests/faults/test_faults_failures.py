@@ -18,17 +18,9 @@ import json
 from pathlib import Path
 
 import pytest
+from faults_support import WRITES_NOTHING
 
 from qkv.cli import build_parser, main
-
-#: Subcommands that write nothing a full disk could cut short.
-WRITES_NOTHING = {
-    "search": "prints results",
-    "generate": "prints text",
-    "caption": "prints captions",
-    "fill-mask": "prints predictions",
-    "serve": "answers requests",
-}
 
 #: Writers without a case here, and why.
 WRITERS_ELSEWHERE = {

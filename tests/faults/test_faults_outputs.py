@@ -1,23 +1,21 @@
 """Outputs never overwrite inputs or earlier results: for every subcommand, either cases where its output
 would be one of its inputs or an earlier result (refused with one line, the file unchanged) or the reason it
 writes nothing a user could lose. The walker fails when a subcommand has no row. To add a command, add its
-row to :func:`_cases` (or to :data:`WRITES_NOTHING`)."""
+row to :func:`_cases` (or to :data:`NOTHING_AT_STAKE`)."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+from faults_support import WRITES_NOTHING
+
 from qkv.cli import build_parser, main
 
-#: Subcommands whose results go to standard output or a network socket, or that continue their own
-#: folder by design — and why nothing of the user's is at stake.
-WRITES_NOTHING = {
-    "search": "prints results",
-    "generate": "prints text",
-    "caption": "prints captions",
-    "fill-mask": "prints predictions",
-    "serve": "answers requests",
+#: Subcommands that write nothing (their results go to standard output or a network socket) or that
+#: continue their own folder by design — and why nothing of the user's is at stake.
+NOTHING_AT_STAKE = {
+    **WRITES_NOTHING,
     "ablate": "--out is its harness folder: a rerun continues it (finished runs kept), by design",
 }
 
@@ -101,7 +99,7 @@ def _image_inputs(tmp: Path) -> tuple[Path, Path]:
 def test_every_subcommand_has_an_output_case_or_writes_nothing(tmp_path, model_folder):
     parser = build_parser()
     commands = set(next(a for a in parser._actions if a.dest == "command").choices)
-    covered = {name.split()[0] for name in _cases(tmp_path, model_folder)} | set(WRITES_NOTHING)
+    covered = {name.split()[0] for name in _cases(tmp_path, model_folder)} | set(NOTHING_AT_STAKE)
     assert commands <= covered, sorted(commands - covered)
 
 

@@ -15,6 +15,7 @@ from qkv.cli import main
 from qkv.finetune.config import FinetuneConfig
 from qkv.finetune.examples import FinetuneDataError
 from qkv.finetune.run import finetune
+from qkv.training.rundir import RunError
 
 FAST = dict(batch_size=16, lr=3e-3, warmup_steps=5, progress=False, eval_sample=60, baselines=())
 
@@ -116,9 +117,20 @@ def test_interrupted_run_resumes_bit_identically(tiny_bert, topic_files, tmp_pat
         if step == 7:
             os.kill(os.getpid(), signal.SIGINT)
 
-    cfg = _cfg(tiny_bert, [train], tmp_path / "part", **kw)
+    copy = tmp_path / "train.jsonl"
+    lines = train.read_text(encoding="utf-8").splitlines(keepends=True)
+    copy.write_text("".join(lines), encoding="utf-8")
+    cfg = _cfg(tiny_bert, [copy], tmp_path / "part", **kw)
     first = finetune(cfg, on_backward=stop_at_7)
     assert first.status == "interrupted" and first.steps_done == 6  # the step being computed is abandoned
+    before = (tmp_path / "part" / "run.json").read_text()
+    copy.write_text("".join(reversed(lines)), encoding="utf-8")  # the same path, other data
+    with pytest.raises(RunError) as e:
+        finetune(cfg, resume=True)
+    assert str(e.value) == (f"--resume: the data differ from those {tmp_path / 'part'} was started with (their "
+                            "sha256 does not match run.json); resume with the same files, or start a new run")
+    assert (tmp_path / "part" / "run.json").read_text() == before
+    copy.write_text("".join(lines), encoding="utf-8")
     second = finetune(cfg, resume=True)
     assert second.status == "complete" and second.steps_done == 12
     from safetensors.torch import load_file

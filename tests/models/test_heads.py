@@ -9,7 +9,8 @@ import qkv
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
 from qkv.errors import CheckpointError
-from qkv.models.heads import POOLINGS, TASKS, SequenceClassifier, TaskConfig, TaskOutput, TokenClassifier
+from qkv.models.heads import POOLINGS, TASKS, TaskConfig, TaskOutput
+from qkv.models.task_models import SequenceClassifier, TokenClassifier
 from qkv.models.mlm import IGNORE_INDEX
 from qkv.models.task_builders import build_task_model
 

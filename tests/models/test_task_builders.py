@@ -7,7 +7,8 @@ import torch
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder, build_masked_lm
 from qkv.errors import CheckpointError
-from qkv.models.heads import SequenceClassifier, TaskConfig, TokenClassifier
+from qkv.models.heads import TaskConfig
+from qkv.models.task_models import SequenceClassifier, TokenClassifier
 from qkv.models.task_builders import attach_task_head, build_task_model
 from qkv.nn.pooler import Pooler
 

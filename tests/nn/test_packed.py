@@ -2,7 +2,8 @@
 
 The packed encoder is checked against the padded one (an independent computation: masks instead
 of per-sequence attention) at every real position, for every position slot and both norms, with
-segments, the pooler, gradients, and bad input.
+segments, the pooler, gradients, and bad input. The run helpers (runs of equal-length sequences,
+their views) are checked against the sequences cut out one by one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from qkv.config import ModelConfig
 from qkv.models.builders import build_encoder
-from qkv.nn.packed import PackedBatch
+from qkv.nn.packed import PackedBatch, first_sequences, run_view, runs_by_length
 
 LENGTHS = [9, 3, 5, 0, 7, 3]  # an empty sequence, two of equal length (one batched attention call)
 
@@ -64,6 +65,17 @@ def test_packed_attention_weights_equal_the_padded_ones(overrides):
         real = b.sum(-1)[mask[:, None, :].expand(-1, b.shape[1], -1)]  # rows of real queries sum to 1
         torch.testing.assert_close(real, torch.ones_like(real))
     assert enc.forward_packed(PackedBatch.from_padded(ids, mask)).attentions is None
+
+
+def test_an_empty_sequence_between_two_of_one_length_keeps_the_weights_in_place():
+    torch.manual_seed(4)
+    enc = build_encoder(ModelConfig.preset("tiny", dropout=0.0)).eval()
+    ids, mask = _batch(4, lengths=[4, 4, 0, 4])  # sequence 3's weights belong to sequence 3, not 2
+    want = enc(ids, mask, output_attentions=True).attentions[0]  # (B,H,T,T)
+    got = enc.forward_packed(PackedBatch.from_padded(ids, mask), output_attentions=True).attentions[0]
+    keep = (mask[:, None, :, None] & mask[:, None, None, :]).expand_as(want)  # (B,H,T,T) real query × key
+    torch.testing.assert_close(got[keep], want[keep], atol=1e-6, rtol=1e-5)
+    assert (got[2] == 0).all() and (got[~keep] == 0).all()
 
 
 def test_packed_attention_weights_of_a_causal_stack_equal_the_padded_ones():
@@ -133,3 +145,24 @@ def test_bad_packed_input_is_named():
     _raises(["exceeds max_len=16"], enc.forward_packed, PackedBatch.from_sequences([[1] * 17]))
     _raises(["vocab_size=97", "500"], enc.forward_packed, PackedBatch.from_sequences([[1, 500]]))
     _raises(["PackedBatch", "Tensor"], enc.forward_packed, ids)
+
+
+def test_runs_of_equal_lengths_are_views_of_the_sequences_one_by_one():
+    lengths = [4, 4, 0, 4, 2, 2, 5, 0, 0, 1]
+    H, D, N = 3, 2, sum(lengths)
+    t = torch.arange(H * N * D, dtype=torch.float32).view(H, N, D)  # (H,N,D), every value distinct
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    runs = runs_by_length(lengths)
+    # the reference: consecutive non-empty sequences of one length; an empty one ends a run
+    assert runs == [(0, 2, 4), (8, 1, 4), (12, 2, 2), (16, 1, 5), (21, 1, 1)]
+    assert first_sequences(lengths) == {starts[i]: i for i, n in enumerate(lengths) if n}
+    covered = []
+    for start, m, n in runs:
+        view = run_view(t, start, m, n)  # (m,H,n,D)
+        assert view.shape == (m, H, n, D) and view.data_ptr() == t[:, start].data_ptr()  # a view, no copy
+        for j in range(m):
+            i = first_sequences(lengths)[start] + j  # the run's j-th sequence
+            assert lengths[i] == n
+            torch.testing.assert_close(view[j], t[:, starts[i] : starts[i] + n], rtol=0, atol=0)
+            covered.append(i)
+    assert covered == [i for i, n in enumerate(lengths) if n]  # every non-empty sequence once, in order

@@ -1,5 +1,5 @@
 """The run lifecycle: a folder is created whole and locked, an error after the start is written to
-run.json (never left "running"), a resume refused for its options leaves the run as it was."""
+run.json (never left "running"), a resume refused for its options or its data leaves the run as it was."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from qkv.training.config import LoopConfig, TrainConfig
-from qkv.training.lifecycle import open_run
+from qkv.training.lifecycle import check_resume_data, open_run
 from qkv.training.lock import read_lock
 from qkv.training.rundir import RunError
 
@@ -77,3 +77,25 @@ def test_statuses_and_folders_are_checked(tmp_path):
         with open_run(tmp_path / "none", resume=True):
             pass
     assert LoopConfig.of(CFG).steps == 5 and LoopConfig.of(CFG, steps=None, time_budget=1.0).steps is None
+
+
+def test_a_resume_on_other_data_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    with open_run(out, resume=False) as run:
+        run.create({"train_config": CFG.to_dict(), "data_sha256": "a" * 64})
+        run.finish("interrupted", steps_done=2)
+    before = (out / "run.json").read_text()
+    with open_run(out, resume=True) as run:
+        check_resume_data(run, CFG, "a" * 64)  # the same options and data: nothing to say
+        with pytest.raises(RunError, match=r"started with a different configuration:\n  steps: 5 → 6"):
+            check_resume_data(run, CFG.replace(steps=6), "a" * 64)  # the options are checked first
+        with pytest.raises(RunError) as e:
+            check_resume_data(run, CFG, "b" * 64)
+        assert str(e.value) == (f"--resume: the data differ from those {out} was started with; "
+                                "resume with the same data, or start a new run")
+        with pytest.raises(LookupError) as e:  # the caller's words and error class (fine-tuning's, vision's)
+            check_resume_data(run, CFG, "b" * 64, what="images", same="files",
+                              detail=" (their sha256 does not match run.json)", error=LookupError)
+        assert str(e.value) == (f"--resume: the images differ from those {out} was started with (their sha256 "
+                                "does not match run.json); resume with the same files, or start a new run")
+    assert (out / "run.json").read_text() == before and read_lock(out) is None

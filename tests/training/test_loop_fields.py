@@ -1,15 +1,22 @@
 """The loop settings checked once for every run configuration that holds them, the fields of the
-recipe runs, and each configuration's tokens per example in the batch limit."""
+recipe runs, and each configuration's tokens per example in the batch limit (stated by every run
+configuration: a subclass of RunConfig without it cannot be instantiated)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 
+from qkv.config import ModelConfig
+from qkv.embeddings.contrastive_config import ContrastiveConfig
 from qkv.finetune.config import FinetuneConfig
-from qkv.training.config import TrainConfig
+from qkv.lab.encoder_config import EncoderTaskConfig
+from qkv.lab.seq2seq import Seq2SeqRunConfig
+from qkv.training.config import RunConfig, TrainConfig
 from qkv.training.loop_fields import RecipeLoopFields
+from qkv.translation.train import TranslationRunConfig
 from qkv.validation import MAX_BATCH_TOKENS
 from qkv.vision.caption_config import CaptionTrainConfig, caption_model_config
 from qkv.vision.config import ImageTrainConfig, model_config
@@ -79,3 +86,39 @@ def test_the_batch_limit_counts_each_runs_tokens_per_example():
         _CONFIGS["caption"](eval_batch_size=MAX_BATCH_TOKENS // 29 + 1)
     with pytest.raises(ValueError, match=r"batch_size=.* × max_len=128 .*smaller batch_size or max_len"):
         _CONFIGS["pretrain"](batch_size=MAX_BATCH_TOKENS // 128 + 1)
+
+
+def test_a_run_config_must_state_its_tokens_per_example():
+    @dataclasses.dataclass(frozen=True)
+    class Silent(RunConfig):
+        steps: int = 1
+
+        def to_dict(self):
+            return dataclasses.asdict(self)
+
+    with pytest.raises(TypeError, match="abstract.*tokens_per_example"):
+        Silent()
+
+    @dataclasses.dataclass(frozen=True)
+    class Stated(Silent):
+        def tokens_per_example(self, model=None):
+            return 7
+
+    cfg = Stated()  # a frozen dataclass on the abstract base: built, replaced, frozen
+    assert cfg.tokens_per_example() == 7 and cfg.replace(steps=2).steps == 2
+    assert cfg.diff(cfg.replace(steps=2)) == ["steps: 1 → 2"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.steps = 3
+
+
+def test_every_run_config_of_the_package_states_its_tokens_per_example():
+    def subclasses(cls):
+        return {cls} | {s for sub in cls.__subclasses__() for s in subclasses(sub)}
+
+    ours = {c for c in subclasses(RunConfig) - {RunConfig} if c.__module__.startswith("qkv.")}
+    assert ours >= {TrainConfig, FinetuneConfig, ImageTrainConfig, CaptionTrainConfig, ContrastiveConfig,
+                    EncoderTaskConfig, Seq2SeqRunConfig, TranslationRunConfig}
+    assert sorted(c.__name__ for c in ours if inspect.isabstract(c)) == []
+    assert ContrastiveConfig(max_len=40).tokens_per_example() == 40
+    assert EncoderTaskConfig().tokens_per_example() is None  # sized for the task's rows later
+    assert EncoderTaskConfig().tokens_per_example(ModelConfig.preset("tiny", max_len=33)) == 33

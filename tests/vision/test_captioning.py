@@ -13,6 +13,7 @@ from qkv.checkpoints.io import load
 from qkv.config_image import ImageConfig
 from qkv.data.canvases import CaptionSet
 from qkv.data.caption_grammar import FASHION_NAMES
+from qkv.data.errors import ImageDataError
 from qkv.data.images import pixel_values
 from qkv.models.vision import ImageCaptioner
 from qkv.vision.caption import Captions, caption_with_attention
@@ -130,7 +131,14 @@ def test_an_interrupted_run_resumes_bit_for_bit(tmp_path):
         cfg = CaptionTrainConfig(out=str(tmp_path / "cut"), preset="caption-tiny", progress=False, eval_sample=60,
                                  steps=24, save_every=10, eval_every=24)
         train_captions(cfg, data=tiny_canvases(), on_backward=crash_at_15)
-    resumed = train_captions(cfg, data=tiny_canvases(), resume=True)
+    before = (tmp_path / "cut" / "run.json").read_text()
+    train, held = tiny_canvases()
+    with pytest.raises(ImageDataError) as e:  # other data: refused in one line, the run left as it was
+        train_captions(cfg, data=(held, train), resume=True)
+    assert str(e.value) == (f"--resume: the canvases differ from those {tmp_path / 'cut'} was started with; "
+                            "resume with the same data, or start a new run")
+    assert (tmp_path / "cut" / "run.json").read_text() == before
+    resumed = train_captions(cfg, data=(train, held), resume=True)
     assert resumed.status == "complete" and resumed.steps_done == 24
     a, b = load(whole.out).model.state_dict(), load(resumed.out).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

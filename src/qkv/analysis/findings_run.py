@@ -25,7 +25,7 @@ from qkv.analysis.hooked import Batch, encode_texts
 from qkv.analysis.inputs import AnalysisInputError, model_and_tokenizer, read_corpus
 from qkv.analysis.inspect_methods import is_qkv
 from qkv.analysis.seq2seq_inspect import output_folder
-from qkv.models.heads import SequenceClassifier
+from qkv.models.task_models import SequenceClassifier
 
 __all__ = ["FINDINGS", "PAPER", "run_findings"]
 

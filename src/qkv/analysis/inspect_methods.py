@@ -30,8 +30,8 @@ from qkv.analysis.attribution import attention_flow, attention_rollout, value_no
 from qkv.analysis.hooked import Batch, call, layer_paths, run_with_cache
 from qkv.analysis.interventions import ablated
 from qkv.analysis.saliency import class_probability, input_x_gradient, integrated_gradients, leave_one_out
-from qkv.models.heads import SequenceClassifier
 from qkv.models.kinds import encoder_of
+from qkv.models.task_models import SequenceClassifier
 
 __all__ = ["METHODS", "METHOD_TITLES", "method_maps", "ablation_scan", "is_qkv", "is_classifier", "token_importance"]
 

@@ -160,8 +160,8 @@ def load(path: str | os.PathLike, *, plugins: list[str] | tuple[str, ...] = (),
 
     Returns:
         A :class:`Pretrained` ``(model, tokenizer)``. ``model``: a
-        :class:`qkv.models.heads.SequenceClassifier` (sequence classification, regression) or
-        :class:`qkv.models.heads.TokenClassifier` when the checkpoint has a task head (its
+        :class:`qkv.models.task_models.SequenceClassifier` (sequence classification, regression) or
+        :class:`qkv.models.task_models.TokenClassifier` when the checkpoint has a task head (its
         ``.task`` a :class:`~qkv.models.heads.TaskConfig`), a :class:`qkv.models.mlm.MaskedLM`
         when it has a masked-LM head, a :class:`qkv.models.discriminator.Discriminator` for
         ELECTRA's discriminator, a :class:`qkv.models.causal_lm.CausalLM` for a causal LM (GPT-2),

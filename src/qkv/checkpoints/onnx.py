@@ -49,8 +49,8 @@ from qkv.embeddings.options import as_options
 from qkv.embeddings.pooling import pool, select_layers
 from qkv.errors import QkvError
 from qkv.models.causal_lm import CausalLM
-from qkv.models.heads import TokenClassifier
 from qkv.models.kinds import encoder_of
+from qkv.models.task_models import TokenClassifier
 
 __all__ = ["export_onnx", "OnnxExport", "ExportError", "REFUSED_POSITIONS", "DEFAULT_OPSET", "INSTALL_HINT",
            "PIPELINES"]

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from qkv.embeddings.pooling import pool, select_layers
 from qkv.models.causal_lm import CausalLM
-from qkv.models.heads import SequenceClassifier, TaskModel
 from qkv.models.kinds import encoder_of
+from qkv.models.task_models import SequenceClassifier, TaskModel
 
 __all__ = ["PIPELINES", "PaddedEncoder", "PaddedEmbeddings", "PaddedClassifier", "PaddedCausalLM"]
 

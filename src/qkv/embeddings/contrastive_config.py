@@ -67,6 +67,10 @@ class ContrastiveConfig(RunConfig):
         if self.mode == "simcse" and self.dropout == 0:
             raise EmbeddingError("SimCSE needs dropout > 0: the two views of a text differ only by dropout")
 
+    def tokens_per_example(self, model=None) -> int:
+        """A document's training window: ``max_len`` tokens."""
+        return self.max_len
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "layers": list(self.layers)}
 

@@ -37,7 +37,7 @@ from qkv.finetune.examples import Examples, FinetuneDataError, label_set, read_e
 from qkv.data.tokenizer_facade import TokenizerFile
 from qkv.finetune.predict import example_outputs, score
 from qkv.training.engine import run_training
-from qkv.training.lifecycle import RunFolder, resume_eval, run_session
+from qkv.training.lifecycle import RunFolder, check_resume_data, resume_eval, run_session
 from qkv.training.objective import save_final_model
 from qkv.training.precision import resolve_precision
 from qkv.training.rundir import RunError
@@ -286,10 +286,8 @@ def _run(cfg: FinetuneConfig, run: RunFolder, info, precision: str, clock, on_ba
     fingerprint = _fingerprint(train, held)
     out = run.out
     if run.resume:
-        run.check_config(cfg)
-        if run.meta().get("data_sha256") != fingerprint:
-            raise RunError(f"--resume: the data differ from those {out} was started with (their sha256 does not "
-                           "match run.json); resume with the same files, or start a new run")
+        check_resume_data(run, cfg, fingerprint, same="files", detail=" (their sha256 does not match run.json)",
+                          error=RunError)
     else:
         meta = {"kind": "finetune", "train_config": cfg.to_dict(), "model_config": model.config.to_dict(),
                 "finetune": settings, "data": summary, "data_sha256": fingerprint, "precision": precision}

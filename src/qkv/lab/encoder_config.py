@@ -127,6 +127,11 @@ class EncoderTaskConfig(RunConfig):
             raise ValueError(f"model.max_len={cfg.max_len} is shorter than the longest row ({need} tokens)")
         return cfg
 
+    def tokens_per_example(self, model: ModelConfig | None = None) -> int | None:
+        """A row's tokens: at most ``model``'s ``max_len`` (``None`` before the model is sized for the
+        task's longest row)."""
+        return None if model is None else model.max_len
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields; ``time_budget`` and ``precision`` only when set, so that results stored
         before they existed still name this configuration (``qkv ablate`` compares them)."""

@@ -102,6 +102,10 @@ class Seq2SeqRunConfig(RunConfig):
     eval_examples: int
     precision: str
 
+    def tokens_per_example(self, model=None) -> None:
+        """``None``: a row's length is the task's (its source and target lengths), not this record's."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

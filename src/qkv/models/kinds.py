@@ -16,7 +16,8 @@ from qkv.models.builders import (build_causal_lm, build_discriminator, build_enc
                                  build_model)
 from qkv.models.causal_lm import CausalLM
 from qkv.models.discriminator import Discriminator
-from qkv.models.heads import TaskConfig, TaskModel
+from qkv.models.heads import TaskConfig
+from qkv.models.task_models import TaskModel
 from qkv.models.mlm import MaskedLM
 from qkv.models.seq2seq import EncoderDecoder
 from qkv.models.task_builders import build_task_model

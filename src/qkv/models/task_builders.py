@@ -1,7 +1,7 @@
 """Task models: a classifier or regressor head on an encoder, for fine-tuning.
 
-``build_task_model(config, task)`` builds a fresh :class:`~qkv.models.heads.SequenceClassifier` or
-:class:`~qkv.models.heads.TokenClassifier` from a :class:`~qkv.config.ModelConfig`;
+``build_task_model(config, task)`` builds a fresh :class:`~qkv.models.task_models.SequenceClassifier` or
+:class:`~qkv.models.task_models.TokenClassifier` from a :class:`~qkv.config.ModelConfig`;
 ``attach_task_head(model, task)`` puts a task head on a loaded encoder, masked-LM or discriminator
 model, copying its encoder's weights. Like :mod:`qkv.models.builders` (whose encoder builder and
 BERT initialisation they use), these are builders: code that reads a config to make modules.
@@ -16,7 +16,8 @@ from qkv.config import ModelConfig
 from qkv.nn.maps import TRAINING, LinearMaps
 from qkv.models.builders import build_encoder, build_norm_for, init_weights
 from qkv.errors import CheckpointError
-from qkv.models.heads import SequenceClassifier, TaskConfig, TaskHead, TaskModel, TokenClassifier
+from qkv.models.heads import TaskConfig, TaskHead
+from qkv.models.task_models import SequenceClassifier, TaskModel, TokenClassifier
 from qkv.nn.encoder import Encoder
 from qkv.models.discriminator import Discriminator
 from qkv.models.mlm import MaskedLM

@@ -35,12 +35,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.nn.attend import DEFAULT_BUDGET, BackendPlan, attend_call
+from qkv.nn.attention_parts import check_input, check_parts
 from qkv.nn.hooks import ATTENTION_POINTS, TAPPED, refuse_packed, tapped_attention
 from qkv.nn.kv_cache import LayerCache, end_aligned_bias
-from qkv.nn.maps import linear_shape
 from qkv.nn.masks import key_padding_mask
+from qkv.nn.packed import first_sequences, run_view, runs_by_length
 from qkv.nn.positional import RotaryEmbedding
-from qkv.validation import check_heads
 
 __all__ = ["MultiHeadAttention", "AttentionOutput", "ContextKV"]
 
@@ -115,21 +115,9 @@ class MultiHeadAttention(nn.Module):
                  backend: BackendPlan | str = "auto", chunk_size: int | None = None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if not isinstance(shared_qk, bool):
-            raise ValueError(f"shared_qk must be a bool, got {shared_qk!r}")
-        self.cross = kv_proj is not None or q_proj is not None
-        if self.cross:
-            _check_cross(d_model, n_heads, n_kv_heads, q_proj, kv_proj, out_proj, qkv_proj=qkv_proj,
-                         shared_qk=shared_qk, positions=(qk_transform, score_bias, window))
-        else:
-            if shared_qk and (qkv_proj is None or n_kv_heads != n_heads):
-                raise ValueError(f"shared_qk=True needs a qkv_proj and n_kv_heads = n_heads (got qkv_proj="
-                                 f"{'None' if qkv_proj is None else 'a map'}, n_kv_heads={n_kv_heads})")
-            _check_sizes(d_model, n_heads, n_kv_heads, qkv_proj, out_proj, shared_qk)
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be a positive int or None (global attention), got {window!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.cross = check_parts(d_model, n_heads, n_kv_heads, qkv_proj=qkv_proj, q_proj=q_proj,
+                                 kv_proj=kv_proj, out_proj=out_proj, shared_qk=shared_qk,
+                                 qk_transform=qk_transform, score_bias=score_bias, window=window, dropout=dropout)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.n_kv_heads, self.window, self.shared_qk = n_kv_heads, window, shared_qk
         self.similarity, self.qkv_proj, self.out_proj = similarity, qkv_proj, out_proj
@@ -239,7 +227,7 @@ class MultiHeadAttention(nn.Module):
         Returns:
             :class:`AttentionOutput` with ``output (B,T,C)`` and ``weights (B,H,T,S) | None``.
         """
-        self._check_x(x, qk_pos)
+        check_input(x, qk_pos, self.d_model)
         if TAPPED and id(self) in TAPPED:  # hooks attached (qkv.nn.hooks): the staged path that runs them
             return AttentionOutput(*tapped_attention(self, x, padding_mask, context=context, causal=causal,
                                                      need_weights=need_weights, qk_pos=qk_pos, cache=cache))
@@ -365,9 +353,9 @@ class MultiHeadAttention(nn.Module):
         o = q.new_empty(N, H, D)  # merged-heads layout: o.view(N,C) is the concatenation of the heads
         weights = q.new_zeros(len(lengths), H, max(lengths, default=0), max(lengths, default=0)) \
             if need_weights else None  # (B,H,T,T)
-        first = _first_sequences(lengths) if need_weights else None  # packed row -> its sequence's index
-        for start, m, n in _runs_by_length(lengths):  # m consecutive sequences of length n
-            qs, ks, vs = (_run_view(t, start, m, n) for t in (q, k, v))  # (m,H,n,D), 2 × (m,G,n,D) views
+        first = first_sequences(lengths) if need_weights else None  # packed row -> its sequence's index
+        for start, m, n in runs_by_length(lengths):  # m consecutive sequences of length n
+            qs, ks, vs = (run_view(t, start, m, n) for t in (q, k, v))  # (m,H,n,D), 2 × (m,G,n,D) views
             qs, ks, bias = self._positioned(qs, ks)
             att = self.backend.run(self._call(qs, ks, vs, bias, None, causal, need_weights))
             o[start : start + m * n].view(m, n, H, D).copy_(att.output.transpose(1, 2))  # (m,n,H,D) rows of o
@@ -378,84 +366,11 @@ class MultiHeadAttention(nn.Module):
         out = self.out_proj(merged) if self.out_proj is not None else merged  # (N,C)
         return AttentionOutput(out, weights)
 
-    def _check_x(self, x: Tensor, qk_pos: Tensor | None) -> None:
-        if not isinstance(x, Tensor) or x.dim() != 3:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x must be a 3-D tensor (B, T, C={self.d_model}), got {shape}")
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x has width C={x.shape[-1]}, but this layer has d_model={self.d_model}")
-        T, C = x.shape[1:]
-        if qk_pos is not None and (qk_pos.shape[-2:] != (T, C) or qk_pos.dim() not in (2, 3)):
-            raise ValueError(f"qk_pos must be (T,C) = ({T},{C}) or (B,T,C), got {tuple(qk_pos.shape)}")
-
     def extra_repr(self) -> str:
         kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
         window = f", window={self.window}" if self.window is not None else ""
         cross = f", cross (context width {self.d_context})" if self.cross else ""
         return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{window}{cross}, backend={self.backend!r}"
-
-
-def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int, qkv_proj, out_proj, shared_qk: bool = False) -> None:
-    check_heads(d_model, n_heads, n_kv_heads)
-    if qkv_proj is None and n_kv_heads != n_heads:
-        raise ValueError(f"n_kv_heads={n_kv_heads} < n_heads={n_heads} needs a qkv_proj (without one queries, "
-                         "keys and values are the embeddings themselves, H heads each)")
-    qkv_rows = 2 * d_model if shared_qk else d_model + 2 * n_kv_heads * (d_model // n_heads)  # C + 2·G·D
-    for name, lin, shape in (("qkv_proj", qkv_proj, (qkv_rows, d_model)),
-                             ("out_proj", out_proj, (d_model, d_model))):
-        if lin is not None and linear_shape(lin) != shape:
-            raise ValueError(f"{name} must be an nn.Linear with weight {shape} (or an inference map of that shape) "
-                             f"or None, got {linear_shape(lin) or type(lin).__name__}")
-
-
-def _check_cross(d_model: int, n_heads: int, n_kv_heads: int, q_proj, kv_proj, out_proj, *, qkv_proj,
-                 shared_qk: bool, positions) -> None:
-    """The parts of a cross-attention module (``q_proj`` and ``kv_proj``, no fused map, no positions)."""
-    check_heads(d_model, n_heads, n_kv_heads)
-    if qkv_proj is not None or shared_qk:
-        raise ValueError("cross-attention takes q_proj and kv_proj, not a fused qkv_proj or shared_qk")
-    if any(p is not None for p in positions):
-        raise ValueError("cross-attention takes no positions (qk_transform, score_bias, window): queries and keys "
-                         "live in different sequences")
-    D = d_model // n_heads
-    if linear_shape(q_proj) != (d_model, d_model):
-        raise ValueError(f"q_proj must be a linear map {d_model} → {d_model} (e.g. nn.Linear({d_model}, {d_model}))")
-    if linear_shape(kv_proj) is None or linear_shape(kv_proj)[0] != 2 * n_kv_heads * D:
-        raise ValueError(f"kv_proj must be a linear map E → 2·G·D = {2 * n_kv_heads * D} (e.g. nn.Linear)")
-    if out_proj is not None and linear_shape(out_proj) != (d_model, d_model):
-        raise ValueError(f"out_proj must be a linear map {d_model} → {d_model} (e.g. nn.Linear) or None")
-
-
-def _first_sequences(lengths: list[int]) -> dict[int, int]:
-    """The first packed row of each non-empty sequence → that sequence's index."""
-    rows, at = {}, 0
-    for i, n in enumerate(lengths):
-        if n:
-            rows[at] = i
-        at += n
-    return rows
-
-
-def _runs_by_length(lengths: list[int]) -> list[tuple[int, int, int]]:
-    """Runs of consecutive sequences of equal length n > 0: ``(first packed row, m sequences, n)``.
-
-    Length-sorted batches give one run per distinct length; each run is a view, never a copy.
-    """
-    runs: list[tuple[int, int, int]] = []
-    at = 0
-    for n in lengths:
-        if n:
-            if runs and runs[-1][2] == n and runs[-1][0] + runs[-1][1] * n == at:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
-            else:
-                runs.append((at, 1, n))
-        at += n
-    return runs
-
-
-def _run_view(t: Tensor, start: int, m: int, n: int) -> Tensor:
-    """``(H,N,D)`` → the ``(m,H,n,D)`` view of m consecutive packed sequences of length n."""
-    return t[:, start : start + m * n].unflatten(1, (m, n)).transpose(0, 1)  # (H,m·n,D) -> (H,m,n,D) -> (m,H,n,D)
 
 
 def _cat_last(a: Tensor, b: Tensor) -> Tensor:

@@ -1,11 +1,15 @@
 """Padding-free batches: several sequences back to back, and their lengths.
 
-Legend: B sequences, T longest length, N = Σ lengths real tokens, C model width.
+Legend: B sequences, T longest length, N = Σ lengths real tokens, C model width, H heads, D head dim.
 
 A :class:`PackedBatch` is what :meth:`qkv.nn.encoder.Encoder.forward_packed` encodes: no padded
 position is computed anywhere (embeddings, maps, feed-forward), and each sequence attends only to
 itself. Make one from a list of sequences, or from a right-padded batch and its mask; put packed
 hidden states back into a padded ``(B,T,C)`` batch with :meth:`PackedBatch.unpack`.
+
+Attention over packed rows runs on each sequence on its own: :func:`runs_by_length` groups
+consecutive sequences of one length, :func:`run_view` is such a run's ``(m,H,n,D)`` view (no copy),
+:func:`first_sequences` maps a run's first row to its sequence.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PackedBatch"]
+__all__ = ["PackedBatch", "first_sequences", "runs_by_length", "run_view"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +102,36 @@ class PackedBatch:
         out = packed.new_zeros(*mask.shape, *packed.shape[1:])  # (B,T,…)
         out[mask] = packed
         return out
+
+
+def first_sequences(lengths: list[int]) -> dict[int, int]:
+    """The first packed row of each non-empty sequence → that sequence's index."""
+    rows, at = {}, 0
+    for i, n in enumerate(lengths):
+        if n:
+            rows[at] = i
+        at += n
+    return rows
+
+
+def runs_by_length(lengths: list[int]) -> list[tuple[int, int, int]]:
+    """Runs of consecutive sequences of equal length n > 0: ``(first packed row, m sequences, n)``.
+
+    Length-sorted batches give one run per distinct length; each run is a view, never a copy. An
+    empty sequence ends a run: the run's m sequences are then the m that follow its first one.
+    """
+    runs: list[tuple[int, int, int]] = []
+    at, joins = 0, False  # joins: the previous sequence is non-empty, the last of the last run
+    for n in lengths:
+        if n and joins and runs[-1][2] == n:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
+        elif n:
+            runs.append((at, 1, n))
+        joins = n > 0
+        at += n
+    return runs
+
+
+def run_view(t: Tensor, start: int, m: int, n: int) -> Tensor:
+    """``(H,N,D)`` → the ``(m,H,n,D)`` view of m consecutive packed sequences of length n."""
+    return t[:, start : start + m * n].unflatten(1, (m, n)).transpose(0, 1)  # (H,m·n,D) -> (H,m,n,D) -> (m,H,n,D)

@@ -12,6 +12,7 @@ similar length, packed back to back (:class:`~qkv.nn.packed.PackedBatch`): no pa
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -71,7 +72,7 @@ def packed_batches(sequences: Sequence[np.ndarray], *, batch_size: int, batch_to
         yield rows, PackedBatch.from_sequences([sequences[r] for r in rows], device=device)
 
 
-class Pipeline:
+class Pipeline(abc.ABC):
     """A model and its tokenizer, called on one input or a list (``transformers``' calling convention).
 
     Args:
@@ -111,8 +112,10 @@ class Pipeline:
             results = self.run(items, **{**self.defaults, **options}) if items else []
         return results[0] if single else results
 
+    @abc.abstractmethod
     def run(self, texts: list[str], **options) -> list:
-        raise NotImplementedError
+        """The results of ``texts`` (one per text, in order) with the call's ``options``: the task's own
+        (abstract: a subclass without it cannot be instantiated)."""
 
     def batches(self, sequences: Sequence[np.ndarray]) -> Iterator[tuple[np.ndarray, PackedBatch]]:
         return packed_batches(sequences, batch_size=self.batch_size, batch_tokens=self.batch_tokens,

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from qkv.data.windows import make_windows
-from qkv.models.heads import SequenceClassifier, TokenClassifier
+from qkv.models.task_models import SequenceClassifier, TokenClassifier
 from qkv.pipelines.base import Pipeline, PipelineError
 
 __all__ = ["TextClassificationPipeline", "TokenClassificationPipeline"]

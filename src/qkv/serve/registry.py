@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from qkv.errors import QkvError
 from qkv.models.causal_lm import CausalLM
 from qkv.models.discriminator import Discriminator
-from qkv.models.heads import TaskModel
+from qkv.models.task_models import TaskModel
 from qkv.checkpoints.io import load
 from qkv.models.mlm import MaskedLM
 from qkv.models.seq2seq import EncoderDecoder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import os
@@ -93,10 +94,11 @@ class LoopConfig:
         return cls(**{**{n: getattr(cfg, n) for n in names if hasattr(cfg, n)}, **changes})
 
 
-class RunConfig:
+class RunConfig(abc.ABC):
     """What the run configurations (:class:`TrainConfig`, ``qkv.finetune.FinetuneConfig``) share:
     copies with changes, the field-by-field difference ``--resume`` checks, JSON, and the check of a
-    dict's keys. Subclasses are frozen dataclasses with ``to_dict``."""
+    dict's keys. Subclasses are frozen dataclasses with ``to_dict`` and :meth:`tokens_per_example`
+    (abstract: a subclass without it cannot be instantiated)."""
 
     def replace(self, **changes: Any):
         """A copy with ``changes`` applied (validated again)."""
@@ -119,10 +121,10 @@ class RunConfig:
     #: What :meth:`tokens_per_example` counts, in messages.
     EXAMPLE_TOKENS = "max_len"
 
+    @abc.abstractmethod
     def tokens_per_example(self, model: ModelConfig | None = None) -> int | None:
         """The tokens one training example is to the model (``None``: not known before the model is
         read); each run configuration states its own. ``model``: the run's model, when it is known."""
-        raise NotImplementedError(f"{type(self).__name__} does not state its tokens per example")
 
     def check_batch_size(self, tokens_per_example: int | None) -> None:
         """``ValueError`` when ``batch_size`` or ``eval_batch_size`` examples of ``tokens_per_example``

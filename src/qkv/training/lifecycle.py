@@ -6,6 +6,7 @@ lab's encoder and encoder–decoder runs, contrastive embedding training.
                                          folder); ``--resume`` one holding a run, which it locks
       run.finished(cfg)                  ``--resume`` of a run that is final: its run.json, nothing redone
       run.check_config(cfg)              ``--resume``: the stored configuration must be this one
+      check_resume_data(run, cfg, sha)   ``--resume``: that, and the data those the run started with
       run.create(meta, write=…)          the folder assembled aside and renamed into place with
                                          ``run.json`` (status ``running``) and its lock: born locked
       run_training(…, run=run)           the engine: ``run.start()``, checkpoints, metrics, then
@@ -38,7 +39,7 @@ from qkv.training.fingerprint import new_run_id
 from qkv.training.lock import acquire, release, write_lock
 from qkv.training.rundir import RUN_JSON, RunError, check_out_dir, read_run, update_run
 
-__all__ = ["RunFolder", "open_run", "run_session", "resume_eval", "STATUSES", "FINAL"]
+__all__ = ["RunFolder", "open_run", "run_session", "check_resume_data", "resume_eval", "STATUSES", "FINAL"]
 
 STATUSES = ("running", "complete", "diverged", "interrupted", "failed")
 #: The statuses of a run that is over: ``--resume`` returns its result and changes nothing.
@@ -191,6 +192,29 @@ def run_session(device: str, out: str | Path, *, resume: bool,
             yield info, run
     finally:
         qdist.teardown()
+
+
+def check_resume_data(run: RunFolder, cfg, sha256: str, *, what: str = "data", same: str = "data",
+                      detail: str = "", error: type[Exception] | None = None) -> None:
+    """``--resume``: refuse ``cfg`` unless it is the stored configuration (:meth:`RunFolder.check_config`)
+    and the data's ``sha256`` the ``data_sha256`` of ``run.json``.
+
+    Args:
+        run: the resumed run's folder.
+        cfg: the run's configuration.
+        sha256: the data's fingerprint now.
+        what: the data's name in the message (``data``, ``images``, ``canvases``).
+        same: what to resume with, in the message's fix (``data``, ``files``).
+        detail: said after "was started with" (e.g. `` (their sha256 does not match run.json)``).
+        error: the exception class of other data (default: the folder's, :class:`RunError`).
+
+    Raises:
+        RunError (or ``error``): the configuration or the data differ.
+    """
+    run.check_config(cfg)
+    if run.meta().get("data_sha256") != sha256:
+        raise (error or run.error)(f"--resume: the {what} differ from those {run.out} was started with{detail}; "
+                                   f"resume with the same {same}, or start a new run")
 
 
 def resume_eval(state: dict) -> dict | None:

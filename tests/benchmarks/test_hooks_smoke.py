@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-from pathlib import Path
 
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "hooks.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("qkv_bench_hooks", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_support import load_script
 
 
 def test_the_stripped_model_has_no_hook_check_and_the_same_numbers():
@@ -24,7 +14,7 @@ def test_the_stripped_model_has_no_hook_check_and_the_same_numbers():
     from qkv.nn.attention import MultiHeadAttention
     from qkv.nn.layer import TransformerLayer
 
-    bench = _load()
+    bench = load_script("hooks")
     for cls in (MultiHeadAttention, TransformerLayer):
         assert bench.CHECK in inspect.getsource(cls.forward)
         assert bench.without_hook_check(cls).forward.__code__.co_filename.endswith("without the hook check>")
@@ -39,6 +29,6 @@ def test_the_stripped_model_has_no_hook_check_and_the_same_numbers():
 
 
 def test_quick_run(capsys):
-    rows = _load().main(["--quick"])
+    rows = load_script("hooks").main(["--quick"])
     assert len(rows) == 1 and rows[0]["ratio"] > 0
     assert "ratio" in capsys.readouterr().out

@@ -3,26 +3,13 @@ docs/embeddings.md and docs/scaling.md come from these scripts)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"qkv_bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from bench_support import load_script
 
 
 def test_index_benchmark_prints_recall_and_latency_per_index_type(capsys):
     pytest.importorskip("faiss", reason="faiss-cpu is not installed: pip install faiss-cpu (make test installs it)")
-    assert _load("index").main(["--sizes", "3000", "--dim", "24", "--queries", "5", "--no-real"]) == 0
+    assert load_script("index").main(["--sizes", "3000", "--dim", "24", "--queries", "5", "--no-real"]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| synthetic")]
     assert [row.split("|")[3].strip() for row in table] == ["exact"] + ["faiss-ivf"] * 2 + ["faiss-hnsw"] * 2
     for row in table:
@@ -33,7 +20,7 @@ def test_index_benchmark_prints_recall_and_latency_per_index_type(capsys):
 
 @pytest.mark.slow
 def test_scaling_benchmark_runs_every_arm_to_the_same_loss(capsys):
-    assert _load("scaling").main(["--preset", "tiny", "--steps", "7", "--batch", "2", "--max-len", "16",
+    assert load_script("scaling").main(["--preset", "tiny", "--steps", "7", "--batch", "2", "--max-len", "16",
                                       "--model", '{"dropout": 0.0}']) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "tokens/s" not in line]
     assert len(rows) == 5

@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
+import subprocess
+import sys
 
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "attention.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("qkv_bench_attention", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_support import BENCHMARKS, load_script
 
 
 def test_help_lists_the_flags():
-    text = _load().build_parser().format_help()
+    text = load_script("attention").build_parser().format_help()
     for flag in ("--quick", "--sizes", "--reps", "--json", "--memory", "--additive-backward"):
         assert flag in text
 
 
 def test_impls_agree_with_copied_weights():
-    bench = _load()
+    bench = load_script("attention")
     mods = bench.build_impls(24, 3)
     x = torch.randn(5, 7, 24)
     outs = {name: bench.run_once(name, mods[name], x, backward=False) for name in bench.IMPLS}
@@ -34,14 +26,11 @@ def test_impls_agree_with_copied_weights():
 
 
 def test_quick_run_end_to_end(tmp_path, capsys):
-    bench = _load()
+    bench = load_script("attention")
     out = tmp_path / "bench.json"
-    threads = torch.get_num_threads()
-    try:  # in-process, timing only: the memory runs each start a Python, measured below once
-        rc = bench.main(["--quick", "--sizes", "16", "--reps", "1", "--warmup", "0", "--heads", "2",
-                         "--d-head", "8", "--memory", "none", "--json", str(out)])
-    finally:
-        torch.set_num_threads(threads)
+    # in-process, timing only: the memory runs each start a Python, measured below once
+    rc = bench.main(["--quick", "--sizes", "16", "--reps", "1", "--warmup", "0", "--heads", "2",
+                     "--d-head", "8", "--memory", "none", "--json", str(out)])
     assert rc == 0
     assert "Acceptance" in capsys.readouterr().out  # timing at N=16 is noise; it must only run
     res = json.loads(out.read_text())
@@ -51,7 +40,7 @@ def test_quick_run_end_to_end(tmp_path, capsys):
 
 
 def test_memory_subprocess_reports_peak_and_weights():
-    bench = _load()
+    bench = load_script("attention")
     r = bench.measure_memory(bench.spec("qkv", 16, 2, 2, 8, need_weights=True), timeout=120)
     assert "error" not in r, r
     assert r["weights_shape"] == [2, 2, 16, 16]
@@ -61,14 +50,10 @@ def test_memory_subprocess_reports_peak_and_weights():
 
 def test_variants_section_runs_and_prints_ratios(tmp_path, capsys):
     """``attention.py --variants``: GQA, MQA, qk-norm and window against plain, in process, timing only."""
-    bench = _load()
+    bench = load_script("attention")
     out = tmp_path / "variants.json"
-    threads = torch.get_num_threads()
-    try:
-        rc = bench.main(["--variants", "--quick", "--sizes", "16", "--heads", "4", "--d-head", "8",
-                         "--memory", "none", "--json", str(out)])
-    finally:
-        torch.set_num_threads(threads)
+    rc = bench.main(["--variants", "--quick", "--sizes", "16", "--heads", "4", "--d-head", "8",
+                     "--memory", "none", "--json", str(out)])
     assert rc == 0
     assert "ratio to plain" in capsys.readouterr().out
     row = json.loads(out.read_text())["timing"][0]
@@ -77,11 +62,7 @@ def test_variants_section_runs_and_prints_ratios(tmp_path, capsys):
 
 
 def test_variants_memory_subprocess_and_layers():
-    import sys
-
-    sys.path.insert(0, str(SCRIPT.parent))
-    import attention_variants as variants
-
+    variants = load_script("attention_variants")
     built = {v: variants.build_variant(v, 32, 4, kv_heads=2, window=8) for v in variants.VARIANTS}
     assert built["gqa"].n_kv_heads == 2 and built["mqa"].n_kv_heads == 1
     assert built["qk_norm"].qk_norm is not None and built["window"].window == 8
@@ -93,13 +74,9 @@ def test_variants_memory_subprocess_and_layers():
 
 def test_call_path_counts_the_files_of_both_paths(tmp_path):
     """benchmarks/call_path.py: a tiny pretraining run and qkv.embed, each with its file counts."""
-    import subprocess
-    import sys
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "call_path.py"
     out = tmp_path / "paths.json"
-    done = subprocess.run([sys.executable, str(script), "--json", str(out)], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "call_path.py"), "--json", str(out)], check=False,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
     kernel, pooling = rows["pretrain → kernel"], rows["qkv.embed → pooling"]

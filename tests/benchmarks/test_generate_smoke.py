@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "generate.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("qkv_bench_generate", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_support import load_script
 
 
 def test_help_lists_the_flags():
-    text = _load().build_parser().format_help()
+    text = load_script("generate").build_parser().format_help()
     for flag in ("--quick", "--size", "--prefixes", "--steps", "--json", "--no-hf"):
         assert flag in text
 
 
 def test_copied_gpt2_gives_the_same_logits():
-    bench = _load()
+    bench = load_script("generate")
     model = bench.build_model("tiny", 32)
     hf = bench.copy_to_gpt2(model)
     ids = torch.randint(0, 512, (2, 9))
@@ -34,13 +24,9 @@ def test_copied_gpt2_gives_the_same_logits():
 
 
 def test_quick_run_end_to_end(tmp_path, capsys):
-    bench = _load()
+    bench = load_script("generate")
     out = tmp_path / "gen.json"
-    threads = torch.get_num_threads()
-    try:
-        assert bench.main(["--quick", "--json", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert bench.main(["--quick", "--json", str(out)]) == 0
     assert "cache flatness" in capsys.readouterr().out  # timings at these sizes are noise; it must run
     res = json.loads(out.read_text())
     assert [r["prefix"] for r in res["latency"]] == [16, 64]
@@ -48,7 +34,7 @@ def test_quick_run_end_to_end(tmp_path, capsys):
 
 
 def test_precision_table_runs_and_fp32_agrees_with_itself():
-    bench = _load()
+    bench = load_script("generate")
     model = bench.build_model("tiny", 40)
     rows = bench.precision_table(model, 8, 4, 1, ["fp32", "int8"], [1, 2])
     assert [(r["batch"], r["precision"]) for r in rows] == [(1, "fp32"), (1, "int8"), (2, "fp32"), (2, "int8")]

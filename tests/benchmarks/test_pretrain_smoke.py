@@ -3,42 +3,26 @@ run end to end on a tiny config."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 from pathlib import Path
 
 import pytest
 import torch
+from bench_support import load_script
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"qkv_bench_{name}", ROOT / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_pretrain_help_lists_the_flags():
-    text = _load("pretrain").build_parser().format_help()
+    text = load_script("pretrain").build_parser().format_help()
     for flag in ("--preset", "--steps", "--warmup", "--batch-size", "--seq-len", "--compile", "--bf16",
                  "--json", "--threads", "--optimizer"):
         assert flag in text
 
 
 def test_pretrain_tiny_two_steps(tmp_path, capsys):
-    bench = _load("pretrain")
+    bench = load_script("pretrain")
     out = tmp_path / "pretrain.json"
     assert bench.main(["--preset", "tiny", "--steps", "2", "--warmup", "1", "--batch-size", "4",
                        "--seq-len", "16", "--profile-steps", "1", "--json", str(out)]) == 0
@@ -53,7 +37,7 @@ def test_pretrain_tiny_two_steps(tmp_path, capsys):
 
 
 def test_inference_tiny(tmp_path, capsys):
-    bench = _load("inference")
+    bench = load_script("inference")
     out = tmp_path / "inference.json"
     assert bench.main(["--preset", "tiny", "--seq-len", "16", "--min-len", "4", "--reps", "2",
                        "--warmup", "1", "--json", str(out)]) == 0
@@ -104,7 +88,7 @@ def test_adamw_implementations_agree():
 
 def test_precision_benchmark_runs_three_arms_and_prints_the_ratio(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path / "cache"))
-    bench = _load("precision")
+    bench = load_script("precision")
     png = tmp_path / "bf16.png"
     assert bench.main(["--steps", "3", "--batch-size", "2", "--max-len", "16", "--corpus", "dataset:pydoc",
                        "--vocab-size", "300", "--png", str(png)]) == 0
@@ -116,7 +100,7 @@ def test_recipe_sweep_commands_are_qkv_pretrain_commands_that_parse():
     from qkv.cli import build_parser
     from qkv.training.cli import config_from_args
 
-    sweep = _load("recipe_sweep")
+    sweep = load_script("recipe_sweep")
     for name in sweep.CELLS:
         cmd = sweep.command(name, 2.5, Path("runs/sweep"))
         assert cmd[:2] == ["qkv", "pretrain"] and shlex.split(shlex.join(cmd)) == cmd
@@ -129,7 +113,7 @@ def test_recipe_sweep_commands_are_qkv_pretrain_commands_that_parse():
 
 
 def test_threads_benchmark_times_both_counts_idle_and_beside_a_busy_process(capsys):
-    bench = _load("threads")
+    bench = load_script("threads")
     assert bench.main(["--steps", "2", "--preset", "tiny", "--batch-size", "2", "--max-len", "8", "--threads", "2"]) == 0
     out = capsys.readouterr().out
     assert "| idle |" in out and "| one other CPU-bound process |" in out and "as fast as" in out
