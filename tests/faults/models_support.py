@@ -19,6 +19,9 @@ import torch
 from bpe_support import roberta_folder
 from PIL import Image
 
+#: the documents of ``docs.txt``
+DOCS = ("The cat sat on the mat.", "Return the value of the expression, then stop.",
+        "A module holds functions, classes and variables.")
 FAMILIES = ("bert", "distilbert", "roberta", "gpt2", "vit", "marian", "qkv", "qkv-vit")
 #: the families whose inputs are pictures
 IMAGE_FAMILIES = ("vit", "qkv-vit")
@@ -121,8 +124,7 @@ def build_inputs(root: Path) -> dict[str, Path]:
     """The files the commands read: plain documents, labelled records (with splits), an 8×8 grey picture."""
     root.mkdir(parents=True, exist_ok=True)
     docs = root / "docs.txt"
-    docs.write_text("The cat sat on the mat.\nReturn the value of the expression, then stop.\n"
-                    "A module holds functions, classes and variables.\n")
+    docs.write_text("".join(d + "\n" for d in DOCS))
     words = ["cat", "dog", "value", "module", "class", "mat"]
     rows = [{"text": f"the {words[i % 6]} and the {words[(i * 5) % 6]}.", "label": "ab"[i % 2],
              "split": "train" if i < 10 else "test"} for i in range(16)]
