@@ -136,8 +136,8 @@ class Pipeline:
             if len(ids) > room:
                 if not truncation:
                     raise PipelineError(f"{self.task}: text {i} has {len(ids) + view.n_special} tokens with its "
-                                        f"special tokens, more than the model's window of {limit}; shorten it or "
-                                        "pass truncation=True")
+                                        f"special tokens, more than the model's window of {limit}; shorten it (in "
+                                        "Python: pass truncation=True)")
                 ids = ids[:room]
             out.append(np.asarray(view.frame(ids), dtype=np.int64))
         return out

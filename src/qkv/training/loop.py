@@ -125,7 +125,7 @@ def _prepare(cfg: TrainConfig, run: RunFolder, info: qdist.DistInfo):
             lines = [f"{k}: {a[k]!r} → {b[k]!r}" for k in a if a[k] != b[k]]
             if meta["tokenizer"] != data.tokenizer.fingerprint():
                 lines.append(f"tokenizer: {meta['tokenizer'][:12]} → {data.tokenizer.fingerprint()[:12]}")
-            raise RunError(f"--resume: model or tokenizer differ from {out}:\n  " + "\n  ".join(lines))
+            raise RunError(f"--resume: model or tokenizer differ from {out}: " + "; ".join(lines))
     elif info.is_main:
         meta = {"train_config": cfg.to_dict(), "model_config": model_config.to_dict(),
                 "tokenizer": data.tokenizer.fingerprint(), "data": data.summary(), "run_id": new_run_id(),
