@@ -101,7 +101,8 @@ def _argv(command: str, family: str, folder: Path, inputs: dict[str, Path], out:
         "analyze": ["analyze", f, *(["--data", "dataset:digits:test", "--images", "4"] if image else
                                     ["--corpus", docs, "--max-docs", "3", "--no-parity"]),
                     "--out", o, "--quiet", "--ablation-contexts", "1"],
-        "inspect": ["inspect", f, picture if image else "The cat sat on the mat.", "--out", o],
+        "inspect": ["inspect", f, *([picture] if image else ["The cat sat on the mat.", "--methods", "raw", "--no-ablation",
+                                                             "--no-importance"]), "--out", o],
         "findings": ["findings", "kobayashi", f, "--data", docs, "--out", o, "--texts", "3"],
         "embed": ["embed", f, docs, "--out", o + ".npy", "--no-progress"],
         "index": ["index", f, docs, "--out", o],
