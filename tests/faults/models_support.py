@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bpe_support import roberta_folder
 from PIL import Image
+
+from bpe_support import roberta_folder
 
 #: the documents of ``docs.txt``
 DOCS = ("The cat sat on the mat.", "Return the value of the expression, then stop.",

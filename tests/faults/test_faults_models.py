@@ -164,7 +164,6 @@ def _sane(command: str, family: str, folder: Path, out: Path, stdout: str) -> st
 def _same_vectors(family: str, folder: Path, vectors: np.ndarray) -> str | None:
     """qkv embed's mean-pooled, normalised vectors against transformers' own model and tokenizer."""
     import torch
-
     from models_support import DOCS
 
     if vectors.shape[0] != len(DOCS) or not np.isfinite(vectors).all():

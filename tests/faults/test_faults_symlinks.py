@@ -97,7 +97,7 @@ def test_no_command_writes_through_a_link_out_of_its_output(command, tmp_path, m
     assert code in (0, 2) and "Traceback" not in err, f"{command}: exit {code}, {err[-300:]!r}"
     if code == 2:
         assert len([x for x in err.splitlines() if ": error:" in x]) == 1, err
-    if command == "translate":  # the suite's model does not translate: its writer, atomic_write_text, directly
+    if command == "translate":  # the suite's model does not translate: check its writer, atomic_write_text
         from qkv._fs import atomic_write_text
 
         atomic_write_text(out, "a translation\n")

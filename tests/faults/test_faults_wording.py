@@ -27,13 +27,13 @@ API_WORDS = re.compile(r"\bpass [a-z_]+=")
 #: ``file:fragment`` of raise sites that only the Python API reaches — and why
 API_ONLY = {
     "checkpoints/convert.py:options=": "convert()'s options= argument; qkv convert has no such option",
-    "embeddings/embedder.py:a bare": "a bare model object given to the Python API; the command line gives folders",
-    "generation/seq2seq.py:do_sample": "generate()'s keywords; qkv translate decodes greedily or with --beams",
-    "inference/__init__.py:calibration": "for_inference()'s keywords; --precision int8 calibrates by itself",
-    "inference/__init__.py:smoothing=None": "for_inference()'s keywords; --precision int8 calibrates by itself",
+    "embeddings/embedder.py:a bare": "a bare model object given in Python; the command line gives folders",
+    "generation/seq2seq.py:do_sample": "generate()'s keywords; qkv translate: greedy or --beams",
+    "inference/__init__.py:calibration": "for_inference()'s keywords; --precision int8 calibrates",
+    "inference/__init__.py:smoothing=None": "for_inference()'s keywords; --precision int8 calibrates",
     "models/heads.py:labels=": "TaskConfig()'s keywords; qkv finetune reads the labels from the data",
-    "data/model_tokenizer.py:truncation=True": "the tokenizer's call in Python; the commands cut or window texts",
-    "translation/baselines.py:split=": "score_baselines()'s keywords; no command scores the baselines on a split",
+    "data/model_tokenizer.py:truncation=True": "the tokenizer's call in Python; commands cut or window texts",
+    "translation/baselines.py:split=": "score_baselines()'s keywords; no command scores them on a split",
 }
 
 
@@ -42,12 +42,12 @@ OTHER_TOOLS = {"--no-deps": "pip, in `pip install --no-deps PACKAGE` for a datas
 
 
 def _error_classes(trees: dict[Path, ast.Module]) -> set[str]:
-    """``QkvError``, every class derived from it (by name, across the package), ``ValueError``, ``TypeError``."""
+    """``QkvError``, every class derived from it (by name, across the package), ValueError, TypeError."""
     bases = {}
     for tree in trees.values():
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                bases[node.name] = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                bases[node.name] = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
     found = {"QkvError"}
     while True:
         more = {name for name, b in bases.items() if b & found} - found
@@ -124,5 +124,6 @@ def test_python_api_advice_comes_with_the_command_lines_words():
            if API_WORDS.search(m) and not OPTION.search(m) and "in Python" not in m
            and not any(f == k.split(":")[0] and k.split(":", 1)[1] in m for k in API_ONLY)]
     assert not bad, "\n".join(bad)
-    unused = [k for k in API_ONLY if not any(f == k.split(":")[0] and k.split(":", 1)[1] in m for f, _, m in found)]
+    unused = [k for k in API_ONLY
+              if not any(f == k.split(":")[0] and k.split(":", 1)[1] in m for f, _, m in found)]
     assert not unused, f"API_ONLY entries that match no message any more: {unused}"
