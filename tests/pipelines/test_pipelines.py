@@ -151,7 +151,7 @@ def test_pipeline_refusals(tmp_path, bert_tokenizer):
     with pytest.raises(PipelineError, match="text-classification needs a sequence classifier"):
         qkv.pipeline("text-classification", folder)
     with pytest.raises(PipelineError, match=r"text 0 has \d+ tokens with its special tokens, more than the model's "
-                                            "window of 40; shorten it or pass truncation=True"):
+                                            r"window of 40; shorten it \(in Python: pass truncation=True\)"):
         qkv.pipeline("feature-extraction", folder)(" ".join(["cat"] * 50))
     assert len(qkv.pipeline("feature-extraction", folder)(" ".join(["cat"] * 50), truncation=True)[0]) == 40
     with pytest.raises(PipelineError, match="input 1 is a int"):

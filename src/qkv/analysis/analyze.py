@@ -53,6 +53,8 @@ class AnalyzeOptions:
     Attributes:
         max_len: window length in tokens including [CLS] and [SEP]; ``None`` = the model's window.
             128 (the default) is the segment length Clark et al. (2019) used.
+        fit_window: cut ``max_len`` to the model's window where that is shorter (what the command line's
+            default does) instead of refusing it.
         long_text: ``"window"``, ``"truncate"`` or ``"error"`` (see :mod:`qkv.analysis.capture`).
         max_windows_per_doc: keep only the first windows of long documents (``None`` = all).
         batch_size: contexts per forward pass (bounds memory).
@@ -73,6 +75,7 @@ class AnalyzeOptions:
     """
 
     max_len: int | None = 128
+    fit_window: bool = False
     long_text: str = "window"
     max_windows_per_doc: int | None = None
     batch_size: int = 16
@@ -156,6 +159,8 @@ def analyze(
     tokenizer = tokenizer_view(tokenizer)
     window = model_window(model)
     max_len = opts.max_len or window or 512
+    if opts.fit_window and window is not None:
+        max_len = min(max_len, window)
     if window is not None and max_len > window:
         raise AnalysisInputError(f"max_len {max_len} (--max-len) exceeds the model's window of {window} "
                                  f"positions; choose --max-len {window} or less")

@@ -37,8 +37,9 @@ def add_analysis_parsers(sub) -> None:
                    help="image models: a seeded sample of N images (default 500)")
     a.add_argument("--out", required=True, help="report folder (created)")
     a.add_argument("--max-docs", type=int, default=None, help="seeded random sample of this many documents")
-    a.add_argument("--max-len", type=int, default=128,
-                   help="window length in tokens incl. [CLS]/[SEP] (default 128; 0 = the model's window)")
+    a.add_argument("--max-len", type=int, default=None,
+                   help="window length in tokens incl. [CLS]/[SEP] (default 128, or the model's window where it is "
+                   "shorter; 0 = the model's window; a value above the window is refused)")
     a.add_argument("--long-text", choices=("window", "truncate", "error"), default="window",
                    help="texts longer than the window: split into windows (default), keep the first, or fail")
     a.add_argument("--max-windows", type=int, default=None, help="at most this many windows per document")
@@ -151,7 +152,8 @@ def _analyze(args: argparse.Namespace) -> int:
         raise QkvError("--corpus is required for a text model (e.g. --corpus dataset:20newsgroups:test)")
 
     opts = AnalyzeOptions(
-        max_len=args.max_len or None, long_text=args.long_text, max_windows_per_doc=args.max_windows,
+        max_len=128 if args.max_len is None else args.max_len or None, fit_window=args.max_len is None,
+        long_text=args.long_text, max_windows_per_doc=args.max_windows,
         batch_size=args.batch_size, token_sample=args.token_sample, seed=args.seed, precision=args.precision,
         ablation_contexts=args.ablation_contexts,
     )
@@ -182,7 +184,12 @@ def _analyze_images(args: argparse.Namespace) -> int:
 
 def _findings(args: argparse.Namespace) -> int:
     from qkv.analysis.findings_run import run_findings
+    from qkv.errors import QkvError
+    from qkv.vision.pictures import is_image_model_folder
 
+    if is_image_model_folder(args.model):
+        raise QkvError(f"{args.model} is an image model; findings measures text encoders (for an image model's "
+                       "attention distances: qkv analyze MODEL --data …)")
     _check_out_folder(Path(args.out), FINDINGS_MARKS, "findings")
     result, paths = run_findings(args.finding, args.model, args.data, args.out, n_texts=args.texts,
                                  max_len=args.max_len, seed=args.seed, step=args.step, single=args.single,

@@ -25,6 +25,8 @@ from qkv.analysis.hooked import Batch, encode_texts
 from qkv.analysis.inputs import AnalysisInputError, model_and_tokenizer, read_corpus
 from qkv.analysis.inspect_methods import is_qkv
 from qkv.analysis.seq2seq_inspect import output_folder
+from qkv.models.causal_lm import CausalLM
+from qkv.models.seq2seq import EncoderDecoder
 from qkv.models.task_models import SequenceClassifier
 
 __all__ = ["FINDINGS", "PAPER", "run_findings"]
@@ -133,6 +135,10 @@ def run_findings(name: str, model_path, data, out_dir: str | Path, *, n_texts: i
     model, tokenizer, model_name = model_and_tokenizer(model_path)
     if not is_qkv(model):
         raise AnalysisInputError("qkv findings needs a qkv model (the hooks); load the folder with qkv.load")
+    if isinstance(model, (CausalLM, EncoderDecoder)):
+        raise AnalysisInputError(f"{model_name} holds {'a causal LM' if isinstance(model, CausalLM) else 'an encoder-decoder'}"
+                                 "; the findings are measured on [CLS] … [SEP] encoders (a masked LM, an encoder, "
+                                 "a sequence classifier)")
     if name != "kobayashi":  # the model's kind first: a masked LM is the wrong model at any --max-len
         _check_classifier(model)
     window = model_window(model)

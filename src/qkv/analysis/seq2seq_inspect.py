@@ -18,6 +18,7 @@ from qkv.analysis import plots
 from qkv.analysis.inputs import AnalysisInputError
 from qkv.analysis.viewer_html import render_viewer
 from qkv.checkpoints.io import unpack
+from qkv.data.tokenizer_facade import as_backend
 
 __all__ = ["Seq2SeqInspection", "inspect_seq2seq", "write_seq2seq_inspection", "output_folder"]
 
@@ -70,14 +71,15 @@ def inspect_seq2seq(model, tokenizer, text: str, *, max_new_tokens: int | None =
     model, tokenizer = unpack(model, tokenizer)
     if tokenizer is None:
         raise AnalysisInputError("the encoder-decoder folder has no tokenizer.json; save the model with its tokenizer")
+    tokenizer = as_backend(tokenizer, error=AnalysisInputError)  # a view of a Hugging Face folder's tokenizer too
     vocab = tokenizer.get_vocab()
     words = text.split()
     if not words:
         raise AnalysisInputError("the text is empty: it gives no tokens")
-    eos = vocab.get("[EOS]")
+    eos = vocab.get("[EOS]", model.eos_token_id)  # a Marian folder's end token: its config's
     unknown = [w for w in words if w not in vocab]
     if unknown and type(tokenizer.model).__name__ != "WordLevel" and eos is not None:
-        enc = tokenizer.encode(text)  # a subword (translation) vocabulary: its pieces and the end token
+        enc = tokenizer.encode(text, add_special_tokens=False)  # a subword (translation) vocabulary: its pieces and the end token
         words, token_ids = [*enc.tokens, "[EOS]"], [*enc.ids, eos]
     elif unknown:
         raise AnalysisInputError(f"token(s) {unknown[:3]} are not in the model's vocabulary; write the source as "

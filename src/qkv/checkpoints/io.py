@@ -320,7 +320,8 @@ def export_hf(model: nn.Module | Pretrained, path: str | os.PathLike, *, tokeniz
     config, kind, task = model_kind(model)
     if kind == "image_captioning":
         raise CheckpointError(f"kind {kind!r} has no Hugging Face family here (the families are encoders, GPT-2, ViT and "
-                              "Marian, BART, T5); keep it in the qkv format (qkv.save)")
+                              "Marian, BART, T5); keep it in the qkv format (qkv convert --to qkv; qkv.save in "
+                              "Python)")
     converter = families.for_export(config, family, kind)
     converter.config_to_hf(config, kind, task)  # raises before anything is written
 

@@ -120,8 +120,10 @@ def _encoder_of(model) -> nn.Module:
     try:
         return encoder_of(model)
     except ValueError:
-        raise ExportError(f"expected a qkv model folder, an Encoder or a model with one (.encoder: MaskedLM, "
-                          f"classifiers, Discriminator), got {type(model).__name__}") from None
+        name = type(model).__name__
+        raise ExportError(f"{'an' if name[0] in 'AEIOU' else 'a'} {name} has no text encoder to export; export takes "
+                          "a text model folder (an encoder, masked LM, classifier, discriminator, causal LM or "
+                          "encoder-decoder)") from None
 
 
 def _embed_options(model_or_folder, encoder: nn.Module, options) -> dict:

@@ -59,8 +59,8 @@ def save_st_folder(model, dst: str | os.PathLike, options, *, tokenizer=None,
     model, tokenizer = unpack(model, tokenizer)
     encoder = encoder_of(model)
     if tokenizer is None:
-        raise EmbeddingError("a sentence-transformers folder needs the tokenizer; pass tokenizer= or a model "
-                             "folder that holds one")
+        raise EmbeddingError("a sentence-transformers folder needs the tokenizer: give a model folder that holds "
+                             "one (tokenizer.json or vocab.txt; in Python: pass tokenizer=)")
     if tuple(options.layers) != (len(encoder.layers),):
         raise EmbeddingError(f"layers={list(options.layers)}: sentence-transformers pools the last layer "
                              "only; convert with the default layers (-1)")

@@ -59,6 +59,7 @@ from qkv.checkpoints import families
 from qkv.errors import CheckpointError
 from qkv.checkpoints.io import load, save
 from qkv.models.mlm import MaskedLM
+from qkv.nn.encoder import Encoder
 from qkv.training import distributed as qdist
 from qkv.training.config import LoopConfig
 from qkv.training.engine import run_training
@@ -265,9 +266,13 @@ def _load_encoder(model_path, cfg: ContrastiveConfig, folder_format: str):
         model, tokenizer = load(model_path, **overrides)
     except CheckpointError as e:
         raise EmbeddingError(f"cannot load the model: {e}") from e
+    encoder = model.encoder if isinstance(model, MaskedLM) else model
+    if not isinstance(encoder, Encoder):  # the kind first: a tokenizer would not make an image model a text encoder
+        raise EmbeddingError(f"{model_path}: a {type(model).__name__} is not a text encoder; train-embeddings trains "
+                             "an encoder or masked-LM folder (BERT, RoBERTa, DistilBERT, ModernBERT, ELECTRA, a qkv "
+                             "masked LM)")
     if tokenizer is None:
         raise no_tokenizer(f"model folder {model_path}", error=EmbeddingError)
-    encoder = model.encoder if isinstance(model, MaskedLM) else model
     if cfg.mode == "simcse" and encoder.config.dropout == 0:
         raise EmbeddingError("the model has dropout 0; SimCSE needs dropout (pass --dropout 0.1)")
     layers = normalize_layers(cfg.layers, len(encoder.layers))

@@ -93,8 +93,9 @@ def resolve_model(model_or_path, tokenizer=None):
     model, tok = unpack(pretrained, tokenizer)
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if not isinstance(encoder, Encoder):
-        raise EmbeddingError(f"expected a model folder, a qkv Encoder or MaskedLM, got "
-                             f"{type(model).__name__}")
+        where, name = f"{ref}: " if ref else "", type(model).__name__
+        raise EmbeddingError(f"{where}{'an' if name[0] in 'AEIOU' else 'a'} {name} is not a text encoder; embeddings need an encoder or "
+                             "masked-LM folder (BERT, RoBERTa, DistilBERT, ModernBERT, ELECTRA, a qkv masked LM)")
     if tok is None and ref is None and not isinstance(pretrained, Pretrained):
         raise EmbeddingError(f"a bare {type(model).__name__} carries no tokenizer; pass tokenizer= (model, tokenizer "
                              "= qkv.load(folder)), or the folder, or what qkv.load returns")

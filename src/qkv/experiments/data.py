@@ -73,8 +73,8 @@ def prepare_shared_data(out: Path, corpus: tuple[str, ...], eval_corpus: tuple[s
         if record["inputs"] != inputs:
             diff = [f"{k}: {record['inputs'].get(k)!r} → {v!r}" for k, v in inputs.items()
                     if record["inputs"].get(k) != v]
-            raise ValueError(f"{out} was prepared from other data inputs:\n  " + "\n  ".join(diff)
-                             + "\nuse the same corpus options or another --out")
+            raise ValueError(f"{out} was prepared from other data inputs: " + "; ".join(diff)
+                             + "; use the same corpus options or another --out")
         if Path(record["data_fields"]["tokenizer"], "tokenizer.json").is_file():
             return {"data_fields": record["data_fields"], "how": record["how"]}
     out.mkdir(parents=True, exist_ok=True)

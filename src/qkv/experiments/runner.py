@@ -160,8 +160,7 @@ def _check_existing(jobs: list[Job]) -> None:
             diff = stored.diff(job.config())
             if diff:
                 raise ValueError(f"{job.run_dir} holds a run with another configuration than the grid now "
-                                 "plans:\n  " + "\n  ".join(diff)
-                                 + "\nuse another --out (or delete that run)")
+                                 "plans: " + "; ".join(diff) + "; use another --out (or delete that run)")
 
 
 def _finish_line(job: Job, row: dict) -> str:

@@ -182,8 +182,8 @@ def read_conll(path: Path, encoding_errors: str = "strict", *, with_tags: bool =
                 words.append(cols[0])
                 tags.append(cols[-1] if with_tags else "O")
         except UnicodeDecodeError as e:
-            raise FinetuneDataError(f"{path}: not valid UTF-8 ({e.reason}); convert it, or pass "
-                                    "encoding_errors='replace'") from None
+            raise FinetuneDataError(f"{path}: not valid UTF-8 ({e.reason}); convert it, or read it with "
+                                    "--encoding-errors replace (in Python: encoding_errors='replace')") from None
     flush()
     return out
 

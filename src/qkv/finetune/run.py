@@ -129,6 +129,9 @@ def _starting_model(cfg: FinetuneConfig):
         raise FinetuneDataError(f"{cfg.model} is {what}; qkv finetune trains a task head on an encoder — give an "
                                 "encoder, masked-LM or task-model folder (e.g. one qkv pretrain wrote without "
                                 "--objective clm, or a BERT-family Hugging Face folder)")
+    if kind.startswith("image"):  # before the tokenizer: copying one in would not make it read text
+        raise FinetuneDataError(f"{cfg.model} is an image model; qkv finetune trains a task head on a text encoder "
+                                "(an image classifier trains with qkv pretrain --objective image)")
     return loaded
 
 

@@ -35,19 +35,22 @@ class PipelineError(QkvError, ValueError):
     """A pipeline that cannot run: a model of the wrong kind, an input it cannot take."""
 
 
-def resolve(model, tokenizer=None) -> Pretrained:
+def resolve(model, tokenizer=None, check=lambda model: model) -> Pretrained:
     """``(model, tokenizer)`` from a folder (or the short name of a bundled model, ``"minilm"``), what
-    :func:`qkv.load` returns, or a model with ``tokenizer=``.
+    :func:`qkv.load` returns, or a model with ``tokenizer=``; ``check(model)`` runs before the tokenizer is
+    asked for (a model of the wrong kind is named as such, not as one without a tokenizer).
 
     Raises:
         PipelineError: no tokenizer; CheckpointError: a folder that does not load.
     """
-    if isinstance(model, (str, os.PathLike)):
+    folder = isinstance(model, (str, os.PathLike))
+    if folder:
         model = load(model_folder(model))
     model, tokenizer = unpack(model, tokenizer)
-    if tokenizer is None:
-        raise no_tokenizer("the model", error=PipelineError, hint=", or pass tokenizer= (model, tokenizer = "
-                           "qkv.load(folder))")
+    model = check(model)
+    if tokenizer is None:  # the Python API's way out only where the Python API was used
+        raise no_tokenizer("the model", error=PipelineError, hint="" if folder else ", or pass tokenizer= "
+                           "(model, tokenizer = qkv.load(folder))")
     return Pretrained(model.eval(), tokenizer)
 
 
@@ -90,9 +93,9 @@ class Pipeline(abc.ABC):
 
     def __init__(self, model, tokenizer=None, *, batch_size: int = 64, batch_tokens: int | None = 4096,
                  device: str = "cpu", **defaults: Any):
-        model, tokenizer = resolve(model, tokenizer)
+        model, tokenizer = resolve(model, tokenizer, self.check_model)
         self.device = torch.device(device)
-        self.model = self.check_model(model).to(self.device)
+        self.model = model.to(self.device)
         self.tokenizer = registered(tokenizer)
         self.batch_size, self.batch_tokens = int(batch_size), batch_tokens
         self.defaults = defaults
@@ -136,8 +139,8 @@ class Pipeline(abc.ABC):
             if len(ids) > room:
                 if not truncation:
                     raise PipelineError(f"{self.task}: text {i} has {len(ids) + view.n_special} tokens with its "
-                                        f"special tokens, more than the model's window of {limit}; shorten it or "
-                                        "pass truncation=True")
+                                        f"special tokens, more than the model's window of {limit}; shorten it (in "
+                                        "Python: pass truncation=True)")
                 ids = ids[:room]
             out.append(np.asarray(view.frame(ids), dtype=np.int64))
         return out

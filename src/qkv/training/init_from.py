@@ -3,7 +3,9 @@ a causal LM from a causal-LM folder."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -12,9 +14,32 @@ from qkv.models.builders import build_masked_lm
 from qkv.models.causal_lm import CausalLM
 from qkv.errors import CheckpointError
 from qkv.checkpoints.io import load
+from qkv.models.kinds import IMAGE_KINDS
 from qkv.models.mlm import MaskedLM
 
-__all__ = ["load_for_pretraining"]
+__all__ = ["load_for_pretraining", "check_init_kind"]
+
+#: what a folder holds, from its config file alone: qkv.json's kind, or config.json's model_type
+_CAUSAL, _SEQ2SEQ, _IMAGE = ("causal_lm", "gpt2"), ("encoder_decoder", "marian", "bart", "t5"), (*IMAGE_KINDS, "vit")
+
+
+def check_init_kind(path: str, objective: str = "mlm") -> None:
+    """Refuse, before the tokenizer or the data are read, a folder whose kind ``objective`` cannot continue
+    (read from ``qkv.json`` / ``config.json`` only; :func:`load_for_pretraining` checks the loaded model)."""
+    kind = None
+    for name, key in (("qkv.json", "kind"), ("config.json", "model_type")):
+        try:
+            kind = json.loads((Path(path) / name).read_text(encoding="utf-8")).get(key)
+            break
+        except (OSError, ValueError, AttributeError):
+            continue
+    if kind in _IMAGE or kind in _SEQ2SEQ:
+        what = "an image model" if kind in _IMAGE else "an encoder-decoder"
+        raise ValueError(f"--init-from {path}: holds {what}; --objective {objective} continues "
+                         f"{'a causal LM (e.g. GPT-2)' if objective == 'clm' else 'a text encoder or masked LM'}")
+    if objective == "mlm" and kind in _CAUSAL:
+        raise ValueError(f"--init-from {path}: holds a causal LM; masked-LM pretraining needs an encoder "
+                         "(use --objective clm to continue it as a causal LM)")
 
 
 def load_for_pretraining(path: str, *, objective: str = "mlm", **overrides):

@@ -103,7 +103,7 @@ class RunFolder:
             data["out"] = cfg.out
         diff = type(cfg).from_dict(data).diff(cfg)
         if diff:
-            raise self.error(f"--resume: {self.out} was {what}:\n  " + "\n  ".join(diff))
+            raise self.error(f"--resume: {self.out} was {what}: " + "; ".join(diff))
 
     def finished(self, cfg, files: tuple[str, ...] = ("qkv.json", "model.safetensors")) -> dict | None:
         """``run.json`` of a run that is final (status complete or diverged, its final evaluation and

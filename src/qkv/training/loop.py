@@ -31,7 +31,7 @@ from qkv.training.clm import CausalLMObjective, eval_block_indices
 from qkv.training.config import TrainConfig, model_config_for
 from qkv.training.engine import TrainingError, TrainResult, run_training
 from qkv.training.fingerprint import check_data_fingerprints, data_fingerprints, new_run_id
-from qkv.training.init_from import load_for_pretraining
+from qkv.training.init_from import check_init_kind, load_for_pretraining
 from qkv.training.lifecycle import RunFolder, resume_eval, run_session
 from qkv.training.metrics import evaluate
 from qkv.training.objective import save_final_model
@@ -125,7 +125,7 @@ def _prepare(cfg: TrainConfig, run: RunFolder, info: qdist.DistInfo):
             lines = [f"{k}: {a[k]!r} → {b[k]!r}" for k in a if a[k] != b[k]]
             if meta["tokenizer"] != data.tokenizer.fingerprint():
                 lines.append(f"tokenizer: {meta['tokenizer'][:12]} → {data.tokenizer.fingerprint()[:12]}")
-            raise RunError(f"--resume: model or tokenizer differ from {out}:\n  " + "\n  ".join(lines))
+            raise RunError(f"--resume: model or tokenizer differ from {out}: " + "; ".join(lines))
     elif info.is_main:
         meta = {"train_config": cfg.to_dict(), "model_config": model_config.to_dict(),
                 "tokenizer": data.tokenizer.fingerprint(), "data": data.summary(), "run_id": new_run_id(),
@@ -153,6 +153,8 @@ def pretrain(cfg: TrainConfig, *, resume: bool = False, on_backward=None,
         if cfg.init_from is not None and not Path(cfg.init_from).is_dir():
             raise ValueError(f"--init-from {cfg.init_from}: not a folder; give a qkv run or model folder, or a "
                              "Hugging Face BERT folder")
+        if cfg.init_from is not None and not resume and cfg.objective in ("mlm", "clm"):
+            check_init_kind(cfg.init_from, cfg.objective)  # the model's kind before its tokenizer is asked for
         precision, note = resolve_precision(cfg.precision, info.device)
         if note and info.is_main:
             print(f"qkv pretrain: {note}", flush=True)

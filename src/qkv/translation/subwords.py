@@ -64,4 +64,5 @@ def check_subwords(tok: Tokenizer) -> None:
     if found != list(range(len(SPECIALS))):
         pairs = ", ".join(f"{s}={i}" for s, i in zip(SPECIALS, found))
         raise TranslationError(f"a translation tokenizer needs {', '.join(SPECIALS)} as ids 0-3, this one has "
-                               f"{pairs}; train it with qkv.translation.subwords.train_subwords")
+                               f"{pairs}; give a model trained by qkv pretrain --objective translation, which writes it (in Python: "
+                               "qkv.translation.subwords.train_subwords)")

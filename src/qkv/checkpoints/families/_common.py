@@ -300,4 +300,4 @@ def refuse_unexpressible(config: ModelConfig, name: str, needs: dict[str, Any],
     bad += extra or []
     if bad:
         raise CheckpointError(f"this model cannot be exported as a Hugging Face {name}: " + "; ".join(bad)
-                              + "; keep it in the qkv format (qkv.save)")
+                              + "; keep it in the qkv format (qkv convert --to qkv; qkv.save in Python)")

@@ -233,7 +233,8 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
     every = layer_period(config)
     if every is None:
         raise CheckpointError(f"layer_types={list(config.layer_types)} is not 'a global layer every k layers, the "
-                              "first global', which is what ModernBERT expresses; keep it in the qkv format (qkv.save)")
+                              "first global', which is what ModernBERT expresses; keep it in the qkv format (qkv "
+                              "convert --to qkv; qkv.save in Python)")
     types = ["sliding_attention" if config.is_local(i) else "full_attention" for i in range(config.n_layers)]
     head_act = task.head if task is not None and task.head in ACT_TO_HF else config.ffn.activation
     task_part = {}
