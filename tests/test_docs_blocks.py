@@ -23,10 +23,12 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -42,7 +44,8 @@ from qkv.data.image_datasets import FASHION_MNIST_DIR
 from qkv.data.sword import find_module
 from qkv.translation.apertium import apertium_missing
 
-BLOCK_TIMEOUT_S = 600
+#: wall seconds a block may run (``QKV_DOCS_BLOCK_TIMEOUT_S`` raises it on a machine busy with other work)
+BLOCK_TIMEOUT_S = int(os.environ.get("QKV_DOCS_BLOCK_TIMEOUT_S", "600"))
 
 
 
@@ -215,7 +218,14 @@ def _pictures(work: Path) -> None:
     picture(56, False).save(work / "canvas2.png")
 
 
-def _run(block: Block, work: Path) -> None:
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of every finished child process (and the children they waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(block: Block, work: Path) -> tuple[float, float]:
+    """Run ``block`` in ``work``; ``(wall seconds, CPU seconds)`` it took (fails the test if it fails)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), str(work)]),
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     source = block.source()
@@ -230,6 +240,7 @@ def _run(block: Block, work: Path) -> None:
                    f'torchrun() {{ "{sys.executable}" -m torch.distributed.run "$@"; }}\nset -e\n')
         argv = ["bash", "-c", prelude + "\n".join(shell_commands(source))]
     # its own process group: a block that runs too long is stopped with every process it started
+    wall, cpu = time.perf_counter(), _children_cpu_s()
     proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -239,21 +250,29 @@ def _run(block: Block, work: Path) -> None:
         out, err = proc.communicate()
         raise AssertionError(f"{block.name} ran past {BLOCK_TIMEOUT_S} s:\n{source}\n{out[-2000:]}\n{err[-3000:]}")
     assert proc.returncode == 0, f"{block.name} failed:\n{source}\n{out[-2000:]}\n{err[-3000:]}"
+    return time.perf_counter() - wall, _children_cpu_s() - cpu
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN)
-def test_the_blocks_of_a_page_run(page, workdir, tmp_path):
+def test_the_blocks_of_a_page_run(page, workdir, tmp_path, capsys):
+    """Each block's wall and CPU seconds are printed (also when one fails), to find the slow ones."""
     work = tmp_path / "work"
     shutil.copytree(workdir, work)  # each page in its own copy: one page's runs/ never meet another's
-    skipped = []
-    for block in blocks_of(ROOT / page):
-        if block.file:
-            (work / block.file).parent.mkdir(parents=True, exist_ok=True)
-            (work / block.file).write_text(block.text, encoding="utf-8")
-        elif block.kind and not block.skip and missing_needs(block):
-            skipped.append(f"{block.name} (needs {', '.join(missing_needs(block))}: `make data`, as root)")
-        elif block.kind and not block.skip:
-            _run(block, work)
+    skipped, times = [], []
+    try:
+        for block in blocks_of(ROOT / page):
+            if block.file:
+                (work / block.file).parent.mkdir(parents=True, exist_ok=True)
+                (work / block.file).write_text(block.text, encoding="utf-8")
+            elif block.kind and not block.skip and missing_needs(block):
+                skipped.append(f"{block.name} (needs {', '.join(missing_needs(block))}: `make data`, as root)")
+            elif block.kind and not block.skip:
+                times.append((block.name, *_run(block, work)))
+    finally:
+        with capsys.disabled():
+            print("".join(f"\n  {name}: {wall:.1f} s wall, {cpu:.1f} s CPU" for name, wall, cpu in times)
+                  + f"\n  {page}: {len(times)} blocks, {sum(t[1] for t in times):.1f} s wall, "
+                    f"{sum(t[2] for t in times):.1f} s CPU")
     if skipped:  # every other block of the page has run
         pytest.skip(f"{len(skipped)} block(s) of {page} skipped for a missing package: {'; '.join(skipped)}")
