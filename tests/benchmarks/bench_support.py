@@ -1,4 +1,5 @@
-"""Helper of the benchmark scripts' tests: a script of ``benchmarks/`` loaded as a module, in process."""
+"""Helpers of the benchmark scripts' tests: a script of ``benchmarks/`` loaded as a module, in process, and
+the flags its ``--help`` does not list."""
 
 from __future__ import annotations
 
@@ -18,3 +19,9 @@ def load_script(name: str) -> ModuleType:
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def missing_flags(script: ModuleType, *flags: str) -> list[str]:
+    """The ``flags`` that ``script``'s ``--help`` (its ``build_parser()``) does not list."""
+    text = script.build_parser().format_help()
+    return [flag for flag in flags if flag not in text]
