@@ -229,7 +229,7 @@ def test_labels_that_disagree_are_refused(tmp_path):
 
 def test_export_refuses_a_pooling_hf_cannot_express(tmp_path):
     model = build_task_model(ModelConfig.preset("tiny"), TaskConfig("regression", pooling="mean"))
-    with pytest.raises(CheckpointError, match=r"pooling='mean'.*keep it in the qkv format \(qkv.save\)"):
+    with pytest.raises(CheckpointError, match=r"pooling='mean'.*keep it in the qkv format \(qkv convert --to qkv; qkv.save in Python\)"):
         qkv.export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
 
