@@ -16,8 +16,8 @@ from test_faults_outputs import WRITES_NOTHING, _image_inputs
 
 from qkv.cli import build_parser, main
 
-#: subcommands whose accepted case runs for minutes (a whole demo, a grid of runs, the ONNX exporter): marked slow
-SLOW = {"demo", "ablate", "export"}
+#: subcommands whose case runs half a minute or more (a grid of runs): marked slow
+SLOW = {"ablate"}
 
 
 def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
