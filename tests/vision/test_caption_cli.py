@@ -60,7 +60,7 @@ def test_bad_pictures_are_one_line(tiny_run, tmp_path, capsys):
 def test_a_model_that_is_not_a_captioner_is_one_line(tmp_path, capsys):
     folder = save(build_vision_encoder(model_config("vit-digits")), tmp_path / "vit")
     assert main(["caption", str(folder), str(tmp_path / "x.png")]) == 2
-    assert "not a caption model: this is a VisionEncoder" in _error(capsys)
+    assert "not a caption model: this is a model of type VisionEncoder" in _error(capsys)
 
 
 @pytest.mark.skipif(not image_datasets.FASHION_MNIST_DIR.is_dir(),

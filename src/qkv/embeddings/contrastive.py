@@ -268,7 +268,7 @@ def _load_encoder(model_path, cfg: ContrastiveConfig, folder_format: str):
         raise EmbeddingError(f"cannot load the model: {e}") from e
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if not isinstance(encoder, Encoder):  # the kind first: a tokenizer would not make an image model a text encoder
-        raise EmbeddingError(f"{model_path}: a {type(model).__name__} is not a text encoder; train-embeddings trains "
+        raise EmbeddingError(f"{model_path}: a model of type {type(model).__name__} is not a text encoder; train-embeddings trains "
                              "an encoder or masked-LM folder (BERT, RoBERTa, DistilBERT, ModernBERT, ELECTRA, a qkv "
                              "masked LM)")
     if tokenizer is None:

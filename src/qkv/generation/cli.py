@@ -68,7 +68,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     model, tokenizer = qkv.load(args.model)
     if not isinstance(model, CausalLM):
-        raise ValueError(f"{args.model} holds a {type(model).__name__}, not a causal LM: generate needs a model "
+        raise ValueError(f"{args.model} holds a model of type {type(model).__name__}, not a causal LM: generate needs a model "
                          "folder of kind causal_lm")
     if tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer (tokenizer.json): generate needs one to read and write text")

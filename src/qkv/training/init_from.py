@@ -56,7 +56,7 @@ def load_for_pretraining(path: str, *, objective: str = "mlm", **overrides):
         raise ValueError(f"--init-from {path}: {e}") from e
     if objective == "clm":
         if not isinstance(loaded, CausalLM):
-            raise ValueError(f"--init-from {path}: holds a {type(loaded).__name__}, not a causal LM; "
+            raise ValueError(f"--init-from {path}: holds a model of type {type(loaded).__name__}, not a causal LM; "
                              "--objective clm continues a causal LM (kind causal_lm, e.g. GPT-2)")
         return _InitModel(loaded.config, loaded, new_head=False)
     if isinstance(loaded, CausalLM):

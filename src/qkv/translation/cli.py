@@ -70,7 +70,7 @@ def _translate(args: argparse.Namespace) -> int:
         texts = list(args.texts)
     model, tokenizer = qkv.load(args.model)
     if not isinstance(model, EncoderDecoder):
-        raise ValueError(f"{args.model} holds a {type(model).__name__}, not an encoder-decoder: translate needs a "
+        raise ValueError(f"{args.model} holds a model of type {type(model).__name__}, not an encoder-decoder: translate needs a "
                          "model folder of kind encoder_decoder")
     if tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer (tokenizer.json): translate needs one to read and write text")

@@ -59,7 +59,7 @@ class Captions:
 def check_captioner(model) -> ImageCaptioner:
     """``model`` when it is an image captioner; ``ValueError`` naming what it is otherwise."""
     if not isinstance(model, ImageCaptioner):
-        raise ValueError(f"not a caption model: this is a {type(model).__name__}; give a model trained with "
+        raise ValueError(f"not a caption model: this is a model of type {type(model).__name__}; give a model trained with "
                          "qkv pretrain --objective caption (kind image_captioning)")
     return model
 

@@ -47,7 +47,7 @@ class PicturePredictions:
 
 def _classifier(model, where) -> ImageClassifier:
     if not isinstance(model, ImageClassifier):
-        raise QkvError(f"{where}: the image model has no classification head (it is a {type(model).__name__}); "
+        raise QkvError(f"{where}: the image model has no classification head (it is a model of type {type(model).__name__}); "
                        "train a classifier with qkv pretrain --objective image, or use qkv inspect on it")
     return model
 
