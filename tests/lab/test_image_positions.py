@@ -75,6 +75,15 @@ def test_a_tiny_run_over_two_seeds_writes_the_verdict(tmp_path, capsys):
     assert capsys.readouterr().out.count("(finished earlier)") == 6
 
 
+def test_one_seed_shows_no_spread_and_no_test(tmp_path, capsys):
+    out = tmp_path / "lab"
+    assert main(["lab", "image-positions", "--out", str(out), "--seeds", "1", "--steps", "2", "--batch-size", "16",
+                 "--variants", "learned,none"]) == 0
+    printed, md = capsys.readouterr().out, (out / "verdict.md").read_text()
+    assert "nan" not in printed and "nan" not in md
+    assert "no test with one seed" in md and "not decided: 1 seed" in md
+
+
 @pytest.mark.parametrize("extra, fragment", [
     (["--variants", "learned,sideways"], "allowed learned, none"),
     (["--seeds", "0"], "--seeds 0 must be ≥ 1"),

@@ -105,8 +105,11 @@ class ImagePositionsResult:
 
 def _verdict_lines(comparisons: list[Comparison]) -> list[str]:
     asks = {(a, b): q for a, b, q in COMPARISONS}
-    return [f"- {c.a} vs {c.b} ({asks[(c.a, c.b)]}): mean difference {c.mean:+.3f}; {c.sentence()} "
-            f"(paired t-test p = {c.p:.3g}, Holm {c.p_holm:.3g})" for c in comparisons]
+    def test(c: Comparison) -> str:
+        return (f"paired t-test p = {c.p:.3g}, Holm {c.p_holm:.3g}" if math.isfinite(c.p)
+                else "no test with one seed")
+    return [f"- {c.a} vs {c.b} ({asks[(c.a, c.b)]}): mean difference {c.mean:+.3f}; {c.sentence()} ({test(c)})"
+            for c in comparisons]
 
 
 def _markdown(base: ImageTrainConfig, acc: dict, comparisons: list[Comparison]) -> str:
@@ -115,7 +118,8 @@ def _markdown(base: ImageTrainConfig, acc: dict, comparisons: list[Comparison]) 
              f"{DECISION_GAP:.2f}.", "", "| Variant | Mean ± std | Per seed |", "|---|---|---|"]
     for variant, per_seed in acc.items():
         m, s = mean_std(list(per_seed.values()))
-        lines.append(f"| {variant} | {m:.3f} ± {s:.3f} | "
+        spread = f" ± {s:.3f}" if len(per_seed) > 1 else ""  # one seed: no spread to show
+        lines.append(f"| {variant} | {m:.3f}{spread} | "
                      + ", ".join(f"{per_seed[k]:.3f}" for k in sorted(per_seed)) + " |")
     return "\n".join(lines + ["", "Verdicts:", "", *_verdict_lines(comparisons), ""])
 
