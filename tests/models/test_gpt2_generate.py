@@ -4,7 +4,7 @@ of left-padded prompts of different lengths, with and without an end-of-sequence
 
 import pytest
 import torch
-from families_support import perturb
+from checkpoints.families_support import perturb  # tests/checkpoints (also when tests/models runs alone)
 
 import qkv
 from qkv.models.causal_lm import CausalLM
