@@ -87,7 +87,7 @@ def test_a_resume_on_other_data_is_refused_in_one_line(tmp_path):
     before = (out / "run.json").read_text()
     with open_run(out, resume=True) as run:
         check_resume_data(run, CFG, "a" * 64)  # the same options and data: nothing to say
-        with pytest.raises(RunError, match=r"started with a different configuration:\n  steps: 5 → 6"):
+        with pytest.raises(RunError, match=r"started with a different configuration: steps: 5 → 6"):
             check_resume_data(run, CFG.replace(steps=6), "a" * 64)  # the options are checked first
         with pytest.raises(RunError) as e:
             check_resume_data(run, CFG, "b" * 64)
