@@ -10,7 +10,6 @@ token only above 64 tokens); attention flow is left out above ``flow_max_tokens`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from qkv.analysis.inspect_methods import METHODS, ablation_scan, is_classifier, 
 from qkv.analysis.parity import Parity, hf_parity
 from qkv.analysis.seq2seq_inspect import inspect_seq2seq, output_folder, write_seq2seq_inspection
 from qkv.analysis.viewer_html import render_viewer
-from qkv.checkpoints.io import unpack
+from qkv.checkpoints.io import declared_kind, unpack
 from qkv.data.tokenizer_facade import TokenizerView
 from qkv.models.seq2seq import EncoderDecoder
 
@@ -245,7 +244,4 @@ def run_inspect(
 
 def _is_seq2seq_folder(path) -> bool:
     """Whether ``path`` is a qkv folder of kind ``encoder_decoder``."""
-    try:
-        return json.loads((Path(path) / "qkv.json").read_text(encoding="utf-8")).get("kind") == "encoder_decoder"
-    except (OSError, ValueError, AttributeError):
-        return False
+    return declared_kind(path) == "encoder_decoder"

@@ -53,7 +53,8 @@ from qkv.errors import CheckpointError
 from qkv.models.heads import TaskConfig
 from qkv.models.kinds import KINDS, build_kind, kind_of, model_kind
 
-__all__ = ["Pretrained", "load", "save", "export_hf", "unpack", "read_weights", "read_json", "is_model_folder"]
+__all__ = ["Pretrained", "load", "save", "export_hf", "unpack", "read_weights", "read_json", "is_model_folder",
+           "declared_kind"]
 
 QKV_CONFIG = "qkv.json"
 HF_CONFIG = "config.json"
@@ -112,6 +113,18 @@ def read_weights(path: str | os.PathLike) -> dict[str, Tensor]:
                                              for k, v in data.items()):
         raise CheckpointError(f"{path}: expected a dict of name → tensor, found {type(data).__name__}")
     return data
+
+
+def declared_kind(path: str | os.PathLike) -> str | None:
+    """What a model folder says it holds, from its config file alone (nothing is loaded): ``qkv.json``'s
+    ``kind``, else a Hugging Face ``config.json``'s ``model_type``; ``None`` when neither is readable."""
+    for name, key in (("qkv.json", "kind"), ("config.json", "model_type")):
+        try:
+            meta = json.loads((Path(path) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        return meta.get(key) if isinstance(meta, dict) else None
+    return None
 
 
 def read_json(path: Path, *, kind: type = dict, error: type[Exception] = CheckpointError):

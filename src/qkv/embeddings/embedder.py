@@ -94,7 +94,7 @@ def resolve_model(model_or_path, tokenizer=None):
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if not isinstance(encoder, Encoder):
         where, name = f"{ref}: " if ref else "", type(model).__name__
-        raise EmbeddingError(f"{where}{'an' if name[0] in 'AEIOU' else 'a'} {name} is not a text encoder; embeddings need an encoder or "
+        raise EmbeddingError(f"{where}a model of type {name} is not a text encoder; embeddings need an encoder or "
                              "masked-LM folder (BERT, RoBERTa, DistilBERT, ModernBERT, ELECTRA, a qkv masked LM)")
     if tok is None and ref is None and not isinstance(pretrained, Pretrained):
         raise EmbeddingError(f"a bare {type(model).__name__} carries no tokenizer; pass tokenizer= (model, tokenizer "

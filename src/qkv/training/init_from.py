@@ -3,9 +3,7 @@ a causal LM from a causal-LM folder."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -13,7 +11,7 @@ from qkv.config import ModelConfig
 from qkv.models.builders import build_masked_lm
 from qkv.models.causal_lm import CausalLM
 from qkv.errors import CheckpointError
-from qkv.checkpoints.io import load
+from qkv.checkpoints.io import declared_kind, load
 from qkv.models.kinds import IMAGE_KINDS
 from qkv.models.mlm import MaskedLM
 
@@ -26,13 +24,7 @@ _CAUSAL, _SEQ2SEQ, _IMAGE = ("causal_lm", "gpt2"), ("encoder_decoder", "marian",
 def check_init_kind(path: str, objective: str = "mlm") -> None:
     """Refuse, before the tokenizer or the data are read, a folder whose kind ``objective`` cannot continue
     (read from ``qkv.json`` / ``config.json`` only; :func:`load_for_pretraining` checks the loaded model)."""
-    kind = None
-    for name, key in (("qkv.json", "kind"), ("config.json", "model_type")):
-        try:
-            kind = json.loads((Path(path) / name).read_text(encoding="utf-8")).get(key)
-            break
-        except (OSError, ValueError, AttributeError):
-            continue
+    kind = declared_kind(path)
     if kind in _IMAGE or kind in _SEQ2SEQ:
         what = "an image model" if kind in _IMAGE else "an encoder-decoder"
         raise ValueError(f"--init-from {path}: holds {what}; --objective {objective} continues "

@@ -20,7 +20,6 @@ Every problem is one line naming the file and the way out.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from qkv.checkpoints.bundled import model_folder
-from qkv.checkpoints.io import load
+from qkv.checkpoints.io import declared_kind, load
 from qkv.config_image import ImageConfig
 from qkv.data.errors import CorpusNotFoundError, ImageDataError
 from qkv.data.images import IMAGE_SUFFIXES, pixel_values, read_image
@@ -46,13 +45,7 @@ def is_image_model_folder(path: str | os.PathLike) -> bool:
         folder = model_folder(path)
     except QkvError:
         return False
-    for name, key, wanted in (("qkv.json", "kind", IMAGE_KINDS), ("config.json", "model_type", ("vit",))):
-        try:
-            meta = json.loads((folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        return isinstance(meta, dict) and meta.get(key) in wanted
-    return False
+    return declared_kind(folder) in (*IMAGE_KINDS, "vit")
 
 
 def _is_picture_file(path: Path) -> bool:
