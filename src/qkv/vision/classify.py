@@ -36,11 +36,11 @@ from qkv.models.vision_builders import build_image_classifier
 from qkv.training.distributed import refuse_world
 from qkv.vision.augment import augment_batch
 from qkv.vision.config import ImageTrainConfig, model_config
-from qkv.vision.mirror import class_probabilities
+from qkv.vision.mirror import view_probabilities
 from qkv.vision.run_setup import vision_run
 
 __all__ = ["ImageBatch", "ImageClassificationObjective", "ImageResult", "train_images", "read_image_data",
-           "accuracy", "split_images"]
+           "accuracy", "accuracies", "split_images"]
 
 
 @dataclass(frozen=True)
@@ -96,31 +96,45 @@ def read_image_data(cfg: ImageTrainConfig) -> tuple[ImageSet, ImageSet, str]:
     return train, held, how
 
 
-def accuracy(model, images: ImageSet, *, batch_size: int = 500, limit: np.ndarray | None = None,
-             mirror: bool = False) -> dict:
-    """Held-out ``accuracy``, ``eval_loss`` (cross-entropy, nats per image) and ``per_class`` accuracy
-    of ``model`` (eval mode, no grad); with ``mirror``, of the probabilities averaged with each
-    image's mirror image's (:func:`qkv.vision.mirror.class_probabilities`)."""
+def accuracies(model, images: ImageSet, *, batch_size: int = 500, limit: np.ndarray | None = None,
+               mirror: bool = False) -> tuple[dict, dict | None]:
+    """``(plain, mirrored)`` held-out figures of ``model`` in one pass (eval mode, no grad): each
+    ``accuracy``, ``eval_loss`` (cross-entropy, nats per image), ``eval_images`` and ``per_class``
+    accuracy; ``mirrored`` (with ``mirror``, else ``None``) scores the probabilities averaged with each
+    image's mirror image's (:func:`qkv.vision.mirror.view_probabilities`)."""
     idx = np.arange(len(images)) if limit is None else limit
+    loss, preds = [0.0, 0.0], ([], [])
     was = model.training
     model.eval()
-    correct, loss, preds = 0, 0.0, []
     with torch.no_grad():
         for i in range(0, len(idx), batch_size):
             take = idx[i:i + batch_size]
             y = torch.as_tensor(images.labels[take])
-            probs = class_probabilities(model, pixel_values(images.pixels[take]), mirror=mirror)  # (B,L)
-            loss += float(F.nll_loss(probs.clamp_min(1e-30).log(), y, reduction="sum"))
-            pred = probs.argmax(-1)
-            correct += int((pred == y).sum())
-            preds.append(pred.numpy())
+            views = view_probabilities(model, pixel_values(images.pixels[take]), mirror=mirror)  # (B,L) each
+            for v, probs in enumerate(views):
+                if probs is not None:
+                    loss[v] += float(F.nll_loss(probs.clamp_min(1e-30).log(), y, reduction="sum"))
+                    preds[v].append(probs.argmax(-1).numpy())
     model.train(was)
-    pred = np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)
     truth = images.labels[idx]
+    mirrored = _figures(preds[1], loss[1], truth, images.classes) if mirror else None
+    return _figures(preds[0], loss[0], truth, images.classes), mirrored
+
+
+def _figures(preds: list[np.ndarray], loss: float, truth: np.ndarray, classes) -> dict:
+    pred = np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)
     per_class = {name: float((pred[truth == c] == c).mean()) if (truth == c).any() else None
-                 for c, name in enumerate(images.classes)}
-    return {"accuracy": correct / max(1, len(idx)), "eval_loss": loss / max(1, len(idx)), "eval_images": int(len(idx)),
+                 for c, name in enumerate(classes)}
+    n = max(1, len(truth))
+    return {"accuracy": int((pred == truth).sum()) / n, "eval_loss": loss / n, "eval_images": int(len(truth)),
             "per_class": per_class}
+
+
+def accuracy(model, images: ImageSet, *, batch_size: int = 500, limit: np.ndarray | None = None,
+             mirror: bool = False) -> dict:
+    """The held-out figures of :func:`accuracies`: with ``mirror``, the mirrored ones."""
+    plain, mirrored = accuracies(model, images, batch_size=batch_size, limit=limit, mirror=mirror)
+    return mirrored if mirror else plain
 
 
 class ImageClassificationObjective:
@@ -230,9 +244,9 @@ def train_images(cfg: ImageTrainConfig, *, resume: bool = False, clock=time.mono
                                on_backward=on_backward)
         if result.status != "complete":
             return ImageResult(run.out, result.steps_done, result.status, None)
-        report = accuracy(model, held, batch_size=cfg.eval_batch_size)
-        if "flip" in cfg.augment:  # trained on mirror images too: report test-time mirroring beside
-            mirrored = accuracy(model, held, batch_size=cfg.eval_batch_size, mirror=True)
+        # trained on mirror images too (flip): test-time mirroring reported beside, from the same pass
+        report, mirrored = accuracies(model, held, batch_size=cfg.eval_batch_size, mirror="flip" in cfg.augment)
+        if mirrored is not None:
             report.update(accuracy_mirrored=mirrored["accuracy"], per_class_mirrored=mirrored["per_class"])
         counts = np.bincount(train.labels, minlength=len(train.classes))
         majority = int(counts.argmax())

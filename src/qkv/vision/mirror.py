@@ -15,13 +15,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["class_probabilities"]
+__all__ = ["class_probabilities", "view_probabilities"]
+
+
+def view_probabilities(model, x: Tensor, *, mirror: bool) -> tuple[Tensor, Tensor | None]:
+    """``(plain, mirrored)``: the ``(B,C)`` float32 class probabilities of ``x (B,K,R,W)`` (or
+    ``(B,K,L)``), and with ``mirror`` their mean with those of ``x`` mirrored (else ``None``) — the plain
+    forward pass done once for both. The caller sets eval mode and no grad."""
+    plain = torch.softmax(model(x).logits.float(), dim=-1)  # (B,C)
+    if not mirror:
+        return plain, None
+    return plain, (plain + torch.softmax(model(x.flip(-1)).logits.float(), dim=-1)) / 2  # (B,C)
 
 
 def class_probabilities(model, x: Tensor, *, mirror: bool = False) -> Tensor:
-    """``(B,C)`` float32 class probabilities of ``x (B,K,R,W)`` (or ``(B,K,L)``); with ``mirror``, the
-    mean of the probabilities of ``x`` and of ``x`` mirrored. The caller sets eval mode and no grad."""
-    probs = torch.softmax(model(x).logits.float(), dim=-1)  # (B,C)
-    if mirror:
-        probs = (probs + torch.softmax(model(x.flip(-1)).logits.float(), dim=-1)) / 2  # (B,C)
-    return probs
+    """``(B,C)`` class probabilities of ``x``; with ``mirror``, averaged with its mirror image's."""
+    plain, mirrored = view_probabilities(model, x, mirror=mirror)
+    return mirrored if mirror else plain
