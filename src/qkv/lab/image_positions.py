@@ -39,7 +39,8 @@ from qkv.config_image import ImageConfig
 from qkv.data.images import ImageSet
 from qkv.errors import QkvError
 from qkv.lab.grid import DECISION_GAP
-from qkv.lab.verdict import Comparison, compare, mean_std, with_holm
+from qkv.lab.report import mean_pm
+from qkv.lab.verdict import Comparison, compare, with_holm
 from qkv.vision.config import ImageTrainConfig, model_config
 from qkv.vision.classify import train_images
 
@@ -117,9 +118,7 @@ def _markdown(base: ImageTrainConfig, acc: dict, comparisons: list[Comparison]) 
              f"{len(next(iter(acc.values())))} seed(s); held-out accuracy; decided = every seed ahead by ≥ "
              f"{DECISION_GAP:.2f}.", "", "| Variant | Mean ± std | Per seed |", "|---|---|---|"]
     for variant, per_seed in acc.items():
-        m, s = mean_std(list(per_seed.values()))
-        spread = f" ± {s:.3f}" if len(per_seed) > 1 else ""  # one seed: no spread to show
-        lines.append(f"| {variant} | {m:.3f}{spread} | "
+        lines.append(f"| {variant} | {mean_pm(list(per_seed.values()))} | "
                      + ", ".join(f"{per_seed[k]:.3f}" for k in sorted(per_seed)) + " |")
     return "\n".join(lines + ["", "Verdicts:", "", *_verdict_lines(comparisons), ""])
 

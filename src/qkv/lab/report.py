@@ -20,7 +20,7 @@ from qkv.lab.grid import DECISION_GAP, LabGrid, parse_metric
 from qkv.lab.verdict import MIN_SEEDS, Comparison, best_rate, compare, mean_std, with_holm
 from qkv.lab.maps import plot_attention_maps, plot_scores
 
-__all__ = ["write_report", "run_row", "metric_of", "CSV_COLUMNS"]
+__all__ = ["write_report", "run_row", "metric_of", "mean_pm", "CSV_COLUMNS"]
 
 CSV_COLUMNS = ["cell", "variant", "seed", "lr", "steps", "steps_done", "diverged", "metric", "accuracy",
                "sequence_accuracy", "chance", "final_loss", "entropy_mean", "entropy_min", "uniform_entropy", "init_entropy",
@@ -68,7 +68,8 @@ def _fmt(x: float, d: int = 3) -> str:
     return "–" if not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.{d}f}"
 
 
-def _pm(values: list[float], d: int = 3) -> str:
+def mean_pm(values: list[float], d: int = 3) -> str:
+    """``mean ± std`` of ``values`` to ``d`` decimals; one value: the value alone (no spread to show)."""
     m, s = mean_std(values)
     return f"{_fmt(m, d)} ± {_fmt(s, d)}" if len(values) > 1 else _fmt(m, d)
 
@@ -116,8 +117,8 @@ def _table(grid: LabGrid, rows: list[dict], values: dict, chosen: dict) -> str:
         rs = sorted((r for r in rows if r["cell"] == cell), key=lambda r: r["seed"])
         seeds = ", ".join(_fmt(values[variant][r["seed"]]) for r in rs)
         cols = [f"`{variant}`"] + ([f"{rs[0]['lr']:g}"] if sweep else [])
-        cols += [_pm([r["metric"] for r in rs]), seeds]
-        cols += [_pm([r[k] for r in rs if k in r]) for k in extra]
+        cols += [mean_pm([r["metric"] for r in rs]), seeds]
+        cols += [mean_pm([r[k] for r in rs if k in r]) for k in extra]
         cols += [f"{sum(r['diverged'] for r in rs)}/{len(rs)}",
                  f"{_fmt(_mean(r['init_entropy'] for r in rs), 2)} / {_fmt(_mean(r['entropy_mean'] for r in rs), 2)} / "
                  f"{_fmt(_mean(r['entropy_min'] for r in rs), 2)} (uniform {_fmt(rs[0]['uniform_entropy'], 2)})",
@@ -149,7 +150,7 @@ def _sweep_lines(grid: LabGrid, rows: list[dict], chosen: dict) -> list[str]:
         for c in cells:
             vals = [r["metric"] for r in rows if r["cell"] == c]
             div = sum(r["diverged"] for r in rows if r["cell"] == c)
-            parts.append(f"lr {c.split('@lr=')[1]}: {_pm(vals)}" + (f" ({div} diverged)" if div else ""))
+            parts.append(f"lr {c.split('@lr=')[1]}: {mean_pm(vals)}" + (f" ({div} diverged)" if div else ""))
         out.append(f"- `{variant}`: " + "; ".join(parts) + f" → best {cell.split('@lr=')[1]}")
     return out
 
