@@ -142,7 +142,7 @@ class ImageClassificationObjective:
     (the last partial one dropped), augmented from a generator seeded by ``i``; held out, accuracy on a
     fixed sample."""
 
-    metric, metric_label, loss_label = "accuracy", "held-out accuracy", "loss"
+    metric, metric_label, loss_label = "accuracy", "accuracy", "loss"  # the curve says "held-out …"
     rate_unit = "images"  # metrics.jsonl logs images_per_s (an image batch has no token mask)
 
     def __init__(self, train: ImageSet, held: ImageSet, *, batch_size: int, seed: int, augment: tuple[str, ...],
