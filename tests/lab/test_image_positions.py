@@ -71,8 +71,29 @@ def test_a_tiny_run_over_two_seeds_writes_the_verdict(tmp_path, capsys):
     assert (out / "none-s1" / "report.json").is_file() and (out / "verdict.md").is_file()
     stored = json.loads((out / "none-s1" / "run.json").read_text())
     assert stored["model_config"]["image"]["position"] == "none" and stored["train_config"]["augment"] == []
+    learned = json.loads((out / "learned-s0" / "run.json").read_text())
+    assert learned["model_config"]["image"]["position"] == "learned"
     assert main(argv) == 0  # finished runs are reused
     assert capsys.readouterr().out.count("(finished earlier)") == 6
+
+
+def test_the_learned_variant_learns_positions_whatever_the_recipes_scheme(tmp_path, capsys):
+    from PIL import Image
+
+    from qkv.vision.config import RECIPES
+
+    assert RECIPES["vit-fashion"]["model"]["image"]["position"] != "learned"  # the case this test is about
+    for c in ("top", "bottom"):
+        (tmp_path / "pics" / c).mkdir(parents=True)
+        for i in range(5):
+            Image.fromarray(np.full((28, 28), 40 * i, dtype=np.uint8)).save(tmp_path / "pics" / c / f"{i}.png")
+    out = tmp_path / "lab"
+    assert main(["lab", "image-positions", "--out", str(out), "--preset", "vit-fashion", "--data",
+                 str(tmp_path / "pics"), "--seeds", "1", "--steps", "1", "--batch-size", "4",
+                 "--variants", "learned,none"]) == 0
+    for variant, scheme in (("learned", "learned"), ("none", "none")):
+        stored = json.loads((out / f"{variant}-s0" / "run.json").read_text())
+        assert stored["model_config"]["image"]["position"] == scheme
 
 
 def test_one_seed_shows_no_spread_and_no_test(tmp_path, capsys):
@@ -89,6 +110,7 @@ def test_one_seed_shows_no_spread_and_no_test(tmp_path, capsys):
     (["--seeds", "0"], "--seeds 0 must be ≥ 1"),
     (["--model", "{oops"], "is not JSON"),
     (["--model", '{"image": {"stride": 2}}', "--variants", "shuffled-fixed"], "overlap"),
+    (["--model", '{"image": {"position": "rope-2d"}}'], "drop image.position from --model"),
 ])
 def test_bad_options_are_one_line(tmp_path, extra, fragment, capsys):
     code = main(["lab", "image-positions", "--out", str(tmp_path / "l"), "--steps", "1", "--batch-size", "16",

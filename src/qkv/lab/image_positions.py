@@ -5,7 +5,7 @@ Legend: N images, K channels, R × W pixels (L samples), G patches, p patch size
 
 One image recipe (:data:`qkv.vision.config.RECIPES`) trained four ways on the same data, over seeds:
 
-* ``learned`` — the recipe's patch positions (learned, added to the patches);
+* ``learned`` — learned patch positions added to the patches (whatever the recipe's own scheme);
 * ``none`` — no positions: the model sees a bag of patches;
 * ``shuffled-fixed`` — the patches of every image (training and held out) moved by one permutation
   (drawn from the seed), with learned positions: the order is scrambled but consistent;
@@ -156,9 +156,13 @@ def run_image_positions(out: str | Path, *, preset: str = "vit-digits", data: st
     out = Path(out)
     _check_out(out)
     model = dict(model or {})
+    if "position" in (model.get("image") or {}):
+        raise QkvError("--model sets image.position, but the lab sets each variant's positions itself (learned or "
+                       "none); drop image.position from --model")
     acc: dict[str, dict[int, float]] = {}
     for variant in variants:
-        image_over = {**model.get("image", {}), **({"position": "none"} if variant == "none" else {})}
+        # every variant names its positions: learned ones, whatever the recipe's own scheme
+        image_over = {**model.get("image", {}), "position": "none" if variant == "none" else "learned"}
         over = {**model, "image": image_over}
         image = model_config(preset, over).image if variant.startswith("shuffled") else None
         for seed in range(seeds):
