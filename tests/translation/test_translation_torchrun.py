@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from qkv.training import distributed as qdist
 from qkv.training.rundir import RunError
 from qkv.translation.train import train_translation
 
+ABORT = "terminate called without an active exception"
 FIXED = [("one two", "uno dos"), ("three", "tres"), ("four five six", "cuatro cinco seis"), ("nine", "nueve")]
 OPTIONS = dict(preset="tiny", steps=6, eval_every=3, train_pairs=FIXED * 8, held_out=FIXED, progress=False,
                vocab_size=64, batch_tokens=48)
@@ -88,7 +90,13 @@ def _script(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_compute_what_one_process_with_both_batches_computes(one_process, tmp_path, strategy):
     out = tmp_path / "run"
-    r = _torchrun(_script(tmp_path), out, "new", strategy)
+    script = _script(tmp_path)
+    r = _torchrun(script, out, "new", strategy)
+    if r.returncode != 0 and ABORT in r.stderr:
+        # torch's gloo processes abort in C++ now and then (1 of 97 two-process fsdp runs by hand here,
+        # and 1 in a CI run; a barrier before the group is destroyed did not stop it): one fresh try
+        shutil.rmtree(out, ignore_errors=True)
+        r = _torchrun(script, out, "new", strategy)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "train_pairs.py"]  # one run folder
     meta = json.loads((out / "run.json").read_text())
