@@ -228,3 +228,35 @@ def test_the_command_line_says_disk_full_for_a_checkpoint_torch_could_not_write(
     err = capsys.readouterr().err
     assert code == 2 and "No space left on device (3.0 MiB free there)" in err and "--resume" in err, err
     assert "inline_container" not in err and "unexpected" not in err
+
+
+def _zombie():
+    """A child that has exited and that nobody has reaped yet (its Popen, to reap it with ``wait``)."""
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 30
+    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.time() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    return child
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_a_zombie_is_not_alive_and_its_temps_are_stale(tmp_path):
+    from qkv._fs import pid_alive
+
+    assert pid_alive(os.getpid())
+    child = _zombie()
+    try:
+        os.kill(child.pid, 0)  # the kernel still knows it ...
+        assert not pid_alive(child.pid)  # ... but it runs no more
+        dest = tmp_path / "x.npy"
+        left = dest.parent / f".x.npy.tmp-{child.pid}-{_host()}-abcd1234"
+        left.write_bytes(b"half")
+        assert clean_stale_temps(dest) == [left] and not left.exists()
+    finally:
+        child.wait()
+    assert not pid_alive(child.pid)

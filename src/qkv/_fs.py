@@ -69,14 +69,22 @@ def make_temp_file(dest: str | os.PathLike) -> tuple[int, Path]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host."""
+    """Whether process ``pid`` runs on this host.
+
+    A zombie (a process that has exited but that no parent has reaped yet — for good in a container
+    whose first process reaps nothing) is not alive: its files and locks are stale.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (not Linux), or gone meanwhile: os.kill's answer stands
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def _parse_temp(name: str) -> tuple[str, str, int] | None:

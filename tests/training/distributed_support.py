@@ -9,7 +9,10 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
+
+from qkv._fs import pid_alive
 
 LOOPBACK = "127.0.0.1"
 
@@ -98,3 +101,9 @@ def kill_all(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    # the ranks are the agent's children: once it is dead nobody may reap them (a zombie is not alive);
+    # wait until none runs, so that what they held (a run folder's lock) is stale when the caller goes on
+    deadline = time.time() + 60
+    while any(pid_alive(p) for p in below):
+        assert time.time() < deadline, f"processes {below} still run a minute after SIGKILL"
+        time.sleep(0.05)
