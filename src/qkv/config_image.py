@@ -3,7 +3,12 @@
 An image model (a Vision Transformer, Dosovitskiy et al. 2021) cuts each ``channels × H × W`` image
 (or ``channels × L`` signal) into patches of ``patch`` pixels taken every ``stride`` pixels (``stride
 = patch``: side by side; smaller: overlapping), maps each flattened patch to a vector of the model
-width, and puts a learned [CLS] vector in front when ``cls_token`` is set. The patches form a grid
+width, and puts a learned [CLS] vector in front when ``cls_token`` is set. ``stem`` puts a
+convolutional stem before the patches (the ViT paper's hybrid, §3.1; Xiao et al. 2021, "Early
+convolutions help transformers see better"): 3-wide (3×3) convolutions, stride 1 and zero padding
+so that the image keeps its size, each followed by GELU, with the given output channels; the
+patches are then cut from the stem's feature maps, the same cells of the image as without it (each
+patch now sees one pixel more on every side per convolution). The patches form a grid
 of ``(H − p_h) / s_h + 1`` rows by ``(W − p_w) / s_w + 1`` columns, read row by row. A patch/stride
 that does not tile the image exactly is refused: no pixel is ever dropped silently.
 
@@ -51,6 +56,7 @@ class ImageConfig:
         stride: step between patches per axis; ``None`` = ``patch`` (patches side by side).
         cls_token: put a learned [CLS] vector before the patches (ViT's; needed to pool with ``cls``).
         position: the patches' position scheme (see the module docstring).
+        stem: output channels of each convolution of a convolutional stem (``()``: none).
     """
 
     size: tuple[int, ...] = (28, 28)
@@ -59,6 +65,7 @@ class ImageConfig:
     stride: tuple[int, ...] | int | None = None
     cls_token: bool = True
     position: str = "learned"
+    stem: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         size = _dims("size", self.size, None)
@@ -69,6 +76,12 @@ class ImageConfig:
         object.__setattr__(self, "stride", None if self.stride is None else stride)
         check_int("image.channels", self.channels)
         check_bool("image.cls_token", self.cls_token)
+        stem = tuple(self.stem) if isinstance(self.stem, list) else self.stem
+        if (not isinstance(stem, tuple) or len(stem) > 4
+                or not all(isinstance(c, int) and not isinstance(c, bool) and 0 < c <= 1024 for c in stem)):
+            raise ValueError(f"image.stem={self.stem!r} must be a list of at most 4 channel counts (ints 1-1024), one "
+                             "per 3×3 convolution before the patches, e.g. [16, 16]; [] for none")
+        object.__setattr__(self, "stem", stem)
         if not isinstance(self.position, str) or not self.position:
             raise ValueError(f"image.position={self.position!r} must be a position scheme's name")
         shown = "×".join(map(str, size))
@@ -107,21 +120,26 @@ class ImageConfig:
         return self.n_patches + self.prefix
 
     @property
+    def features(self) -> int:
+        """Channels the patches are cut from: the stem's last convolution's, else the image's."""
+        return self.stem[-1] if self.stem else self.channels
+
+    @property
     def patch_dim(self) -> int:
-        """Values in one flattened patch: ``channels · ∏ patch``."""
-        return self.channels * math.prod(self.patch)
+        """Values in one flattened patch: ``features · ∏ patch``."""
+        return self.features * math.prod(self.patch)
 
     def to_dict(self) -> dict[str, Any]:
         return {"size": list(self.size), "channels": self.channels, "patch": list(self.patch),
                 "stride": None if self.stride is None else list(self.stride), "cls_token": self.cls_token,
-                "position": self.position}
+                "position": self.position, "stem": list(self.stem)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ImageConfig:
         """Build from a ``dict``; unknown keys are an error naming them and the allowed ones."""
         if not isinstance(data, dict):
             raise ValueError(f"image must be a JSON object, got {type(data).__name__}")
-        allowed = ("size", "channels", "patch", "stride", "cls_token", "position")
+        allowed = ("size", "channels", "patch", "stride", "cls_token", "position", "stem")
         unknown = sorted(set(data) - set(allowed))
         if unknown:
             raise ValueError(f"unknown image field(s) {unknown}; allowed: {', '.join(allowed)}")

@@ -130,10 +130,12 @@ def test_export_refuses_what_vit_cannot_express(tmp_path):
 
     cfg = ModelConfig.from_flat(vocab_size=1, pad_token_id=None, type_vocab_size=0, d_model=24, n_heads=3, d_ff=40,
                                 n_layers=1, max_len=8, norm="post", image=dict(size=[8, 8], patch=4, stride=2,
-                                                                                position="rope-2d", cls_token=True))
+                                                                                position="rope-2d", cls_token=True,
+                                                                                stem=[4]))
     model = build_image_classifier(cfg, TaskConfig("sequence-classification", ("a", "b"), pooling="mean"))
     with pytest.raises(CheckpointError) as e:
         qkv.export_hf(model, tmp_path / "x")
-    for what in ("norm.placement='post'", "image.stride=(2, 2)", "image.position='rope-2d'", "pooling='mean'"):
+    for what in ("norm.placement='post'", "image.stride=(2, 2)", "image.position='rope-2d'", "pooling='mean'",
+                 "image.stem=[4]"):
         assert what in str(e.value)
     assert not (tmp_path / "x").exists()

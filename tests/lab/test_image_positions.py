@@ -83,6 +83,7 @@ def test_the_learned_variant_learns_positions_whatever_the_recipes_scheme(tmp_pa
     from qkv.vision.config import RECIPES
 
     assert RECIPES["vit-fashion"]["model"]["image"]["position"] != "learned"  # the case this test is about
+    assert RECIPES["vit-fashion"]["model"]["image"]["stem"]  # and this
     for c in ("top", "bottom"):
         (tmp_path / "pics" / c).mkdir(parents=True)
         for i in range(5):
@@ -94,6 +95,7 @@ def test_the_learned_variant_learns_positions_whatever_the_recipes_scheme(tmp_pa
     for variant, scheme in (("learned", "learned"), ("none", "none")):
         stored = json.loads((out / f"{variant}-s0" / "run.json").read_text())
         assert stored["model_config"]["image"]["position"] == scheme
+        assert stored["model_config"]["image"]["stem"] == []  # whatever the recipe's stem
 
 
 def test_one_seed_shows_no_spread_and_no_test(tmp_path, capsys):
@@ -111,6 +113,7 @@ def test_one_seed_shows_no_spread_and_no_test(tmp_path, capsys):
     (["--model", "{oops"], "is not JSON"),
     (["--model", '{"image": {"stride": 2}}', "--variants", "shuffled-fixed"], "overlap"),
     (["--model", '{"image": {"position": "rope-2d"}}'], "drop image.position from --model"),
+    (["--model", '{"image": {"stem": [8]}}'], "drop image.stem from --model"),
 ])
 def test_bad_options_are_one_line(tmp_path, extra, fragment, capsys):
     code = main(["lab", "image-positions", "--out", str(tmp_path / "l"), "--steps", "1", "--batch-size", "16",

@@ -113,3 +113,24 @@ def test_recipes_build_and_accept_overrides():
     assert model_config("vit-mnist1d").image.grid == (19,)
     with pytest.raises(ValueError, match="allowed"):
         model_config("nope")
+
+
+def test_a_run_with_a_convolutional_stem_learns_digits_and_loads_as_it_was_saved(tmp_path):
+    from qkv.data.image_datasets import open_images
+    from qkv.inference import for_inference
+
+    out = tmp_path / "stem"
+    cfg = ImageTrainConfig(out=str(out), preset="vit-digits", steps=100, progress=False,
+                           model={"image": {"stem": [8]}})
+    result = train_images(cfg)
+    assert result.status == "complete" and result.report["accuracy"] > 0.6, result.report
+    model = load(out).model
+    assert model.config.image.stem == (8,)
+    assert tuple(model.state_dict()["encoder.embeddings.patches.stem.layers.0.weight"].shape) == (8, 1, 3, 3)
+    held = open_images("dataset:digits:test")
+    x = pixel_values(held.pixels)
+    with torch.no_grad():
+        logits = model(x).logits
+        fast = for_inference(model, "bf16")(x).logits  # the stem stays float32; the maps run in bf16
+    assert (logits.argmax(-1).numpy() == held.labels).mean() == pytest.approx(result.report["accuracy"])
+    assert (fast.argmax(-1) == logits.argmax(-1)).float().mean() > 0.97

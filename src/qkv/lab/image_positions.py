@@ -20,6 +20,10 @@ Every run is an ordinary image run (:func:`qkv.vision.classify.train_images`), w
 points the same way) for three comparisons: positions against none, a consistent shuffle against
 reading order, a per-image shuffle against reading order. Written: ``verdict.json`` and ``verdict.md``.
 
+Every variant cuts its patches from the pixels, whatever the recipe's stem: a convolutional stem's
+zero padding tells it where the image's border is (positions through the back door), and its
+3×3 windows would mix the neighbours a shuffle puts side by side.
+
 The shuffles move whole patches, so they need patches side by side (stride = patch): a recipe with
 overlapping patches (``vit-mnist1d``: 4 samples every 2) is run with ``--model '{"image": {"stride": 4}}'``.
 """
@@ -159,10 +163,13 @@ def run_image_positions(out: str | Path, *, preset: str = "vit-digits", data: st
     if "position" in (model.get("image") or {}):
         raise QkvError("--model sets image.position, but the lab sets each variant's positions itself (learned or "
                        "none); drop image.position from --model")
+    if "stem" in (model.get("image") or {}):
+        raise QkvError("--model sets image.stem, but the lab's variants have no convolutional stem (its zero padding "
+                       "would tell a model without positions where the border is); drop image.stem from --model")
     acc: dict[str, dict[int, float]] = {}
     for variant in variants:
-        # every variant names its positions: learned ones, whatever the recipe's own scheme
-        image_over = {**model.get("image", {}), "position": "none" if variant == "none" else "learned"}
+        # every variant names its positions (learned ones, whatever the recipe's own scheme) and has no stem
+        image_over = {**model.get("image", {}), "position": "none" if variant == "none" else "learned", "stem": []}
         over = {**model, "image": image_over}
         image = model_config(preset, over).image if variant.startswith("shuffled") else None
         for seed in range(seeds):

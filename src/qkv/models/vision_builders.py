@@ -61,7 +61,8 @@ def build_vision_encoder(config: ModelConfig, *, init: bool = True, maps: Linear
         raise ValueError("sliding-window (local) layers read a 1-D neighbourhood; an image model's layers must be "
                          "global (layer_types=None)")
     slots = image_slots(config)
-    patches = PatchEmbedding(image.size, image.channels, image.patch, image.strides, config.d_model, maps=maps)
+    patches = PatchEmbedding(image.size, image.channels, image.patch, image.strides, config.d_model,
+                             stem=image.stem, maps=maps)
     embeddings = ImageEmbeddings(patches, config.d_model, cls_token=image.cls_token,
                                  positions=None if slots.qk_only else slots.input, dropout=config.dropout)
     encoder = VisionEncoder(

@@ -10,7 +10,8 @@ computed here as what it is — patches cut out and flattened (channel, then row
 layout of a convolution kernel's weight ``(C, K, p, q)``), then one linear map ``F → C`` made
 through the model's :class:`~qkv.nn.maps.LinearMaps` like every other map (so inference precision
 reaches it too). Patches side by side (stride = patch) are a reshape; overlapping ones go through
-``unfold``.
+``unfold``. With a convolutional stem (:class:`~qkv.nn.conv_stem.ConvStem`) the patches are cut
+from its feature maps (K' channels, the image's size) instead of the pixels.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.nn.conv_stem import ConvStem
 from qkv.nn.maps import TRAINING, LinearMaps
 
 __all__ = ["PatchEmbedding", "ImageEmbeddings", "cut_patches"]
@@ -42,18 +44,22 @@ def cut_patches(x: Tensor, patch: tuple[int, ...], stride: tuple[int, ...]) -> T
 
 
 class PatchEmbedding(nn.Module):
-    """Patches of ``size`` images mapped to C: ``proj(cut_patches(x))``.
+    """Patches of ``size`` images mapped to C: ``proj(cut_patches(stem(x)))`` (no stem: ``stem(x) = x``).
 
     Args:
         size: ``(R, W)`` or ``(L,)``. channels: K. patch, stride: per axis (tiling checked by
-        :class:`~qkv.config_image.ImageConfig`). d_model: C. maps: how the map ``F → C`` is made.
+        :class:`~qkv.config_image.ImageConfig`). d_model: C. stem: output channels of a
+        :class:`~qkv.nn.conv_stem.ConvStem`'s convolutions (``()``: none; K' = ``stem[-1]``).
+        maps: how the map ``F → C`` is made.
     """
 
     def __init__(self, size: tuple[int, ...], channels: int, patch: tuple[int, ...], stride: tuple[int, ...],
-                 d_model: int, *, maps: LinearMaps = TRAINING):
+                 d_model: int, *, stem: tuple[int, ...] = (), maps: LinearMaps = TRAINING):
         super().__init__()
         self.size, self.channels, self.patch, self.stride = tuple(size), channels, tuple(patch), tuple(stride)
-        self.proj = maps.linear(channels * math.prod(patch), d_model)  # weight (C,F): a conv kernel flattened
+        self.stem = ConvStem(channels, tuple(stem), dims=len(self.size)) if stem else None
+        features = stem[-1] if stem else channels
+        self.proj = maps.linear(features * math.prod(patch), d_model)  # weight (C,F): a conv kernel flattened
 
     def check(self, x: Tensor) -> None:
         """``ValueError`` in one line unless ``x`` is a float ``(B, K, *size)`` tensor."""
@@ -69,6 +75,8 @@ class PatchEmbedding(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(B,K,*size)`` → ``(B,N,C)``."""
         self.check(x)
+        if self.stem is not None:
+            x = self.stem(x)  # (B,K,*size) -> (B,K',*size)
         return self.proj(cut_patches(x, self.patch, self.stride))  # (B,N,F) -> (B,N,C)
 
     def extra_repr(self) -> str:

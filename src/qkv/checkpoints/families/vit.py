@@ -196,6 +196,8 @@ def config_to_hf(config: ModelConfig, kind: str, task: TaskConfig | None = None)
         extra.append(f"image.stride={image.stride} (ViT's patches do not overlap: needs stride = patch)")
     if not image.cls_token:
         extra.append("image.cls_token=False (ViT has a [CLS] token)")
+    if image.stem:
+        extra.append(f"image.stem={list(image.stem)} (ViT cuts its patches from the pixels: needs no stem)")
     if image.position != "learned":
         extra.append(f"image.position={image.position!r} (ViT needs 'learned')")
     if task is not None and task.pooling != "cls":
