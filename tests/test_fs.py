@@ -236,9 +236,11 @@ def _zombie():
     import sys
     import time
 
+    from qkv._fs import process_state
+
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.time() + 30
-    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    while process_state(child.pid) != "Z":
         assert time.time() < deadline, "the child did not exit"
         time.sleep(0.01)
     return child

@@ -37,7 +37,7 @@ from qkv._disk import disk_full
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_file", "publish_file", "sha256_file",
            "temp_path", "make_temp_dir", "make_temp_file", "clean_stale_temps", "clean_stale_temps_in",
-           "pid_alive", "replace_dir", "publish_dir", "write_folder", "check_output_path"]
+           "pid_alive", "process_state", "replace_dir", "publish_dir", "write_folder", "check_output_path"]
 
 _TMP = ".tmp-"
 
@@ -80,11 +80,17 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    return process_state(pid) not in ("Z", "X")  # None (no /proc, or gone meanwhile): os.kill's answer stands
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` in ``/proc/PID/stat`` (``R``, ``S``, ``Z`` a zombie, …);
+    ``None`` where there is no such file (not Linux, or no such process)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no /proc (not Linux), or gone meanwhile: os.kill's answer stands
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0]  # the name in (…) may hold spaces and parentheses
 
 
 def _parse_temp(name: str) -> tuple[str, str, int] | None:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from qkv._fs import process_state
 from qkv.training.lock import LOCK, acquire, read_lock, release
 from qkv.training.rundir import RunError
 
@@ -42,7 +43,7 @@ def test_a_killed_holder_nobody_reaped_does_not_hold_the_folder(tmp_path):
         _lock_of(tmp_path, child.pid)
         child.send_signal(9)
         deadline = time.time() + 30
-        while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        while process_state(child.pid) != "Z":
             assert time.time() < deadline
             time.sleep(0.01)
         acquire(tmp_path)
